@@ -1,0 +1,1 @@
+"""Weight dissemination: manifests, chunk verification and (peer-assisted) transfer. No torch."""

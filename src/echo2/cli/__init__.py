@@ -1,0 +1,34 @@
+"""The `echo2` command: one module per subcommand, heavy imports deferred to run time.
+
+Each subcommand module exposes `add_parser(subparsers)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module under echo2.cli; the module is imported only to build its parser.
+SUBCOMMANDS: dict[str, str] = {
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echo2", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module_name in SUBCOMMANDS.values():
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ValueError as exc:
+        # user errors (bad config, bad flag values) print one clear line, not a traceback
+        print(f"echo2 {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,93 @@
+"""Config plumbing shared by every schema: the frozen base model, TOML loading, `--set`
+overrides and validation errors that name the field, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Frozen(BaseModel):
+    """Immutable, strict config node: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (["a", "b"], value); the value is read as TOML when it parses, else a string."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r}: expected key=value, for example train.steps=50")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if not path:
+        raise ValueError(f"--set {item!r}: empty key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare words (paths, names) need no quotes on the command line
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `a.b=value` applied (nested tables created as needed)."""
+    out = _deep_copy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {item!r}: {part!r} is a value, not a table")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+
+
+def validate(schema: type[M], data: dict[str, Any], source: str = "config") -> M:
+    """Validate `data` against `schema`, turning pydantic errors into one readable ValueError."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(schema, err) for err in exc.errors()]
+        raise ValueError(f"invalid {source}:\n  " + "\n  ".join(lines)) from None
+
+
+def _describe(schema: type[BaseModel], err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"]]
+    field = ".".join(loc) or "<root>"
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(schema, loc[:-1])
+        close = difflib.get_close_matches(loc[-1], allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{field}: unknown field{hint} (allowed: {', '.join(sorted(allowed))})"
+    return f"{field}: {err['msg']} (got {err.get('input')!r})"
+
+
+def _fields_at(schema: type[BaseModel], loc: list[str]) -> list[str]:
+    node: Any = schema
+    for part in loc:
+        field = getattr(node, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        node = field.annotation
+    return list(getattr(node, "model_fields", {}))

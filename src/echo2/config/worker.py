@@ -1,0 +1,33 @@
+"""Schema of one rollout worker (`echo2 worker`): only what the worker itself decides.
+
+Sampling parameters, group size and S come from the coordinator at registration so a remote
+worker cannot drift from the run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from echo2.config.base import Frozen
+
+
+class WorkerConfig(Frozen):
+    worker_id: str = ""
+    """Stable id; empty: the coordinator assigns one."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: "hf" (transformers generate, CPU or GPU) or "vllm" (GPU, extra `gpu`)."""
+    device: str = "cpu"
+    torch_threads: int = Field(1, ge=1)
+    """Threads per worker on CPU; several 1-thread workers beat one multi-thread worker."""
+    tasks_per_lease: int = Field(2, ge=1, le=256)
+    """Prompts leased (and generated as one batch) per request."""
+    price_per_hour: float = Field(0.0, ge=0)
+    """What this worker costs; the coordinator's cost accounting and activation use it."""
+    model_source: str = ""
+    """Override where the base model is loaded from; empty: the path/id the coordinator announces."""
+    auth_token: str = ""
+    """Shared bearer token; empty: taken from $ECHO2_AUTH_TOKEN."""
+    request_timeout_s: float = Field(30.0, gt=0)
+    """Timeout of one control request; generous because a loaded 2-core box answers slowly."""

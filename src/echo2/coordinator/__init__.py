@@ -1,0 +1,1 @@
+"""The coordinator: worker registry, task leases, rollout buffer, staleness admission, rewards."""
