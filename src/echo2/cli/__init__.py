@@ -11,6 +11,11 @@ import sys
 
 # name -> module under echo2.cli; the module is imported only to build its parser.
 SUBCOMMANDS: dict[str, str] = {
+    "run": "echo2.cli.run_cmd",
+    "prepare": "echo2.cli.prepare_cmd",
+    "coordinator": "echo2.cli.coordinator_cmd",
+    "learner": "echo2.cli.learner_cmd",
+    "worker": "echo2.cli.worker_cmd",
 }
 
 

@@ -113,6 +113,19 @@ class CoordinatorConfig(Frozen):
         return self
 
 
+class LearnerConfig(Frozen):
+    host: str = "127.0.0.1"
+    """Address the learner's weight server binds and advertises to workers."""
+    port: int = Field(0, ge=0, le=65535)
+    chunk_bytes: int = Field(1 << 20, ge=1 << 10)
+    """Manifest chunk size: the unit a receiver verifies (sha256) before keeping a byte."""
+    keep_versions: int = Field(2, ge=1, le=64)
+    """Versions the weight server keeps, so a worker that started fetching v still finds it
+    after v+1 is published."""
+    request_timeout_s: float = Field(60.0, gt=0)
+    """Timeout of one control request to the coordinator (a batch long-poll adds its wait)."""
+
+
 class LocalWorkersConfig(Frozen):
     count: int = Field(3, ge=0, le=256)
     """Workers the local launcher starts."""
@@ -130,11 +143,20 @@ class RunConfig(Frozen):
     grpo: GRPOConfig = GRPOConfig()
     train: TrainConfig = TrainConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
+    learner: LearnerConfig = LearnerConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
 
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir)
+
+    @property
+    def base_model_path(self) -> str:
+        """Where every role loads the starting policy from: the prepared (tiny and/or warm-started)
+        model in the run dir, or the user's checkpoint as given."""
+        if self.model.source == "tiny" or self.warmstart.steps > 0:
+            return str(self.run_path / "base")
+        return self.model.source
 
     @property
     def batch_rollouts(self) -> int:

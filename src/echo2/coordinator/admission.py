@@ -25,8 +25,17 @@ def worker_may_lease(current_version: int, worker_version: int, max_staleness: i
     return current_version - worker_version <= max_staleness
 
 
-def lease_capacity(max_staleness: int, groups_per_step: int, outstanding_groups: int) -> int:
-    """Groups that may still be handed out: the window (S + 1) x B minus what is outstanding
-    (leased or buffered, not yet trained or dropped). Keeps workers from generating rollouts
-    that would age past S in the queue (AReaL-style capacity, with consumed groups excluded)."""
-    return max(0, (max_staleness + 1) * groups_per_step - outstanding_groups)
+def lease_capacity(
+    max_staleness: int, groups_per_step: int, worker_version: int, steps_taken: int, outstanding_groups: int
+) -> int:
+    """Groups a worker holding version v may still be handed so that each is trained in time.
+
+    Batches are served oldest group first, so a new group is trained after every outstanding
+    one (leased or buffered): it lands in the batch of step floor((taken*B + outstanding) / B).
+    It is admissible iff that step is <= v + S, i.e. at most (v + S + 1) x B groups may be
+    consumed or outstanding. With v the newest version this is AReaL's capacity rule; with an
+    older v (a worker still loading) the room shrinks, so a lagging worker cannot fill the
+    queue with groups that would be dropped as stale before the learner reaches them.
+    """
+    limit = (max_staleness + worker_version + 1) * groups_per_step
+    return max(0, limit - steps_taken * groups_per_step - outstanding_groups)

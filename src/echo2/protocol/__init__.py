@@ -1,1 +1,1 @@
-"""echo2.protocol"""
+"""Wire protocol: typed, tagged, versioned messages and the weight manifest they carry (no torch)."""

@@ -1,0 +1,79 @@
+"""Start the coordinator service for a run: state restored from the run dir's SQLite store,
+HTTP on the configured address, the bound URL written to `<run_dir>/coordinator.json`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+from aiohttp import web
+
+from echo2.config.run import RunConfig
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.server import build_app
+from echo2.coordinator.state import CoordinatorState, Settings
+from echo2.coordinator.store import Store
+from echo2.protocol.messages import SamplingParams
+from echo2.report.metrics import MetricsWriter
+from echo2.tasks import make_task
+
+
+def settings_from(cfg: RunConfig) -> Settings:
+    return Settings(
+        max_staleness=cfg.train.max_staleness,
+        groups_per_step=cfg.grpo.prompts_per_step,
+        sampling=SamplingParams(
+            temperature=cfg.sampling.temperature,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            group_size=cfg.sampling.group_size,
+        ),
+        model_source=cfg.base_model_path,
+        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+        worker_timeout_s=cfg.coordinator.worker_timeout_s,
+        lease_timeout_s=cfg.coordinator.lease_timeout_s,
+    )
+
+
+def auth_token(configured: str) -> str:
+    token = configured or os.environ.get("ECHO2_AUTH_TOKEN", "")
+    if len(token) < 16:
+        raise ValueError(
+            "auth token missing or shorter than 16 characters: set coordinator.auth_token or $ECHO2_AUTH_TOKEN"
+        )
+    return token
+
+
+async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
+    store = Store(cfg.run_path / "coordinator.db")
+    scorer = Scorer(make_task(cfg.task, cfg.seed), cfg.base_model_path)
+    state = CoordinatorState(settings_from(cfg), store, scorer)
+    metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator")
+    app = build_app(state, metrics, auth_token(cfg.coordinator.auth_token), cfg.coordinator.max_request_bytes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    url = f"http://{host}:{port}"
+    (cfg.run_path / "coordinator.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    metrics.write("coordinator_started", url=url)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        store.close()
+        metrics.close()
+
+
+def run(cfg: RunConfig) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(cfg, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,185 @@
+"""The coordinator's HTTP face (aiohttp): authentication, request parsing, error mapping, the
+batch long-poll, and the periodic sweep of silent workers and overdue leases."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.protocol.messages import (
+    BatchResponse,
+    ErrorResponse,
+    Heartbeat,
+    LeaseRequest,
+    LeaveRequest,
+    PublishRequest,
+    RegisterRequest,
+    RolloutSubmission,
+    TrainGroup,
+)
+from echo2.report.metrics import MetricsWriter
+
+# how often silent workers and overdue leases are looked for; well under worker_timeout_s so a
+# dead worker's prompts return within about one timeout
+SWEEP_INTERVAL_S = 0.25
+# upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
+# client and proxy timeouts
+MAX_BATCH_WAIT_S = 30.0
+
+STATE_KEY = web.AppKey("state", CoordinatorState)
+METRICS_KEY = web.AppKey("metrics", MetricsWriter)
+CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(ErrorResponse(error=message).model_dump(), status=status)
+
+
+def _reply(message: BaseModel) -> web.Response:
+    return web.Response(text=message.model_dump_json(), content_type="application/json")
+
+
+def make_auth_middleware(token: str):
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _error(401, "missing or wrong bearer token: set auth_token / $ECHO2_AUTH_TOKEN to the run's token")
+        return await handler(request)
+
+    return auth
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return _error(exc.status, exc.message)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return _error(400, f"malformed {request.path} request: {where}: {first['msg']} ({exc.error_count()} error(s))")
+
+
+async def _parse(request: web.Request, schema: type[BaseModel]):
+    body = await request.read()  # over client_max_size: aiohttp answers 413 itself
+    return schema.model_validate_json(body)
+
+
+async def handle_register(request: web.Request) -> web.Response:
+    return _reply(request.app[STATE_KEY].register(await _parse(request, RegisterRequest)))
+
+
+async def handle_heartbeat(request: web.Request) -> web.Response:
+    return _reply(request.app[STATE_KEY].heartbeat(await _parse(request, Heartbeat)))
+
+
+async def handle_leave(request: web.Request) -> web.Response:
+    request.app[STATE_KEY].leave(await _parse(request, LeaveRequest))
+    return web.json_response({"ok": True})
+
+
+async def handle_lease(request: web.Request) -> web.Response:
+    return _reply(request.app[STATE_KEY].lease(await _parse(request, LeaseRequest)))
+
+
+async def handle_rollout(request: web.Request) -> web.Response:
+    reply = request.app[STATE_KEY].submit(await _parse(request, RolloutSubmission))
+    if reply.accepted:
+        async with request.app[CHANGED_KEY]:
+            request.app[CHANGED_KEY].notify_all()
+    return _reply(reply)
+
+
+async def handle_publish(request: web.Request) -> web.Response:
+    req = await _parse(request, PublishRequest)
+    request.app[STATE_KEY].publish(req.info)
+    return web.json_response({"ok": True, "version": req.info.version})
+
+
+async def handle_batch(request: web.Request) -> web.Response:
+    step = _int_query(request, "step", minimum=0)
+    wait_s = min(float(request.query.get("wait_s", "10")), MAX_BATCH_WAIT_S)
+    state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    groups = state.take_batch(step)
+    while groups is None and loop.time() < deadline:
+        async with changed:
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=deadline - loop.time())
+            except TimeoutError:
+                pass
+        groups = state.take_batch(step)
+    batch = [TrainGroup.model_validate(g) for g in groups or []]
+    return _reply(BatchResponse(step=step, groups=batch))
+
+
+def _int_query(request: web.Request, name: str, minimum: int) -> int:
+    raw = request.query.get(name)
+    try:
+        value = int(raw) if raw is not None else None
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise RequestError(400, f"query parameter {name}={raw!r}: expected an integer >= {minimum}")
+    return value
+
+
+async def handle_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE_KEY].snapshot())
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def _housekeeping(app: web.Application) -> None:
+    state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    while True:
+        await asyncio.sleep(SWEEP_INTERVAL_S)
+        state.sweep()
+        events, state.events = state.events, []
+        for event in events:
+            metrics.write(event.pop("kind"), **event)
+
+
+async def _run_housekeeping(app: web.Application):
+    task = asyncio.create_task(_housekeeping(app))
+    yield
+    task.cancel()
+    app[METRICS_KEY].write("coordinator_final", **app[STATE_KEY].snapshot())
+
+
+def build_app(state: CoordinatorState, metrics: MetricsWriter, token: str, max_request_bytes: int) -> web.Application:
+    if not token:
+        raise ValueError("coordinator.auth_token is empty: set it in the config or $ECHO2_AUTH_TOKEN")
+    app = web.Application(
+        client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(token)]
+    )
+    app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
+    app.cleanup_ctx.append(_run_housekeeping)
+    app.add_routes(
+        [
+            web.post("/v1/register", handle_register),
+            web.post("/v1/heartbeat", handle_heartbeat),
+            web.post("/v1/lease", handle_lease),
+            web.post("/v1/leave", handle_leave),
+            web.post("/v1/rollout", handle_rollout),
+            web.post("/v1/publish", handle_publish),
+            web.get("/v1/batch", handle_batch),
+            web.get("/v1/state", handle_state),
+            web.get("/healthz", handle_health),
+        ]
+    )
+    return app

@@ -1,0 +1,371 @@
+"""The coordinator's state machine, free of HTTP: registry, leases, rollout buffer, staleness
+admission, batches. Every public method either applies a whole change (persisted before it
+returns) or raises `RequestError` having changed nothing.
+
+Lifecycle of a prompt: queued -> leased to one worker -> (expired: queued again) ->
+submitted as a group -> buffered -> trained in exactly one step's batch, or dropped as stale.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from echo2.coordinator import admission
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.store import Store
+from echo2.coordinator.validation import check_submission
+from echo2.protocol.messages import (
+    Heartbeat,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    LeaveRequest,
+    RegisterRequest,
+    RegisterResponse,
+    RolloutSubmission,
+    SamplingParams,
+    SubmitResponse,
+    Task,
+    TrainGroup,
+    VersionInfo,
+)
+
+
+class RequestError(Exception):
+    """A refused request: HTTP status and a message saying what was wrong and what to do."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_staleness: int
+    groups_per_step: int
+    sampling: SamplingParams
+    model_source: str
+    heartbeat_interval_s: float
+    worker_timeout_s: float
+    lease_timeout_s: float
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    engine: str
+    price_per_hour: float
+    relay_address: str
+    last_seen: float
+    version: int = -1
+    active: bool = True
+    alive: bool = True
+    """False once evicted; the record stays for the run's accounting until it registers again."""
+    rollouts: int = 0
+    tokens: int = 0
+    gen_time_s: float = 0.0
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    worker_id: str
+    prompt_index: int
+    version: int
+    leased_at: float
+
+
+@dataclass
+class Counters:
+    accepted: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    leases_expired: int = 0
+    workers_lost: int = 0
+
+
+class CoordinatorState:
+    def __init__(self, settings: Settings, store: Store, scorer: Scorer, clock: Callable[[], float] = time.monotonic):
+        self.settings, self.store, self.scorer, self.clock = settings, store, scorer, clock
+        self.workers: dict[str, WorkerRecord] = {}
+        self.leases: dict[str, Lease] = {}
+        self.events: list[dict] = []  # metric records for the server to flush
+        self._restore()
+
+    # ---- restart ----
+    def _restore(self) -> None:
+        store = self.store
+        self.cursor: int = store.get_meta("cursor", 0)
+        self.learner_step: int = store.get_meta("learner_step", 0)
+        latest = store.get_meta("latest")
+        self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
+        self.counters = Counters(**store.get_meta("counters", {}))
+        # prompts that were leased when we stopped go back to the queue: their leases died with us
+        self.queue: deque[int] = deque(store.pending_prompts())
+        with store.tx():
+            for index in self.queue:
+                store.set_pending(index, None)
+        self.buffer: list[dict] = store.groups_in_state("buffered")
+        self.steps_taken = store.last_batch_step() + 1
+        self.seq = store.max_seq() + 1
+
+    def _save_counters(self) -> None:
+        self.store.set_meta("counters", asdict(self.counters))
+
+    @property
+    def current_version(self) -> int:
+        return self.latest.version if self.latest else -1
+
+    # ---- workers ----
+    def register(self, req: RegisterRequest) -> RegisterResponse:
+        worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        old = self.workers.get(worker_id)
+        if old is not None:
+            # a restarted or evicted worker joining again: its old leases are void, its totals stay
+            self._release_leases(worker_id, reason="reregistered")
+        record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock())
+        if old is not None:
+            record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
+        self.workers[worker_id] = record
+        self.events.append({"kind": "worker_registered", "worker_id": worker_id, "engine": req.engine})
+        s = self.settings
+        return RegisterResponse(
+            worker_id=worker_id,
+            heartbeat_interval_s=s.heartbeat_interval_s,
+            max_staleness=s.max_staleness,
+            sampling=s.sampling,
+            model_source=s.model_source,
+            latest=self.latest,
+        )
+
+    def leave(self, req: LeaveRequest) -> None:
+        """A worker shutting down cleanly: its leases go back at once, no timeout needed."""
+        record = self._worker(req.worker_id)
+        record.alive = False
+        released = self._release_leases(req.worker_id, reason="worker_left")
+        self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released})
+
+    def _worker(self, worker_id: str) -> WorkerRecord:
+        record = self.workers.get(worker_id)
+        if record is None or not record.alive:
+            raise RequestError(404, f"unknown worker {worker_id!r}: register first (or again, after a timeout)")
+        record.last_seen = self.clock()
+        return record
+
+    def heartbeat(self, req: Heartbeat) -> HeartbeatResponse:
+        record = self._worker(req.worker_id)
+        self._check_version(req.version, "heartbeat.version")
+        record.version = req.version
+        return HeartbeatResponse(latest=self.latest, active=record.active)
+
+    def _check_version(self, version: int, field_name: str) -> None:
+        if version > self.current_version:
+            raise RequestError(
+                422, f"{field_name}={version} is from the future: newest published version is {self.current_version}"
+            )
+
+    # ---- leases ----
+    def lease(self, req: LeaseRequest) -> LeaseResponse:
+        record = self._worker(req.worker_id)
+        self._check_version(req.version, "lease.version")
+        record.version = req.version
+        refusal = self._lease_refusal(record, req.version)
+        if refusal:
+            return LeaseResponse(tasks=[], retry_after_s=refusal[0], reason=refusal[1])
+        outstanding = len(self.leases) + len(self.buffer)
+        capacity = admission.lease_capacity(
+            self.settings.max_staleness, self.settings.groups_per_step, req.version,
+            self.steps_taken, outstanding,
+        )
+        count = min(req.max_tasks, capacity)
+        if count == 0:
+            return LeaseResponse(tasks=[], retry_after_s=0.1, reason="window full: waiting for the learner")
+        with self.store.tx():
+            tasks = [self._new_lease(record, req.version) for _ in range(count)]
+            self.store.set_meta("cursor", self.cursor)
+        return LeaseResponse(tasks=tasks)
+
+    def _lease_refusal(self, record: WorkerRecord, version: int) -> tuple[float, str] | None:
+        if not record.active:
+            return 1.0, "inactive: idle until activated"
+        if self.latest is None:
+            return 0.5, "no policy version published yet"
+        if not admission.worker_may_lease(self.current_version, version, self.settings.max_staleness):
+            return 0.2, f"weights too stale: load version >= {self.current_version - self.settings.max_staleness}"
+        return None
+
+    def _new_lease(self, record: WorkerRecord, version: int) -> Task:
+        if self.queue:
+            index = self.queue.popleft()
+        else:
+            index, self.cursor = self.cursor, self.cursor + 1
+        lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, self.clock())
+        self.leases[lease.lease_id] = lease
+        self.store.set_pending(index, lease.lease_id)
+        return Task(task_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(index), sampling=self.settings.sampling)
+
+    def _release_leases(self, worker_id: str, reason: str) -> int:
+        mine = [lease for lease in self.leases.values() if lease.worker_id == worker_id]
+        self._requeue(mine, reason)
+        return len(mine)
+
+    def _requeue(self, leases: list[Lease], reason: str) -> None:
+        with self.store.tx():
+            for lease in leases:
+                del self.leases[lease.lease_id]
+                self.queue.appendleft(lease.prompt_index)  # oldest work first
+                self.store.set_pending(lease.prompt_index, None)
+            self.counters.leases_expired += len(leases)
+            self._save_counters()
+        for lease in leases:
+            self.events.append({"kind": "lease_requeued", "worker_id": lease.worker_id, "reason": reason})
+
+    def sweep(self) -> None:
+        """Expire silent workers (all their leases go back) and leases held too long."""
+        now = self.clock()
+        for worker_id, record in self.workers.items():
+            if record.alive and now - record.last_seen > self.settings.worker_timeout_s:
+                record.alive = False
+                self.counters.workers_lost += 1
+                released = self._release_leases(worker_id, reason="worker_timeout")
+                self.events.append({"kind": "worker_lost", "worker_id": worker_id, "leases_requeued": released})
+        overdue = [lease for lease in self.leases.values() if now - lease.leased_at > self.settings.lease_timeout_s]
+        if overdue:
+            self._requeue(overdue, reason="lease_timeout")
+
+    # ---- rollouts ----
+    def submit(self, req: RolloutSubmission) -> SubmitResponse:
+        record = self._worker(req.worker_id)
+        lease = self.leases.get(req.task_id)
+        if lease is None or lease.worker_id != req.worker_id:
+            raise RequestError(409, f"task {req.task_id!r} is not leased to {req.worker_id!r} (expired, re-leased or never leased)")
+        self._check_version(req.version, "rollout.version")
+        if req.version < lease.version:
+            raise RequestError(422, f"rollout.version={req.version} is older than the lease's version {lease.version}")
+        problem = check_submission(req, self.settings.sampling, self.scorer.vocab_size)
+        if problem:
+            raise RequestError(422, problem)
+        rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
+        self._account(record, req)
+        if admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness):
+            self._accept(lease, req, rewards)
+            return SubmitResponse(accepted=True, rewards=rewards)
+        with self.store.tx():
+            self._close_lease(lease, dropped=True)
+        return SubmitResponse(accepted=False, reason=f"stale: step {self.learner_step} - version {req.version} > S", rewards=rewards)
+
+    def _account(self, record: WorkerRecord, req: RolloutSubmission) -> None:
+        record.rollouts += len(req.completions)
+        record.tokens += sum(len(c.token_ids) for c in req.completions)
+        record.gen_time_s += req.gen_time_s
+
+    def _accept(self, lease: Lease, req: RolloutSubmission, rewards: list[float]) -> None:
+        group = TrainGroup(
+            group_id=lease.lease_id,
+            prompt_index=lease.prompt_index,
+            prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
+            version=req.version,
+            worker_id=req.worker_id,
+            rewards=rewards,
+            completions=req.completions,
+        ).model_dump()
+        with self.store.tx():
+            self.store.add_group(group["group_id"], self.seq, group)
+            self._close_lease(lease, dropped=False)
+        self.seq += 1
+        self.buffer.append(group)
+
+    def _close_lease(self, lease: Lease, dropped: bool) -> None:
+        del self.leases[lease.lease_id]
+        self.store.clear_pending(lease.prompt_index)
+        if dropped:
+            self.counters.dropped_stale += 1
+        else:
+            self.counters.accepted += 1
+        self._save_counters()
+
+    # ---- learner ----
+    def publish(self, info: VersionInfo) -> None:
+        if self.latest is not None and info.version < self.latest.version:
+            # a restarted learner replaying steps: workers already hold the newer version
+            return
+        self.latest = info
+        self.store.set_meta("latest", info.model_dump())
+        self.events.append({"kind": "version_published", "version": info.version})
+
+    def take_batch(self, step: int) -> list[dict] | None:
+        """The batch for learner step `step`, or None while not enough admissible groups exist.
+        Asking again for an assigned step returns the same batch (exact learner resume)."""
+        recorded = self.store.batch(step)
+        if recorded is not None:
+            return recorded
+        if step < self.steps_taken - 1:
+            raise RequestError(409, f"step {step} was never assigned a batch; the learner is at an unknown step")
+        self._advance(step)
+        need = self.settings.groups_per_step
+        if len(self.buffer) < need:
+            return None
+        batch, self.buffer = self.buffer[:need], self.buffer[need:]
+        ids = [g["group_id"] for g in batch]
+        with self.store.tx():
+            self.store.set_group_state(ids, "trained", step)
+            self.store.save_batch(step, ids)
+            self.counters.trained += len(batch)
+            self._save_counters()
+        self.steps_taken = max(self.steps_taken, step + 1)
+        self.events.append(self._batch_event(step, batch))
+        return batch
+
+    def _advance(self, step: int) -> None:
+        """Move the learner step forward and drop buffered groups that became too stale."""
+        if step != self.learner_step:
+            self.learner_step = step
+            self.store.set_meta("learner_step", step)
+        keep, stale = [], []
+        for group in self.buffer:
+            fresh = admission.is_admissible(step, group["version"], self.settings.max_staleness)
+            (keep if fresh else stale).append(group)
+        if stale:
+            with self.store.tx():
+                self.store.set_group_state([g["group_id"] for g in stale], "dropped", step)
+                self.counters.dropped_stale += len(stale)
+                self._save_counters()
+            self.buffer = keep
+
+    def _batch_event(self, step: int, batch: list[dict]) -> dict:
+        hist = Counter(admission.staleness(step, g["version"]) for g in batch)
+        return {
+            "kind": "batch_assigned",
+            "step": step,
+            "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
+            "max_staleness_seen": max(hist),
+            "buffered": len(self.buffer),
+            "leased": len(self.leases),
+        }
+
+    def snapshot(self) -> dict:
+        return {
+            "learner_step": self.learner_step,
+            "version": self.current_version,
+            "queued": len(self.queue),
+            "leased": len(self.leases),
+            "buffered": len(self.buffer),
+            "counters": asdict(self.counters),
+            "workers": {
+                w.worker_id: {
+                    "version": w.version,
+                    "alive": w.alive,
+                    "active": w.active,
+                    "price_per_hour": w.price_per_hour,
+                    "rollouts": w.rollouts,
+                    "tokens": w.tokens,
+                    "tokens_per_s": w.tokens / w.gen_time_s if w.gen_time_s > 0 else 0.0,
+                }
+                for w in self.workers.values()
+            },
+        }

@@ -1,0 +1,103 @@
+"""SQLite persistence of what must survive a coordinator or learner restart: the prompt cursor,
+prompts handed out but not yet returned, accepted-but-untrained rollout groups, the batch
+assigned to each learner step, the latest published version and the counters.
+
+Every mutation commits before the coordinator answers, so an acknowledged rollout is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (prompt_index INTEGER PRIMARY KEY, lease_id TEXT);
+CREATE TABLE IF NOT EXISTS groups (
+  group_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
+  step INTEGER, payload TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, group_ids TEXT NOT NULL);
+"""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None)  # explicit transactions below
+        # WAL + NORMAL: durable across process crashes (what we need), cheap per commit
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def tx(self):
+        """`with store.tx():` groups several writes into one atomic commit."""
+        return _Transaction(self.db)
+
+    # ---- meta ----
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    # ---- prompts handed out (lease_id NULL: waiting to be leased again) ----
+    def set_pending(self, prompt_index: int, lease_id: str | None) -> None:
+        self.db.execute("INSERT OR REPLACE INTO pending VALUES (?, ?)", (prompt_index, lease_id))
+
+    def clear_pending(self, prompt_index: int) -> None:
+        self.db.execute("DELETE FROM pending WHERE prompt_index=?", (prompt_index,))
+
+    def pending_prompts(self) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT prompt_index FROM pending ORDER BY prompt_index")]
+
+    # ---- rollout groups ----
+    def add_group(self, group_id: str, seq: int, payload: dict) -> None:
+        self.db.execute(
+            "INSERT INTO groups VALUES (?, ?, 'buffered', NULL, ?)", (group_id, seq, json.dumps(payload))
+        )
+
+    def set_group_state(self, group_ids: list[str], state: str, step: int | None = None) -> None:
+        self.db.executemany(
+            "UPDATE groups SET state=?, step=? WHERE group_id=?", [(state, step, g) for g in group_ids]
+        )
+
+    def groups_in_state(self, state: str) -> list[dict]:
+        rows = self.db.execute("SELECT payload FROM groups WHERE state=? ORDER BY seq", (state,))
+        return [json.loads(r[0]) for r in rows]
+
+    def max_seq(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(seq), -1) FROM groups").fetchone()[0]
+
+    # ---- batches ----
+    def save_batch(self, step: int, group_ids: list[str]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (step, json.dumps(group_ids)))
+
+    def batch(self, step: int) -> list[dict] | None:
+        row = self.db.execute("SELECT group_ids FROM batches WHERE step=?", (step,)).fetchone()
+        if row is None:
+            return None
+        ids = json.loads(row[0])
+        placeholders = ",".join("?" * len(ids))
+        rows = self.db.execute(f"SELECT group_id, payload FROM groups WHERE group_id IN ({placeholders})", ids)
+        by_id = {gid: json.loads(payload) for gid, payload in rows}
+        return [by_id[g] for g in ids]
+
+    def last_batch_step(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(step), -1) FROM batches").fetchone()[0]
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,127 @@
+"""`echo2 run`: prepare the base model, start coordinator, workers and learner as child
+processes, show progress, stop exactly our children when the learner finishes, on Ctrl-C or
+when a child the run cannot do without crashes, and print the summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from echo2.cli.common import write_resolved
+from echo2.config.run import RunConfig
+from echo2.launch.children import Child, start_child, stop_children
+from echo2.launch.progress import RunProgress
+from echo2.report.metrics import read_metrics
+from echo2.report.render import render_summary
+from echo2.report.summary import summarize
+
+# the coordinator binds within a second or two even on a loaded box; a minute means it is broken
+COORDINATOR_START_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.5
+
+
+class RunFailed(Exception):
+    def __init__(self, message: str, child: Child | None = None) -> None:
+        super().__init__(message)
+        self.child = child
+
+
+def run_local(cfg: RunConfig, console: Console) -> int:
+    from echo2.models.prepare import prepare_base_model
+
+    write_resolved(cfg)
+    prepare_base_model(cfg, log=console.print)
+    token = cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16)
+    children: list[Child] = []
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
+    try:
+        _start_roles(cfg, {"ECHO2_AUTH_TOKEN": token}, children)
+        _watch(cfg, children, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping the run's processes[/]")
+        return 130
+    except RunFailed as exc:
+        console.print(f"[red]run failed: {exc}[/]")
+        if exc.child is not None:
+            console.print(f"[red]last lines of {exc.child.log_path}:[/]\n{exc.child.log_tail()}")
+        return 1
+    finally:
+        stop_children(children)
+    summary = summarize(read_metrics(cfg.run_path / "metrics.jsonl"))
+    (cfg.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
+    render_summary(summary, console)
+    console.print(f"metrics: {cfg.run_path / 'metrics.jsonl'}   summary: {cfg.run_path / 'summary.json'}")
+    return 0
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _start_roles(cfg: RunConfig, env: dict[str, str], children: list[Child]) -> None:
+    run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
+    (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
+    coordinator = start_child("coordinator", ["coordinator", "--run-dir", run_dir], logs, env)
+    children.append(coordinator)
+    url = _wait_for_coordinator(cfg.run_path, coordinator)
+    metrics = str(cfg.run_path / "metrics.jsonl")
+    for index in range(cfg.workers.count):
+        args = ["worker", "--coordinator", url, "--metrics", metrics, *_worker_overrides(cfg, index)]
+        children.append(start_child(f"worker-{index}", args, logs, env))
+    children.append(start_child("learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, env))
+    (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
+
+
+def _worker_overrides(cfg: RunConfig, index: int) -> list[str]:
+    fields = cfg.workers.worker.model_dump()
+    fields["worker_id"] = f"w{index}"
+    out: list[str] = []
+    for key, value in fields.items():
+        if key != "auth_token":
+            out += ["--set", f"{key}={json.dumps(value)}"]  # JSON scalars are valid TOML values
+    return out
+
+
+def _wait_for_coordinator(run_path: Path, child: Child) -> str:
+    deadline = time.monotonic() + COORDINATOR_START_TIMEOUT_S
+    path = run_path / "coordinator.json"
+    while time.monotonic() < deadline:
+        if child.exit_code() is not None:
+            raise RunFailed(f"coordinator exited with code {child.exit_code()} at start", child)
+        if path.is_file():
+            return json.loads(path.read_text())["url"]
+        time.sleep(0.1)
+    raise RunFailed(f"coordinator did not start within {COORDINATOR_START_TIMEOUT_S:.0f}s", child)
+
+
+def _watch(cfg: RunConfig, children: list[Child], console: Console) -> None:
+    by_name = {c.name: c for c in children}
+    workers = [c for c in children if c.name.startswith("worker-")]
+    reported: set[str] = set()
+    with RunProgress(cfg, console) as progress:
+        while True:
+            progress.refresh_from(cfg.run_path / "metrics.jsonl")
+            learner_code = by_name["learner"].exit_code()
+            if learner_code == 0:
+                return
+            for name in ("learner", "coordinator"):
+                if by_name[name].exit_code() is not None:
+                    raise RunFailed(f"{name} exited with code {by_name[name].exit_code()}", by_name[name])
+            _report_dead_workers(workers, reported, console)
+            if workers and len(reported) == len(workers):
+                raise RunFailed("every worker exited; nothing can generate rollouts", workers[-1])
+            time.sleep(POLL_INTERVAL_S)
+
+
+def _report_dead_workers(workers: list[Child], reported: set[str], console: Console) -> None:
+    for worker in workers:
+        if worker.name not in reported and worker.exit_code() is not None:
+            reported.add(worker.name)
+            console.print(f"[yellow]{worker.name} exited with code {worker.exit_code()}; the run continues "
+                          f"without it (its leases return to the queue). Log: {worker.log_path}[/]")

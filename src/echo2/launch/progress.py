@@ -1,0 +1,57 @@
+"""Live progress of a local run, read from the metrics file as it grows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from echo2.config.run import RunConfig
+
+
+class RunProgress:
+    def __init__(self, cfg: RunConfig, console: Console) -> None:
+        self.total = cfg.train.steps
+        self.offset = 0
+        self.fields = {"reward": "-", "acc": "-", "stale": "-", "wait": "-"}
+        self.progress = Progress(
+            TextColumn("[bold]learner step"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]}  held-out acc {task.fields[acc]}  "
+                       "staleness max {task.fields[stale]}  wait {task.fields[wait]}s"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task("train", total=self.total, **self.fields)
+
+    def __enter__(self) -> RunProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def refresh_from(self, path: Path) -> None:
+        if not path.is_file():
+            return
+        with open(path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written stays for next time
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            self._apply(json.loads(line))
+
+    def _apply(self, record: dict) -> None:
+        if record["role"] != "learner":
+            return
+        if record["kind"] == "train_step":
+            self.fields.update(reward=f"{record['reward_mean']:.2f}", stale=str(record["staleness_max"]),
+                               wait=f"{record['wait_s']:.2f}")
+            self.progress.update(self.task, completed=record["step"] + 1, **self.fields)
+        elif record["kind"] == "eval":
+            self.fields["acc"] = f"{record['accuracy']:.3f}"
+            self.progress.update(self.task, **self.fields)

@@ -1,0 +1,96 @@
+"""The learner's main loop: fetch the batch for step t, take one GRPO step, publish version
+t+1, checkpoint and evaluate on schedule. Resumes from the newest checkpoint in the run dir."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from echo2.config.run import RunConfig
+from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from echo2.learner.io import LearnerIO
+from echo2.learner.step import train_step
+from echo2.models.generation import greedy_accuracy
+from echo2.models.loading import load_model, load_tokenizer
+from echo2.models.weights import state_dict_to_bytes
+from echo2.protocol.messages import TrainGroup
+from echo2.report.metrics import MetricsWriter
+from echo2.tasks import make_task
+
+
+class Learner:
+    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.train.torch_threads)
+        self.tokenizer = load_tokenizer(cfg.base_model_path)
+        self.model = load_model(cfg.base_model_path)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay
+        )
+        self.ref_model = copy.deepcopy(self.model).eval() if cfg.grpo.kl_coef > 0 else None
+        self.task = make_task(cfg.task, cfg.seed)
+        self.eval_set = self.task.eval_problems()
+        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
+        self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
+        lc = cfg.learner
+        self.io = LearnerIO(coordinator_url, token, lc.host, lc.port, lc.keep_versions, lc.request_timeout_s)
+
+    def train(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        start = self._restore()
+        self.io.start()
+        try:
+            self._publish(start)
+            if start == 0:
+                self._evaluate(0)
+            for step in range(start, cfg.train.steps):
+                groups, wait_s = self._wait_for_batch(step)
+                stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo,
+                                   cfg.sampling.temperature, self.tokenizer.pad_token_id, self.ref_model)
+                publish_s = self._publish(step + 1)
+                ckpt_s = self._maybe_checkpoint(step + 1)
+                self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s,
+                                   checkpoint_s=ckpt_s, **stats)
+                if (step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps:
+                    self._evaluate(step + 1)
+            self.metrics.write("learner_done", steps=cfg.train.steps)
+        finally:
+            self.io.close()
+            self.metrics.close()
+
+    def _restore(self) -> int:
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            return 0
+        step = load_checkpoint(path, self.model, self.optimizer)
+        self.metrics.write("learner_resumed", step=step, checkpoint=str(path))
+        return step
+
+    def _wait_for_batch(self, step: int) -> tuple[list[TrainGroup], float]:
+        started = time.perf_counter()
+        while True:
+            groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s)
+            if groups:
+                return groups, time.perf_counter() - started
+
+    def _publish(self, version: int) -> float:
+        started = time.perf_counter()
+        self.io.publish(version, state_dict_to_bytes(self.model), self.cfg.learner.chunk_bytes)
+        return time.perf_counter() - started
+
+    def _maybe_checkpoint(self, step: int) -> float:
+        if step % self.cfg.train.checkpoint_every and step != self.cfg.train.steps:
+            return 0.0
+        started = time.perf_counter()
+        save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
+        return time.perf_counter() - started
+
+    def _evaluate(self, step: int) -> None:
+        started = time.perf_counter()
+        accuracy = greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_set,
+                                   self.cfg.sampling.max_new_tokens)
+        self.metrics.write("eval", step=step, accuracy=accuracy, eval_s=time.perf_counter() - started)

@@ -1,0 +1,64 @@
+"""Prompt batching, completion extraction and greedy evaluation shared by the learner and the
+HF rollout engine (torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from echo2.tasks.base import Problem, TaskAdapter
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded input ids and attention mask for a batch of prompt strings."""
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def strip_completion(token_ids: Sequence[int], eos_id: int, pad_id: int) -> list[int]:
+    """Generated ids up to and including the first EOS; trailing padding removed."""
+    out: list[int] = []
+    for token in token_ids:
+        out.append(int(token))
+        if token == eos_id:
+            return out
+    while out and out[-1] == pad_id and pad_id != eos_id:
+        out.pop()
+    return out
+
+
+def decode_completion(tokenizer, token_ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+@torch.no_grad()
+def greedy_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+    input_ids, attention_mask = encode_prompts(tokenizer, prompts)
+    device = next(model.parameters()).device
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    new = out[:, input_ids.shape[1] :].tolist()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    return [decode_completion(tokenizer, strip_completion(row, eos, pad)) for row in new]
+
+
+def greedy_accuracy(
+    model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 256
+) -> float:
+    """Share of problems whose greedy completion the task's checker accepts."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens)
+        correct += sum(task.is_correct(p, t) for p, t in zip(chunk, texts, strict=True))
+    model.train(was_training)
+    return correct / max(1, len(problems))

@@ -1,0 +1,22 @@
+"""Load a causal LM and its tokenizer with `from_pretrained`, as users do with real checkpoints."""
+
+from __future__ import annotations
+
+
+def load_tokenizer(source: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        # many base models ship without a pad token; generation needs one for batching
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(source: str, device: str = "cpu", dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+    return model.to(device)

@@ -1,0 +1,48 @@
+"""One JSON-over-HTTP call with a timeout and a clear split between transient failures (retry)
+and refusals (a 4xx: the request was wrong; retrying the same request cannot help)."""
+
+from __future__ import annotations
+
+import aiohttp
+from pydantic import BaseModel
+
+
+class TransientError(Exception):
+    """Connection refused/reset, timeout or 5xx: worth retrying later."""
+
+
+class RefusedError(Exception):
+    """The server answered 4xx; `status` and the server's message say why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+async def call(
+    session: aiohttp.ClientSession, method: str, url: str, body: BaseModel | None, timeout_s: float
+) -> str:
+    data = body.model_dump_json() if body is not None else None
+    try:
+        async with session.request(
+            method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers={"Content-Type": "application/json"},
+        ) as resp:
+            text = await resp.text()
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+        raise TransientError(f"{method} {url}: {exc!r}") from exc
+    if resp.status >= 500:
+        raise TransientError(f"{method} {url}: HTTP {resp.status}: {text[:200]}")
+    if resp.status >= 400:
+        raise RefusedError(resp.status, _error_text(text))
+    return text
+
+
+def _error_text(text: str) -> str:
+    try:
+        import json
+
+        return str(json.loads(text).get("error", text))
+    except (ValueError, AttributeError):
+        return text[:500]

@@ -1,0 +1,157 @@
+"""Wire messages between workers, the coordinator and the learner: typed, tagged, versioned.
+
+Every message carries `kind` (what it is) and `protocol` (the wire version); receivers refuse
+unknown fields and non-finite numbers so malformed input fails loudly at the boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from echo2.broadcast.manifest import Manifest
+
+PROTOCOL_VERSION = 1
+# the id length bound keeps a hostile client from making us store megabyte-long keys
+_ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    protocol: Literal[1] = PROTOCOL_VERSION
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    temperature: float
+    max_new_tokens: int
+    group_size: int
+
+
+class VersionInfo(BaseModel):
+    """A published policy version: its manifest and where its bytes can be fetched."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    version: int = Field(ge=0)
+    manifest: Manifest
+    weights_url: str
+
+
+# ---- worker <-> coordinator -------------------------------------------------------------
+
+
+class RegisterRequest(Message):
+    kind: Literal["register"] = "register"
+    worker_id: str = Field("", max_length=128, pattern=r"^[A-Za-z0-9_.:-]*$")
+    engine: str = Field(max_length=32)
+    price_per_hour: float = Field(0.0, ge=0)
+    relay_address: str = Field("", max_length=256)
+    """Where peers can pull weights from this worker; empty: not reachable (a broadcast leaf)."""
+
+
+class RegisterResponse(Message):
+    kind: Literal["registered"] = "registered"
+    worker_id: str
+    heartbeat_interval_s: float
+    max_staleness: int
+    sampling: SamplingParams
+    model_source: str
+    latest: VersionInfo | None
+
+
+class Heartbeat(Message):
+    kind: Literal["heartbeat"] = "heartbeat"
+    worker_id: str = _ID
+    version: int = Field(ge=-1)
+    """Version the worker's engine holds (-1: none loaded yet)."""
+
+
+class HeartbeatResponse(Message):
+    kind: Literal["heartbeat_ack"] = "heartbeat_ack"
+    latest: VersionInfo | None
+    active: bool = True
+    """False: the worker should idle (not lease) until told otherwise."""
+
+
+class LeaveRequest(Message):
+    """A worker shutting down cleanly; its leases return to the queue at once."""
+
+    kind: Literal["leave"] = "leave"
+    worker_id: str = _ID
+
+
+class LeaseRequest(Message):
+    kind: Literal["lease"] = "lease"
+    worker_id: str = _ID
+    version: int = Field(ge=0)
+    max_tasks: int = Field(1, ge=1, le=256)
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task_id: str
+    """The lease id: valid only for the worker it was handed to, until it expires."""
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+class LeaseResponse(Message):
+    kind: Literal["lease_granted"] = "lease_granted"
+    tasks: list[Task]
+    retry_after_s: float = 0.0
+    """When `tasks` is empty: how long to wait before asking again."""
+    reason: str = ""
+
+
+class RolloutCompletion(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class RolloutSubmission(Message):
+    kind: Literal["rollout"] = "rollout"
+    worker_id: str = _ID
+    task_id: str = _ID
+    version: int = Field(ge=0)
+    completions: list[RolloutCompletion]
+    gen_time_s: float = Field(ge=0)
+
+
+class SubmitResponse(Message):
+    kind: Literal["rollout_ack"] = "rollout_ack"
+    accepted: bool
+    reason: str = ""
+    rewards: list[float] = []
+
+
+# ---- learner <-> coordinator ------------------------------------------------------------
+
+
+class PublishRequest(Message):
+    kind: Literal["publish"] = "publish"
+    info: VersionInfo
+
+
+class TrainGroup(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    group_id: str
+    prompt_index: int
+    prompt_ids: list[int]
+    version: int
+    worker_id: str
+    rewards: list[float]
+    completions: list[RolloutCompletion]
+
+
+class BatchResponse(Message):
+    kind: Literal["batch"] = "batch"
+    step: int
+    groups: list[TrainGroup]
+    """Empty while the batch is not ready; the learner asks again (long poll)."""
+
+
+class ErrorResponse(Message):
+    kind: Literal["error"] = "error"
+    error: str

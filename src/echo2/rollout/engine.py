@@ -1,0 +1,45 @@
+"""Generation engine interface and its factory: a worker hands prompts in, gets completions
+with per-token behaviour log-probs out. Implementations: HF transformers (CPU/GPU), vLLM (GPU)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_ids: list[int]
+    n: int
+    """Completions to sample for this prompt (the GRPO group size)."""
+    temperature: float
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    """log pi_behaviour(token | prefix) under the sampling distribution (after temperature)."""
+
+
+class Engine(ABC):
+    @abstractmethod
+    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        """One list of `n` completions per request, in request order. Blocking."""
+
+    @abstractmethod
+    def load_state_dict(self, tensors: dict) -> None:
+        """Swap in new policy weights (all tensors of the model, by name)."""
+
+
+def make_engine(kind: str, model_source: str, device: str):
+    if kind == "hf":
+        from echo2.rollout.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(model_source, device)
+    if kind == "vllm":
+        from echo2.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_pretrained(model_source, device)
+    raise ValueError(f"worker.engine: unknown engine {kind!r} (allowed: 'hf', 'vllm')")

@@ -1,0 +1,69 @@
+"""HF transformers engine: batched `generate` with sampling, behaviour log-probs taken from the
+processed scores, i.e. exactly the distribution each token was sampled from."""
+
+from __future__ import annotations
+
+import torch
+
+from echo2.models.generation import strip_completion
+from echo2.models.loading import load_model, load_tokenizer
+from echo2.models.weights import load_into
+from echo2.rollout.engine import Completion, Engine, GenRequest
+
+
+class HFEngine(Engine):
+    def __init__(self, model, tokenizer) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_pretrained(cls, source: str, device: str) -> HFEngine:
+        return cls(load_model(source, device), load_tokenizer(source))
+
+    def load_state_dict(self, tensors: dict) -> None:
+        # refuses a payload that does not match this model's tensors (another model's weights)
+        load_into(self.model, tensors)
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        if not requests:
+            return []
+        # one generate call per (temperature, max_new_tokens) setting; a lease normally has one
+        out: list[list[Completion]] = [[] for _ in requests]
+        by_setting: dict[tuple[float, int], list[int]] = {}
+        for index, req in enumerate(requests):
+            by_setting.setdefault((req.temperature, req.max_new_tokens), []).append(index)
+        for (temperature, max_new), indices in by_setting.items():
+            flat = self._sample([requests[i] for i in indices], temperature, max_new)
+            for i in indices:
+                out[i] = [flat.pop(0) for _ in range(requests[i].n)]
+        return out
+
+    def _sample(self, requests: list[GenRequest], temperature: float, max_new: int) -> list[Completion]:
+        rows = [req.prompt_ids for req in requests for _ in range(req.n)]
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        gen = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,  # no truncation: the learner scores tokens under the full softmax
+            top_p=1.0,
+            max_new_tokens=max_new,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        new_ids = gen.sequences[:, width:]
+        logp_NT = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in gen.scores], dim=1)
+        token_logp = logp_NT.gather(-1, new_ids[..., None]).squeeze(-1)
+        completions = []
+        for row, row_logp in zip(new_ids.tolist(), token_logp.tolist(), strict=True):
+            kept = strip_completion(row, eos, pad)
+            completions.append(Completion(token_ids=kept, logprobs=row_logp[: len(kept)]))
+        return completions

@@ -1,0 +1,56 @@
+"""Multi-digit addition: prompt "37+45=", answer "82". Verifiable and cheap to score."""
+
+from __future__ import annotations
+
+import random
+from functools import cached_property
+
+from echo2.tasks.base import Problem, TaskAdapter
+
+# Distinct streams for training and evaluation so held-out problems are drawn independently.
+_EVAL_STREAM = 1_000_003
+_TRAIN_STREAM = 2_000_003
+
+
+class AdditionTask(TaskAdapter):
+    name = "addition"
+
+    def __init__(self, digits: int, eval_size: int, seed: int) -> None:
+        if digits < 1:
+            raise ValueError(f"task.digits must be >= 1, got {digits}")
+        self.digits = digits
+        self.eval_size = min(eval_size, (10**digits) ** 2 // 2)
+        self.seed = seed
+
+    def _problem(self, a: int, b: int) -> Problem:
+        return Problem(prompt=f"{a}+{b}=", answer=str(a + b))
+
+    def _draw(self, rng: random.Random) -> tuple[int, int]:
+        high = 10**self.digits - 1
+        return rng.randint(0, high), rng.randint(0, high)
+
+    @cached_property
+    def _eval_pairs(self) -> list[tuple[int, int]]:
+        rng = random.Random(self.seed * 7919 + _EVAL_STREAM)
+        pairs: dict[tuple[int, int], None] = {}
+        while len(pairs) < self.eval_size:
+            pairs[self._draw(rng)] = None
+        return list(pairs)
+
+    @cached_property
+    def _eval_set(self) -> frozenset[tuple[int, int]]:
+        return frozenset(self._eval_pairs)
+
+    def eval_problems(self) -> list[Problem]:
+        return [self._problem(a, b) for a, b in self._eval_pairs]
+
+    def train_problem(self, index: int) -> Problem:
+        # each index seeds its own draw, so problem i is the same whoever asks and in any order
+        rng = random.Random((self.seed * 7919 + _TRAIN_STREAM) * 1_000_000_007 + index)
+        pair = self._draw(rng)
+        while pair in self._eval_set:
+            pair = self._draw(rng)
+        return self._problem(*pair)
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        return completion.strip() == problem.answer
