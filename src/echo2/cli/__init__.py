@@ -11,6 +11,7 @@ import sys
 
 # name -> module under echo2.cli; the module is imported only to build its parser.
 SUBCOMMANDS: dict[str, str] = {
+    "plan": "echo2.cli.plan_cmd",
 }
 
 
