@@ -122,13 +122,13 @@ def test_greedy_gap_on_random_worker_catalogs():
     gaps = _gaps_on_random_catalogs(seed=1, cases=150, n=60, max_count=1)  # per-worker entries
     assert len(gaps) > 140
     assert max(gaps) <= 1.0  # the 2-approximation bound
-    assert sum(gaps) / len(gaps) < 0.02  # measured: mean ~0.3%, max ~5%
+    assert sum(gaps) / len(gaps) < 0.02  # measured: mean 0.8%, max 21% (40 of 150 not optimal)
 
 
 def test_greedy_gap_on_random_class_catalogs():
     gaps = _gaps_on_random_catalogs(seed=2, cases=150, n=12, max_count=20)
     assert max(gaps) <= 1.0
-    assert sum(gaps) / len(gaps) < 0.02
+    assert sum(gaps) / len(gaps) < 0.02  # measured: mean 0.35%, max 3.5%
 
 
 def test_greedy_meets_the_nat_constraint():
