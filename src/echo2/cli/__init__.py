@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "coordinator": "echo2.cli.coordinator_cmd",
     "learner": "echo2.cli.learner_cmd",
     "worker": "echo2.cli.worker_cmd",
+    "plan": "echo2.cli.plan_cmd",
 }
 
 

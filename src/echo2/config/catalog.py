@@ -1,0 +1,149 @@
+"""Schema of `echo2 plan` input: a worker catalog (learner class + rollout worker classes) and
+a workload. Both may live in one TOML file; `--workload FILE` replaces the [workload] and
+[broadcast] tables with those of another file, so one catalog serves many workloads.
+
+    [learner]          the central learner cluster (price, uplink, its own rollout speed)
+    [workers.NAME]     one table per rollout worker class, keyed by a short name
+                       (so `--set workers.NAME.count=8` works)
+    [workload]     model size, batch, learner step time, S, generation and load times
+    [broadcast]    weight dissemination topology and chunking
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from echo2.config.base import Frozen, apply_overrides, read_toml, validate
+
+
+class _Throughput(Frozen):
+    rollouts_per_s: float | None = Field(None, gt=0)
+    """Measured rollouts (completions) per second at full load. Give this or tokens_per_s."""
+    tokens_per_s: float | None = Field(None, gt=0)
+    """Aggregate generated tokens per second at full load; divided by
+    workload.tokens_per_rollout to get rollouts/s."""
+
+    def rollout_rate(self, tokens_per_rollout: float | None) -> float | None:
+        if self.rollouts_per_s is not None:
+            return self.rollouts_per_s
+        if self.tokens_per_s is not None and tokens_per_rollout:
+            return self.tokens_per_s / tokens_per_rollout
+        return None
+
+
+class LearnerClass(_Throughput):
+    name: str = "learner"
+    price_per_hour: float = Field(gt=0)
+    """What the learner cluster costs while the run lasts ($/h, all its GPUs)."""
+    uplink_bps: float = Field(gt=0)
+    """Learner uplink in bits/s: the root of every weight broadcast."""
+
+
+class WorkerClass(_Throughput):
+    count: int = Field(ge=0)
+    """How many such workers can be rented (or are in the swarm)."""
+    price_per_hour: float = Field(ge=0)
+    """$/h per worker."""
+    bandwidth_bps: float = Field(gt=0)
+    """Network bandwidth of one worker in bits/s (up and down assumed alike)."""
+    reachable: bool = True
+    """Accepts incoming connections; workers behind NAT (false) can only be broadcast leaves."""
+    generation_time_s: float | None = Field(None, ge=0)
+    """T_gen for this class (one rollout group, slowest completion); default: the workload's."""
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> WorkerClass:
+        if (self.rollouts_per_s is None) == (self.tokens_per_s is None):
+            raise ValueError("give exactly one of rollouts_per_s or tokens_per_s")
+        return self
+
+
+class Workload(Frozen):
+    model: str = ""
+    """Label shown in the output (e.g. "Qwen3-8B bf16")."""
+    params: float = Field(gt=0)
+    """Model parameters (8.2e9 for Qwen3-8B)."""
+    bytes_per_param: float = Field(2.0, gt=0)
+    """Bytes per parameter on the wire: 2 for bf16, 1 for fp8."""
+    prompts_per_step: int = Field(ge=1)
+    group_size: int = Field(ge=1)
+    """B = prompts_per_step x group_size rollouts per learner step."""
+    tokens_per_rollout: float | None = Field(None, gt=0)
+    """Mean generated tokens per rollout; needed when a class gives tokens_per_s."""
+    step_time_s: float = Field(gt=0)
+    """T_train: learner seconds per optimizer step, data ready."""
+    max_staleness: int = Field(ge=0, le=1000)
+    """S: a rollout from version v is trained at step t only if t - v <= S."""
+    generation_time_s: float = Field(ge=0)
+    """T_gen: time for a worker to finish one rollout group (its slowest completion)."""
+    load_time_s: float = Field(0.0, ge=0)
+    """Local swap of a received version into the engine (part of T_dis)."""
+    background_fetch: bool = True
+    """Workers keep generating while a version downloads and stall only load_time_s per
+    version; false: they stall for the whole dissemination latency."""
+
+
+class BroadcastPlan(Frozen):
+    topology: Literal["chain", "tree", "one_to_many", "ideal"] = "chain"
+    """How versions reach workers: pipelined relay chain or d-ary tree, the learner sending
+    every copy, or the ideal-network reference (each worker at its full downlink)."""
+    chunk_bytes: int = Field(64 << 20, ge=1 << 10)
+    """Pipelining unit: each relay hop adds one chunk's transfer time."""
+    fanout: int = Field(2, ge=2, le=64)
+    """Children per relay in the tree topology."""
+    hop_latency_s: float = Field(0.05, ge=0)
+    """Per-hop setup and round-trip latency over the WAN."""
+
+
+class PlanConfig(Frozen):
+    learner: LearnerClass
+    workers: dict[str, WorkerClass] = Field(min_length=1)
+    """Rollout worker classes by name."""
+    workload: Workload
+    broadcast: BroadcastPlan = BroadcastPlan()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PlanConfig:
+        uses_tokens = (
+            any(w.tokens_per_s is not None for w in self.workers.values()) or self.learner.tokens_per_s
+        )
+        if uses_tokens and self.workload.tokens_per_rollout is None:
+            raise ValueError("workload.tokens_per_rollout is required when a class gives tokens_per_s")
+        return self
+
+    @property
+    def batch_rollouts(self) -> int:
+        return self.workload.prompts_per_step * self.workload.group_size
+
+    @property
+    def snapshot_bytes(self) -> float:
+        return self.workload.params * self.workload.bytes_per_param
+
+    def worker_rps(self, worker: WorkerClass) -> float:
+        rate = worker.rollout_rate(self.workload.tokens_per_rollout)
+        assert rate is not None  # guaranteed by the validators above
+        return rate
+
+    def learner_rps(self) -> float | None:
+        return self.learner.rollout_rate(self.workload.tokens_per_rollout)
+
+
+def load_plan_config(
+    catalog: str | Path, workload: str | Path | None = None, overrides: list[str] | None = None
+) -> PlanConfig:
+    """Read the catalog TOML, replace [workload]/[broadcast] from `workload` if given, apply
+    `--set` overrides, validate."""
+    data: dict[str, Any] = read_toml(catalog)
+    if workload is not None:
+        extra = read_toml(workload)
+        unknown = sorted(set(extra) - {"workload", "broadcast"})
+        if unknown:
+            raise ValueError(
+                f"workload file {str(workload)!r}: only [workload] and [broadcast] tables allowed (got {unknown})"
+            )
+        data.update(extra)
+    data = apply_overrides(data, overrides or [])
+    return validate(PlanConfig, data, source=f"catalog {str(catalog)!r}")

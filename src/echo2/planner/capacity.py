@@ -1,0 +1,98 @@
+"""Overlap-based capacity model (ECHO2.md section 4): how much rollout throughput keeps the
+learner busy, the smallest staleness bound that hides dissemination and generation, and the
+learner utilization a given worker set buys.
+
+Symbols: B rollouts per learner step, T_train learner seconds per step, S staleness bound,
+T_dis dissemination latency (publish -> worker holds and has loaded the version), T_gen time
+for a worker to finish one rollout group, T_stall per-version time a worker cannot generate,
+r_i a worker's throughput in rollouts/s. Pure functions, no state, no I/O: the coordinator's
+controller, the simulator and `echo2 plan` share them.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Float sums like 0.1 + 0.2 must not push an exact multiple of T_train one S too high.
+_REL_EPS = 1e-9
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0 (got {value!r})")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0 (got {value!r})")
+
+
+def base_throughput_rps(batch_rollouts: int, step_time_s: float) -> float:
+    """Rate condition: the learner never waits for data iff R >= B / T_train."""
+    _check_positive("batch_rollouts", batch_rollouts)
+    _check_positive("step_time_s", step_time_s)
+    return batch_rollouts / step_time_s
+
+
+def required_throughput_rps(
+    batch_rollouts: int, step_time_s: float, staleness: int, stall_s: float = 0.0
+) -> float:
+    """R_required = (B / T_train) * S*T_train / (S*T_train - T_stall): a worker refreshes its
+    weights once per window of S steps and loses T_stall of that window, so the fleet must be
+    that much faster. math.inf when S*T_train <= T_stall (no fleet size helps)."""
+    _check_non_negative("staleness", staleness)
+    _check_non_negative("stall_s", stall_s)
+    window_s = staleness * step_time_s
+    base = base_throughput_rps(batch_rollouts, step_time_s)
+    if window_s <= stall_s:
+        return math.inf
+    return base * window_s / (window_s - stall_s)
+
+
+def min_staleness(dissemination_s: float, generation_s: float, step_time_s: float) -> int:
+    """S_min = ceil((T_dis + T_gen) / T_train): the overlap condition T_dis + T_gen <= S*T_train.
+    Below S_min a worker's freshest rollouts are already too stale when they land."""
+    _check_non_negative("dissemination_s", dissemination_s)
+    _check_non_negative("generation_s", generation_s)
+    _check_positive("step_time_s", step_time_s)
+    ratio = (dissemination_s + generation_s) / step_time_s
+    return max(0, math.ceil(ratio * (1 - _REL_EPS)))
+
+
+def overlap_holds(dissemination_s: float, generation_s: float, staleness: int, step_time_s: float) -> bool:
+    """True iff T_dis + T_gen <= S*T_train (the pipeline hides both latencies)."""
+    return staleness >= min_staleness(dissemination_s, generation_s, step_time_s)
+
+
+def effective_throughput_rps(
+    throughput_rps: float,
+    staleness: int,
+    step_time_s: float,
+    *,
+    dissemination_s: float = 0.0,
+    generation_s: float = 0.0,
+    stall_s: float = 0.0,
+) -> float:
+    """Admissible rollouts/s one worker delivers: r * (1 - T_stall / (S*T_train)), and 0 when
+    the overlap condition fails for it (everything it produces arrives older than S). With one
+    T_stall for all workers, sum of these >= B/T_train is exactly R >= R_required."""
+    _check_non_negative("throughput_rps", throughput_rps)
+    if not overlap_holds(dissemination_s, generation_s, staleness, step_time_s):
+        return 0.0
+    window_s = staleness * step_time_s
+    if window_s <= stall_s:
+        return 0.0
+    return throughput_rps * (1.0 - stall_s / window_s)
+
+
+def learner_utilization(admissible_rps: float, batch_rollouts: int, step_time_s: float) -> float:
+    """U = min(1, R * T_train / B) with R the admissible throughput (effective_throughput_rps
+    summed): a starved learner waits B/R per step instead of T_train."""
+    _check_non_negative("admissible_rps", admissible_rps)
+    return min(1.0, admissible_rps / base_throughput_rps(batch_rollouts, step_time_s))
+
+
+def step_wall_s(admissible_rps: float, batch_rollouts: int, step_time_s: float) -> float:
+    """Wall time of one learner step: max(T_train, B / R); math.inf with no admissible data."""
+    utilization = learner_utilization(admissible_rps, batch_rollouts, step_time_s)
+    return step_time_s / utilization if utilization > 0 else math.inf

@@ -1,0 +1,306 @@
+"""The provisioning plan behind `echo2 plan`: from a catalog and a workload to the cheapest
+fleet that keeps the learner busy, its cost, and the centralized baseline's cost.
+
+Dissemination latency grows with the number of workers N, and N is what we are choosing. The
+search therefore caps the fleet size on a doubling grid (1, 2, 4, ..., all): for each cap it
+prices dissemination at N = cap, keeps the classes whose rollouts still land within the
+staleness window, solves the activation exactly with at most `cap` workers, and keeps the
+cheapest. Every candidate is self-consistent (its real N <= cap, so its real latency is no
+larger than the one it was planned with); the final numbers are re-evaluated at the real N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from echo2.config.catalog import PlanConfig, WorkerClass
+from echo2.planner import capacity, cost
+from echo2.planner.activation import Activation, Offer, activate
+from echo2.planner.dissemination import dissemination_s
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """One worker class at a given fleet size: its latencies and what one worker delivers."""
+
+    name: str
+    available: int
+    chosen: int
+    price_per_hour: float
+    rollouts_per_s: float
+    admissible_rps: float
+    """Per worker, after the stall fraction; 0 if its rollouts arrive staler than S."""
+    dissemination_s: float
+    generation_s: float
+    stall_s: float
+    s_min: int
+    reachable: bool
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Centralized co-located run on the learner's GPUs (generate, then train)."""
+
+    step_wall_s: float
+    price_per_hour: float
+    cost_per_step: float
+    cost_per_rollout: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    feasible: bool
+    model: str
+    batch_rollouts: int
+    step_time_s: float
+    max_staleness: int
+    topology: str
+    snapshot_bytes: float
+    base_rps: float
+    """B / T_train."""
+    required_rps: float
+    """R_required: B / T_train inflated by the chosen set's per-version stall."""
+    s_min: int
+    """Smallest S whose window hides T_dis + T_gen for every chosen class."""
+    n_workers: int
+    classes: tuple[ClassPlan, ...]
+    rollouts_per_s: float
+    admissible_rps: float
+    utilization: float
+    dissemination_s: float
+    step_wall_s: float
+    learner_price_per_hour: float
+    fleet_price_per_hour: float
+    total_price_per_hour: float
+    cost_per_step: float
+    cost_per_rollout: float
+    baseline: Baseline | None
+    saving_fraction: float | None
+    method: str
+    gap: float
+    reasons: tuple[str, ...] = ()
+    fixes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """JSON-ready: infinities become null; `chosen` maps class name to workers activated."""
+        data = dataclasses.asdict(self)
+        data["chosen"] = {c.name: c.chosen for c in self.classes if c.chosen}
+        return _json_safe(data)
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def class_plans(cfg: PlanConfig, n_workers: int) -> list[ClassPlan]:
+    """Every class's latencies and admissible rate when N = n_workers receive each version."""
+    return [_class_plan(cfg, name, worker, max(1, n_workers)) for name, worker in cfg.workers.items()]
+
+
+def _class_plan(cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int) -> ClassPlan:
+    work, net = cfg.workload, cfg.broadcast
+    transfer_s = dissemination_s(
+        net.topology,
+        cfg.snapshot_bytes,
+        n_workers,
+        cfg.learner.uplink_bps,
+        worker.bandwidth_bps,
+        chunk_bytes=net.chunk_bytes,
+        fanout=net.fanout,
+        hop_latency_s=net.hop_latency_s,
+    )
+    dis_s = transfer_s + work.load_time_s
+    gen_s = work.generation_time_s if worker.generation_time_s is None else worker.generation_time_s
+    stall_s = work.load_time_s if work.background_fetch else dis_s
+    rate = cfg.worker_rps(worker)
+    return ClassPlan(
+        name=name,
+        available=worker.count,
+        chosen=0,
+        price_per_hour=worker.price_per_hour,
+        rollouts_per_s=rate,
+        admissible_rps=capacity.effective_throughput_rps(
+            rate,
+            work.max_staleness,
+            work.step_time_s,
+            dissemination_s=dis_s,
+            generation_s=gen_s,
+            stall_s=stall_s,
+        ),
+        dissemination_s=dis_s,
+        generation_s=gen_s,
+        stall_s=stall_s,
+        s_min=capacity.min_staleness(dis_s, gen_s, work.step_time_s),
+        reachable=worker.reachable,
+    )
+
+
+def leaf_fanout(cfg: PlanConfig) -> int | None:
+    """Child slots per parent for the NAT constraint (None: every worker talks to the learner)."""
+    topology = cfg.broadcast.topology
+    return {"chain": 1, "tree": cfg.broadcast.fanout}.get(topology)
+
+
+def total_workers(cfg: PlanConfig) -> int:
+    return sum(w.count for w in cfg.workers.values())
+
+
+def fleet_size_caps(total_workers: int) -> list[int]:
+    caps, cap = [], 1
+    while cap < total_workers:
+        caps.append(cap)
+        cap *= 2
+    return caps + [total_workers] if total_workers > 0 else []
+
+
+def offers_for(classes: list[ClassPlan]) -> list[Offer]:
+    return [
+        Offer(
+            c.name,
+            c.price_per_hour,
+            c.admissible_rps,
+            c.available if c.admissible_rps > 0 else 0,
+            relay=c.reachable,
+        )
+        for c in classes
+    ]
+
+
+def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
+    """The cheapest self-consistent activation over the fleet-size grid, or None."""
+    base_rps = capacity.base_throughput_rps(cfg.batch_rollouts, cfg.workload.step_time_s)
+    best: Activation | None = None
+    for cap in fleet_size_caps(total_workers(cfg)):
+        found = activate(
+            offers_for(class_plans(cfg, cap)), base_rps, max_workers=cap, leaf_fanout=leaf_fanout(cfg)
+        )
+        if not found.feasible:
+            continue
+        key = (round(found.price_per_hour, 9), found.n_workers)
+        if best is None or key < (round(best.price_per_hour, 9), best.n_workers):
+            best = found
+    return best
+
+
+def fastest_fleet(cfg: PlanConfig) -> dict[str, int]:
+    """The set with the most admissible throughput over the fleet-size grid, NAT placement
+    aside: at each cap, the cap fastest admissible workers. What an infeasible plan shows."""
+    best: dict[str, int] = {}
+    best_rps = 0.0
+    for cap in fleet_size_caps(total_workers(cfg)):
+        counts, left, rps = {}, cap, 0.0
+        for c in sorted(class_plans(cfg, cap), key=lambda c: -c.admissible_rps):
+            units = min(c.available, left) if c.admissible_rps > 0 else 0
+            if units:
+                counts[c.name], left, rps = units, left - units, rps + units * c.admissible_rps
+        if rps > best_rps:
+            best, best_rps = counts, rps
+    return best
+
+
+def with_staleness(cfg: PlanConfig, staleness: int) -> PlanConfig:
+    return cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"max_staleness": staleness})})
+
+
+def make_plan(cfg: PlanConfig) -> Plan:
+    """Cheapest feasible fleet, or (infeasible) every admissible worker plus why and what fixes it."""
+    from echo2.planner.diagnose import diagnose  # diagnose re-plans with other S: it imports us
+
+    found = cheapest_fleet(cfg)
+    if found is not None:
+        return assemble(
+            cfg, found.counts, found.method, found.gap, (), (), staleness_warnings(cfg.workload.max_staleness)
+        )
+    reasons, fixes, warnings = diagnose(cfg)
+    return assemble(cfg, fastest_fleet(cfg), "fastest-fleet", math.inf, reasons, fixes, warnings)
+
+
+def staleness_warnings(staleness: int) -> tuple[str, ...]:
+    if staleness > 6:
+        return (f"S={staleness}: ECHO-2 found training stable up to S=6 and unstable at S=11 (math, AIME24)",)
+    return ()
+
+
+def assemble(
+    cfg: PlanConfig, counts: dict[str, int], method: str, gap: float, reasons, fixes, warnings
+) -> Plan:
+    """All the plan's numbers for the set `counts`, with latencies at its real size."""
+    work = cfg.workload
+    n = sum(counts.values())
+    classes = tuple(dataclasses.replace(c, chosen=counts.get(c.name, 0)) for c in class_plans(cfg, max(1, n)))
+    chosen = [c for c in classes if c.chosen]
+    gross = sum(c.rollouts_per_s * c.chosen for c in chosen)
+    admissible = sum(c.admissible_rps * c.chosen for c in chosen)
+    stall = max((c.stall_s for c in chosen), default=work.load_time_s)
+    step_s = capacity.step_wall_s(admissible, cfg.batch_rollouts, work.step_time_s)
+    fleet_price = sum(c.price_per_hour * c.chosen for c in chosen)
+    total_price = fleet_price + cfg.learner.price_per_hour
+    step_cost = cost.cost_per_step(total_price, step_s) if math.isfinite(step_s) else math.inf
+    baseline = centralized_baseline(cfg)
+    return Plan(
+        feasible=not reasons,
+        model=work.model,
+        batch_rollouts=cfg.batch_rollouts,
+        step_time_s=work.step_time_s,
+        max_staleness=work.max_staleness,
+        topology=cfg.broadcast.topology,
+        snapshot_bytes=cfg.snapshot_bytes,
+        base_rps=capacity.base_throughput_rps(cfg.batch_rollouts, work.step_time_s),
+        required_rps=capacity.required_throughput_rps(
+            cfg.batch_rollouts, work.step_time_s, work.max_staleness, stall
+        ),
+        s_min=_s_min(classes, chosen),
+        n_workers=n,
+        classes=classes,
+        rollouts_per_s=gross,
+        admissible_rps=admissible,
+        utilization=capacity.learner_utilization(admissible, cfg.batch_rollouts, work.step_time_s),
+        dissemination_s=max((c.dissemination_s for c in chosen), default=0.0),
+        step_wall_s=step_s,
+        learner_price_per_hour=cfg.learner.price_per_hour,
+        fleet_price_per_hour=fleet_price,
+        total_price_per_hour=total_price,
+        cost_per_step=step_cost,
+        cost_per_rollout=cost.cost_per_rollout(step_cost, cfg.batch_rollouts),
+        baseline=baseline,
+        saving_fraction=_saving(step_cost, baseline),
+        method=method,
+        gap=gap,
+        reasons=tuple(reasons),
+        fixes=tuple(fixes),
+        warnings=tuple(warnings),
+    )
+
+
+def _s_min(classes: tuple[ClassPlan, ...], chosen: list[ClassPlan]) -> int:
+    """S_min of the chosen set; with none chosen, of the class that gets there soonest."""
+    if chosen:
+        return max(c.s_min for c in chosen)
+    return min((c.s_min for c in classes), default=0)
+
+
+def centralized_baseline(cfg: PlanConfig) -> Baseline | None:
+    rate = cfg.learner_rps()
+    if rate is None:
+        return None
+    work = cfg.workload
+    step_s = cost.centralized_step_s(work.step_time_s, cfg.batch_rollouts, rate, work.generation_time_s)
+    step_cost = cost.cost_per_step(cfg.learner.price_per_hour, step_s)
+    return Baseline(
+        step_s, cfg.learner.price_per_hour, step_cost, cost.cost_per_rollout(step_cost, cfg.batch_rollouts)
+    )
+
+
+def _saving(step_cost: float, baseline: Baseline | None) -> float | None:
+    if baseline is None or not math.isfinite(step_cost):
+        return None
+    return cost.saving_fraction(step_cost, baseline.cost_per_step)
