@@ -135,6 +135,11 @@ class LocalWorkersConfig(Frozen):
 
 class RunConfig(Frozen):
     run_dir: str = "runs/demo"
+    """Everything a run writes: resolved config, metrics.jsonl, checkpoints, logs, the
+    coordinator's store. Running again on the same dir resumes it."""
+    cache_dir: str = "runs/.cache"
+    """Prepared (warm-started) base models, keyed by model/task/warm-start settings and reused
+    by every run with the same settings."""
     seed: int = 0
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

@@ -34,6 +34,7 @@ MAX_BATCH_WAIT_S = 30.0
 STATE_KEY = web.AppKey("state", CoordinatorState)
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
+LIMIT_KEY = web.AppKey("max_request_bytes", int)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -65,6 +66,13 @@ async def error_middleware(request: web.Request, handler):
         return await handler(request)
     except RequestError as exc:
         return _error(exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[LIMIT_KEY]
+        return _error(413, f"request body over coordinator.max_request_bytes={limit}; send smaller rollouts")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text or exc.reason)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -168,6 +176,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, token: str, max_r
         client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(token)]
     )
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
+    app[LIMIT_KEY] = max_request_bytes
     app.cleanup_ctx.append(_run_housekeeping)
     app.add_routes(
         [

@@ -172,7 +172,8 @@ class CoordinatorState:
     # ---- leases ----
     def lease(self, req: LeaseRequest) -> LeaseResponse:
         record = self._worker(req.worker_id)
-        self._check_version(req.version, "lease.version")
+        if self.latest is not None:
+            self._check_version(req.version, "lease.version")
         record.version = req.version
         refusal = self._lease_refusal(record, req.version)
         if refusal:

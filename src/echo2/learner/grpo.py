@@ -22,8 +22,8 @@ def group_advantages(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, eps: fl
     mean_B = (sums / counts)[group_ids_B]
     sq = torch.zeros(num_groups).index_add_(0, group_ids_B, (rewards_B - mean_B) ** 2)
     # unbiased std as in the GRPO paper; groups of one have no spread
-    std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-    return (rewards_B - mean_B) / (std[group_ids_B] + eps)
+    std_B = torch.sqrt(sq / (counts - 1).clamp(min=1))[group_ids_B]
+    return torch.where(std_B > 0, (rewards_B - mean_B) / (std_B + eps), torch.zeros_like(rewards_B))
 
 
 @dataclass

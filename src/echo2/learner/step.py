@@ -61,6 +61,7 @@ def train_step(
         "tokens": int(batch.completion_mask_BT.sum()),
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
+        "prompt_indices": [g.prompt_index for g in groups],
         "train_s": time.perf_counter() - started,
         **out.metrics,
     }

@@ -4,6 +4,7 @@ t+1, checkpoint and evaluate on schedule. Resumes from the newest checkpoint in 
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 from pathlib import Path
 
@@ -79,8 +80,13 @@ class Learner:
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        self.io.publish(version, state_dict_to_bytes(self.model), self.cfg.learner.chunk_bytes)
-        return time.perf_counter() - started
+        info = self.io.publish(version, state_dict_to_bytes(self.model), self.cfg.learner.chunk_bytes)
+        elapsed = time.perf_counter() - started
+        # the digest lets a test prove a resumed learner republishes bit-identical versions
+        digest = hashlib.sha256("".join(info.manifest.chunk_sha256).encode()).hexdigest()
+        self.metrics.write("version_published", version=version, bytes=info.manifest.total_bytes,
+                           manifest_digest=digest, publish_s=elapsed)
+        return elapsed
 
     def _maybe_checkpoint(self, step: int) -> float:
         if step % self.cfg.train.checkpoint_every and step != self.cfg.train.steps:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def quiet_transformers() -> None:
+    """Per-file progress bars from transformers drown the run's own progress display."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def load_tokenizer(source: str):
     from transformers import AutoTokenizer
 
@@ -18,5 +25,6 @@ def load_model(source: str, device: str = "cpu", dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     return model.to(device)

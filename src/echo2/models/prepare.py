@@ -4,6 +4,7 @@ result. A later run with the same model/task/warm-start settings reuses it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +17,11 @@ from echo2.config.run import RunConfig
 MARKER = "echo2_prepared.json"
 
 
+def cache_path(cfg: RunConfig) -> Path:
+    key = hashlib.sha256(json.dumps(fingerprint(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.cache_dir) / f"base-{key}"
+
+
 def fingerprint(cfg: RunConfig) -> dict:
     return {
         "model": cfg.model.model_dump(),
@@ -25,8 +31,8 @@ def fingerprint(cfg: RunConfig) -> dict:
     }
 
 
-def prepared_info(cfg: RunConfig) -> dict | None:
-    marker = Path(cfg.base_model_path) / MARKER
+def prepared_info(cfg: RunConfig, where: Path | None = None) -> dict | None:
+    marker = (where or Path(cfg.base_model_path)) / MARKER
     if not marker.is_file():
         return None
     info = json.loads(marker.read_text())
@@ -39,8 +45,11 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
         return {"base": cfg.model.source, "warm_start_steps": 0}  # the user's checkpoint as is
     cached = prepared_info(cfg)
     if cached is not None:
-        log(f"base model cached in {cfg.base_model_path} (held-out accuracy {cached['accuracy']:.3f})")
+        log(f"base model ready in {cfg.base_model_path} (held-out accuracy {cached['accuracy']:.3f})")
         return cached
+    if prepared_info(cfg, cache_path(cfg)) is not None:
+        _copy_dir(cache_path(cfg), Path(cfg.base_model_path))
+        return prepare_base_model(cfg, log)
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: use every core
@@ -50,6 +59,7 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
     info = _build(cfg, tmp, log)
     info.update(fingerprint=fingerprint(cfg), seconds=time.perf_counter() - started)
     (tmp / MARKER).write_text(json.dumps(info, indent=2))
+    _copy_dir(tmp, cache_path(cfg))
     shutil.rmtree(base, ignore_errors=True)
     os.rename(tmp, base)
     log(f"base model ready in {base} after {info['seconds']:.0f}s (held-out accuracy {info['accuracy']:.3f})")
@@ -80,3 +90,12 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {"accuracy": accuracy, "final_loss": loss, "warm_start_steps": cfg.warmstart.steps}
+
+
+def _copy_dir(src: Path, dst: Path) -> None:
+    """Copy through a temporary sibling so a reader never sees a half-copied directory."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.rename(tmp, dst)

@@ -59,6 +59,9 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int):
 
 def save_tiny(cfg: ModelConfig, out_dir: Path, seed: int) -> None:
     """Write an untrained tiny model + tokenizer to out_dir with `save_pretrained`."""
+    from echo2.models.loading import quiet_transformers
+
+    quiet_transformers()
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(cfg, vocab_size=len(tokenizer), seed=seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -30,7 +30,8 @@ def utilization(steps: list[dict]) -> float:
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
-    steps = sorted(_of(records, "train_step", "learner"), key=lambda r: r["step"])
+    # a resumed learner re-logs the steps it replays from its checkpoint: the last record wins
+    steps = sorted({r["step"]: r for r in _of(records, "train_step", "learner")}.values(), key=lambda r: r["step"])
     evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
     hist: Counter[int] = Counter()
     for s in steps:

@@ -1,0 +1,41 @@
+"""Shared fixtures: a tiny model + character tokenizer saved with save_pretrained (built once per
+session, in code, no downloads) and small run configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from echo2.config.run import ModelConfig, RunConfig
+
+TINY_MODEL = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An untrained tiny Qwen3 model and its tokenizer, as a user's checkpoint directory."""
+    from echo2.models.tiny import save_tiny
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    save_tiny(TINY_MODEL, out, seed=0)
+    return out
+
+
+def small_run_config(run_dir: Path, **sections) -> RunConfig:
+    """A run that prepares in seconds: tiny model, a short warm start, few steps."""
+    data = {
+        "run_dir": str(run_dir),
+        "cache_dir": str(run_dir.parent / "cache"),
+        "model": TINY_MODEL.model_dump(),
+        "warmstart": {"steps": 20, "batch_size": 32},
+        "task": {"eval_size": 50},
+        "sampling": {"max_new_tokens": 4, "group_size": 4},
+        "grpo": {"prompts_per_step": 4},
+        "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3},
+        "coordinator": {"auth_token": "test-token-0123456789"},
+        "workers": {"count": 2},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return RunConfig.model_validate(data)

@@ -1,0 +1,70 @@
+"""Builders for coordinator tests: a state machine over a real store and scorer, a fake clock,
+and well-formed messages to mutate into bad ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from echo2.broadcast.manifest import Manifest
+from echo2.config.run import TaskConfig
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.state import CoordinatorState, Settings
+from echo2.coordinator.store import Store
+from echo2.protocol.messages import (
+    LeaseRequest,
+    RegisterRequest,
+    RolloutCompletion,
+    RolloutSubmission,
+    SamplingParams,
+    VersionInfo,
+)
+from echo2.tasks import make_task
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int = 1, groups_per_step: int = 2):
+    settings = Settings(
+        max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=SAMPLING,
+        model_source=str(model_dir), heartbeat_interval_s=1.0, worker_timeout_s=5.0, lease_timeout_s=60.0,
+    )
+    scorer = Scorer(make_task(TaskConfig(), seed=0), str(model_dir))
+    return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)
+
+
+def version_info(version: int) -> VersionInfo:
+    manifest = Manifest(version=version, total_bytes=0, chunk_bytes=1, chunk_sha256=[], tensors=[])
+    return VersionInfo(version=version, manifest=manifest, weights_url=f"http://learner/v1/weights/{version}")
+
+
+def register(state: CoordinatorState, worker_id: str) -> None:
+    state.register(RegisterRequest(worker_id=worker_id, engine="hf"))
+
+
+def lease(state: CoordinatorState, worker_id: str, version: int, max_tasks: int = 1):
+    return state.lease(LeaseRequest(worker_id=worker_id, version=version, max_tasks=max_tasks))
+
+
+def answer_ids(state: CoordinatorState, task_id: str, correct: bool) -> list[int]:
+    """Token ids of the right (or a wrong) answer plus EOS, for the leased prompt."""
+    prompt_index = state.leases[task_id].prompt_index
+    answer = state.scorer.problem(prompt_index).answer
+    text = answer if correct else str(int(answer) + 1)
+    eos = state.scorer.tokenizer.token_to_id("<eos>")
+    return state.scorer.tokenizer.encode(text, add_special_tokens=False).ids[:3] + [eos]
+
+
+def submission(state: CoordinatorState, worker_id: str, task_id: str, version: int, **overrides) -> RolloutSubmission:
+    ids = answer_ids(state, task_id, correct=True)
+    completions = [RolloutCompletion(token_ids=ids, logprobs=[-0.5] * len(ids)) for _ in range(SAMPLING.group_size)]
+    data = dict(worker_id=worker_id, task_id=task_id, version=version, completions=completions, gen_time_s=0.1)
+    data.update(overrides)
+    return RolloutSubmission(**data)

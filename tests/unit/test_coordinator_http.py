@@ -1,0 +1,131 @@
+"""The coordinator's HTTP face on a real loopback server: authentication, malformed and
+out-of-protocol requests get a 4xx with a clear message and change nothing, the batch long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp import web
+from tests.unit.coordinator_helpers import FakeClock, make_state, version_info
+
+from echo2.coordinator.server import build_app
+from echo2.report.metrics import MetricsWriter
+
+TOKEN = "loopback-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+async def _serve(state, max_request_bytes: int = 64 << 10):
+    app = build_app(state, MetricsWriter(None, "coordinator"), TOKEN, max_request_bytes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+def run_with_server(state, scenario, **kwargs):
+    async def main():
+        runner, url = await _serve(state, **kwargs)
+        try:
+            async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+                return await asyncio.wait_for(scenario(session, url), timeout=30)
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def state(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock())
+    state.publish(version_info(0))
+    return state
+
+
+async def _post(session, url, path, body, headers=AUTH):
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    async with session.post(url + path, data=data, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def test_requests_without_the_token_are_refused(state):
+    async def scenario(session, url):
+        status, body = await _post(session, url, "/v1/register", {"engine": "hf"}, headers={})
+        wrong = await _post(session, url, "/v1/register", {"engine": "hf"}, headers={"Authorization": "Bearer x"})
+        async with session.get(url + "/healthz") as resp:
+            health = resp.status
+        return status, body, wrong[0], health
+
+    status, body, wrong, health = run_with_server(state, scenario)
+    assert (status, wrong, health) == (401, 401, 200)
+    assert "token" in body["error"]
+    assert state.workers == {}
+
+
+def test_bad_requests_get_4xx_and_change_nothing(state):
+    async def scenario(session, url):
+        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
+        status, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0})
+        task = lease["tasks"][0]
+        before = json.dumps(state.snapshot(), sort_keys=True)
+        good = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+                "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
+        cases = {
+            "not json": "{nope",
+            "unknown kind": {**good, "kind": "something_else"},
+            "unknown field": {**good, "reward": [1.0, 1.0]},
+            "nan": json.dumps(good).replace("-0.5, -0.5]}, {", "NaN, -0.5]}, {", 1),
+            "unknown task": {**good, "task_id": "L0000"},
+            "unknown worker": {**good, "worker_id": "w9"},
+            "future version": {**good, "version": 3},
+            "bad token id": {**good, "completions": [{"token_ids": [999], "logprobs": [-1.0]}] * 2},
+            "logprob length": {**good, "completions": [{"token_ids": [20, 3], "logprobs": [-1.0]}] * 2},
+            "oversized": {**good, "padding": "x" * (80 << 10)},
+        }
+        results = {name: await _post(session, url, "/v1/rollout", body) for name, body in cases.items()}
+        after = json.dumps(state.snapshot(), sort_keys=True)
+        accepted = await _post(session, url, "/v1/rollout", good)
+        return results, before, after, accepted
+
+    results, before, after, accepted = run_with_server(state, scenario)
+    expected = {"not json": 400, "unknown kind": 400, "unknown field": 400, "nan": 400, "unknown task": 409,
+                "unknown worker": 404, "future version": 422, "bad token id": 422, "logprob length": 422,
+                "oversized": 413}
+    assert {name: status for name, (status, _) in results.items()} == expected
+    assert "future" in results["future version"][1]["error"]
+    assert "vocabulary" in results["bad token id"][1]["error"]
+    assert before == after
+    assert accepted[0] == 200 and accepted[1]["accepted"]
+
+
+def test_batch_long_poll_returns_when_the_batch_fills(state):
+    async def scenario(session, url):
+        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
+        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2})
+
+        async def submit_later():
+            await asyncio.sleep(0.3)
+            for task in lease["tasks"]:
+                body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+                        "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
+                await _post(session, url, "/v1/rollout", body)
+
+        submitter = asyncio.create_task(submit_later())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with session.get(url + "/v1/batch?step=0&wait_s=10", headers=AUTH) as resp:
+            batch = await resp.json()
+        await submitter
+        async with session.get(url + "/v1/batch?step=x", headers=AUTH) as resp:
+            bad = resp.status
+        return batch, loop.time() - started, bad
+
+    batch, waited_s, bad = run_with_server(state, scenario)
+    assert len(batch["groups"]) == 2 and 0.2 < waited_s < 5
+    assert bad == 400

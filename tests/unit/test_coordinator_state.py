@@ -1,0 +1,232 @@
+"""The coordinator's state machine: leases, expiry, admission, batches, restart, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.unit.coordinator_helpers import (
+    FakeClock,
+    answer_ids,
+    lease,
+    make_state,
+    register,
+    submission,
+    version_info,
+)
+
+from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.protocol.messages import Heartbeat, RolloutCompletion
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def state(tmp_path, tiny_model_dir, clock):
+    return make_state(tmp_path, tiny_model_dir, clock)
+
+
+def test_no_work_before_a_version_is_published(state):
+    register(state, "a")
+    reply = lease(state, "a", 0)
+    assert reply.tasks == [] and "no policy" in reply.reason
+
+
+def test_lease_submit_batch_round_trip(state):
+    register(state, "a")
+    state.publish(version_info(0))
+    tasks = lease(state, "a", 0, max_tasks=2).tasks
+    assert len(tasks) == 2 and tasks[0].prompt_ids
+    assert state.take_batch(0) is None
+    replies = [state.submit(submission(state, "a", t.task_id, 0)) for t in tasks]
+    assert all(r.accepted and r.rewards == [1.0, 1.0] for r in replies)
+    batch = state.take_batch(0)
+    assert [g["group_id"] for g in batch] == [t.task_id for t in tasks]
+    # asking again for the same step returns the same batch: a restarted learner replays it
+    assert state.take_batch(0) == batch
+    assert state.counters.trained == 2 and state.buffer == []
+
+
+def test_rewards_are_computed_by_the_coordinator(state):
+    register(state, "a")
+    state.publish(version_info(0))
+    task = lease(state, "a", 0).tasks[0]
+    wrong = answer_ids(state, task.task_id, correct=False)
+    bad = [RolloutCompletion(token_ids=wrong, logprobs=[-1.0] * len(wrong))] * 2
+    reply = state.submit(submission(state, "a", task.task_id, 0, completions=bad))
+    assert reply.rewards == [0.0, 0.0]
+
+
+def test_capacity_and_stale_worker_refusal(state):
+    register(state, "a")
+    state.publish(version_info(0))
+    # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups
+    assert len(lease(state, "a", 0, max_tasks=10).tasks) == 4
+    assert lease(state, "a", 0).reason.startswith("window full")
+    state.publish(version_info(2))
+    reply = lease(state, "a", 0)
+    assert reply.tasks == [] and "too stale" in reply.reason
+
+
+def test_version_from_the_future_is_refused(state):
+    register(state, "a")
+    state.publish(version_info(0))
+    with pytest.raises(RequestError) as err:
+        lease(state, "a", 1)
+    assert err.value.status == 422 and "future" in err.value.message
+
+
+def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock):
+    register(state, "a")
+    register(state, "b")
+    state.publish(version_info(0))
+    task = lease(state, "a", 0).tasks[0]
+    prompt = state.leases[task.task_id].prompt_index
+    clock.now += 3
+    state.heartbeat(Heartbeat(worker_id="b", version=0))
+    clock.now += 3  # a silent for 6 s > worker_timeout_s = 5; b beat 3 s ago
+    state.sweep()
+    assert not state.workers["a"].alive and state.workers["b"].alive
+    assert list(state.queue) == [prompt]
+    with pytest.raises(RequestError) as err:
+        state.submit(submission(state, "a", task.task_id, 0) if task.task_id in state.leases else _late(task.task_id))
+    assert err.value.status == 404
+    register(state, "a")  # it comes back: the old lease stays void
+    with pytest.raises(RequestError) as err:
+        state.submit(_late(task.task_id))
+    assert err.value.status == 409
+    again = lease(state, "b", 0).tasks[0]
+    assert state.leases[again.task_id].prompt_index == prompt  # re-leased, to exactly one worker
+
+
+def _late(task_id: str):
+    from echo2.protocol.messages import RolloutSubmission
+
+    completion = RolloutCompletion(token_ids=[20, 3], logprobs=[-0.1, -0.1])
+    return RolloutSubmission(worker_id="a", task_id=task_id, version=0, completions=[completion] * 2, gen_time_s=0.1)
+
+
+def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
+    register(state, "a")
+    state.publish(version_info(0))
+    lease(state, "a", 0)
+    for _ in range(13):
+        clock.now += 5
+        state.heartbeat(Heartbeat(worker_id="a", version=0))
+        state.sweep()
+    assert state.leases == {} and len(state.queue) == 1 and state.counters.leases_expired == 1
+
+
+BAD_SUBMISSIONS = {
+    "wrong group size": lambda ok: {"completions": ok.completions[:1]},
+    "token outside vocabulary": lambda ok: {"completions": [RolloutCompletion(token_ids=[10**6], logprobs=[-1.0])] * 2},
+    "logprobs length": lambda ok: {"completions": [RolloutCompletion(token_ids=[20, 21], logprobs=[-1.0])] * 2},
+    "positive logprob": lambda ok: {"completions": [RolloutCompletion(token_ids=[20], logprobs=[3.0])] * 2},
+    "too many tokens": lambda ok: {"completions": [RolloutCompletion(token_ids=[20] * 9, logprobs=[-1.0] * 9)] * 2},
+    "empty completion": lambda ok: {"completions": [RolloutCompletion(token_ids=[], logprobs=[])] * 2},
+    "version from the future": lambda ok: {"version": 5},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SUBMISSIONS))
+def test_bad_submission_is_refused_and_changes_nothing(state, case):
+    register(state, "a")
+    state.publish(version_info(0))
+    task = lease(state, "a", 0).tasks[0]
+    ok = submission(state, "a", task.task_id, 0)
+    before = (copy.deepcopy(state.snapshot()), dict(state.leases), list(state.buffer))
+    with pytest.raises(RequestError) as err:
+        state.submit(ok.model_copy(update=BAD_SUBMISSIONS[case](ok)))
+    assert err.value.status == 422
+    assert (state.snapshot(), dict(state.leases), list(state.buffer)) == before
+    assert state.submit(ok).accepted  # the lease is still valid after the refusal
+
+
+def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
+    state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=0, groups_per_step=1)
+    register(state, "a")
+    state.publish(version_info(0))
+    task = lease(state, "a", 0).tasks[0]
+    state.submit(submission(state, "a", task.task_id, 0))
+    assert state.take_batch(0) is not None
+    task = lease(state, "a", 0).tasks  # S = 0 and step 0 taken: no room until version 1
+    assert task == []
+    state.publish(version_info(1))
+    t1 = lease(state, "a", 1).tasks[0]
+    # a straggler of version 0 arriving now would be stale at step 1: simulate one buffered
+    state.buffer.append({**state.store.batch(0)[0], "group_id": "old", "version": 0})
+    state.submit(submission(state, "a", t1.task_id, 1))
+    batch = state.take_batch(1)
+    assert [g["version"] for g in batch] == [1] and state.counters.dropped_stale == 1
+
+
+def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_dir, clock):
+    state = make_state(tmp_path, tiny_model_dir, clock)
+    register(state, "a")
+    state.publish(version_info(0))
+    t1, t2 = lease(state, "a", 0, max_tasks=2).tasks
+    state.submit(submission(state, "a", t1.task_id, 0))
+    leased_prompt = state.leases[t2.task_id].prompt_index
+    state.store.close()
+    revived = make_state(tmp_path, tiny_model_dir, clock)
+    assert [g["group_id"] for g in revived.buffer] == [t1.task_id]
+    assert list(revived.queue) == [leased_prompt] and revived.cursor == 2
+    assert revived.current_version == 0
+    register(revived, "a")
+    again = lease(revived, "a", 0).tasks[0]
+    assert revived.leases[again.task_id].prompt_index == leased_prompt
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["lease", "submit", "batch", "publish", "tick", "sweep"]), st.integers(0, 3)),
+    max_size=60,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, ops):
+    clock = FakeClock()
+    state = make_state(tmp_path_factory.mktemp("prop"), tiny_model_dir, clock, max_staleness=1)
+    for w in "abc":
+        register(state, w)
+    state.publish(version_info(0))
+    versions = {"a": 0, "b": 0, "c": 0}
+    step, trained = 0, []
+    for op, arg in ops:
+        worker = "abc"[arg % 3]
+        if op == "lease":
+            lease(state, worker, versions[worker], max_tasks=arg + 1)
+        elif op == "submit" and state.leases:
+            lease_ = sorted(state.leases.values(), key=lambda x: x.lease_id)[arg % len(state.leases)]
+            if state.workers[lease_.worker_id].alive:
+                state.submit(submission(state, lease_.worker_id, lease_.lease_id, lease_.version))
+        elif op == "batch":
+            batch = state.take_batch(step)
+            if batch:
+                trained += [(step, g) for g in batch]
+                step += 1
+                state.publish(version_info(step))
+        elif op == "publish":
+            versions[worker] = state.current_version
+        elif op == "tick":
+            clock.now += 2.0 * (arg + 1)
+        else:
+            state.sweep()
+        _check_invariants(state, trained)
+
+
+def _check_invariants(state: CoordinatorState, trained: list) -> None:
+    places = [("queue", i) for i in state.queue]
+    places += [("lease", lease.prompt_index) for lease in state.leases.values()]
+    places += [("buffer", g["prompt_index"]) for g in state.buffer]
+    places += [("trained", g["prompt_index"]) for _, g in trained]
+    indices = [i for _, i in places]
+    assert len(indices) == len(set(indices)), places  # never handed out or trained twice
+    for step, group in trained:
+        assert step - group["version"] <= state.settings.max_staleness

@@ -1,0 +1,68 @@
+"""The torch-side paths a rollout and a training step share: the tiny model loads with
+from_pretrained, the HF engine's behaviour log-probs equal the learner's log-probs for the same
+weights, and weights survive the bytes round trip (tied embeddings included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from echo2.learner.logprobs import completion_logprobs, pack
+from echo2.models.loading import load_model, load_tokenizer
+from echo2.models.weights import bytes_to_state_dict, load_into, state_dict_to_bytes
+from echo2.rollout.engine import GenRequest
+from echo2.rollout.hf_engine import HFEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    torch.manual_seed(0)
+    return HFEngine.from_pretrained(str(tiny_model_dir), "cpu")
+
+
+def test_tokenizer_round_trip(tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    ids = tokenizer.encode("12+34=", add_special_tokens=False)
+    assert len(ids) == 6
+    assert tokenizer.decode(ids + [tokenizer.eos_token_id], skip_special_tokens=True) == "12+34="
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_match_learner(engine, tiny_model_dir, temperature):
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["1+2=", "33+44="]]
+    requests = [GenRequest(p, n=3, temperature=temperature, max_new_tokens=5) for p in prompts]
+    groups = engine.generate(requests)
+    assert [len(g) for g in groups] == [3, 3]
+    rows = [(p, c) for p, g in zip(prompts, groups, strict=True) for c in g]
+    batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], tokenizer.pad_token_id)
+    learner_model = load_model(str(tiny_model_dir))
+    with torch.no_grad():
+        logp = completion_logprobs(learner_model, batch, temperature)
+    for i, (_, completion) in enumerate(rows):
+        assert 1 <= len(completion.token_ids) <= 5
+        n = len(completion.token_ids)
+        assert logp[i, :n].tolist() == pytest.approx(completion.logprobs, abs=1e-4)
+
+
+def test_weights_round_trip_into_another_model(engine, tiny_model_dir):
+    source = load_model(str(tiny_model_dir))
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.01)
+    payload = state_dict_to_bytes(source)
+    engine.load_state_dict(bytes_to_state_dict(payload))
+    for name, tensor in source.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], tensor), name
+
+
+def test_load_into_refuses_mismatched_weights(tiny_model_dir):
+    model = load_model(str(tiny_model_dir))
+    tensors = bytes_to_state_dict(state_dict_to_bytes(model))
+    name = next(iter(tensors))
+    with pytest.raises(ValueError, match="unexpected"):
+        load_into(model, {**tensors, "extra.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="missing"):
+        load_into(model, {k: v for k, v in tensors.items() if k != name})
+    with pytest.raises(ValueError, match="shape"):
+        load_into(model, {**tensors, name: torch.zeros(1)})
