@@ -28,8 +28,10 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
         "run_dir": str(run_dir),
         "cache_dir": str(run_dir.parent / "cache"),
         "model": TINY_MODEL.model_dump(),
-        "warmstart": {"steps": 20, "batch_size": 32},
-        "task": {"eval_size": 50},
+        # 1-digit addition after 200 warm-start steps: right about a third of the time, so
+        # groups carry reward variance and every step really changes the weights
+        "warmstart": {"steps": 200, "batch_size": 32, "lr": 1e-2},
+        "task": {"digits": 1, "eval_size": 50},
         "sampling": {"max_new_tokens": 4, "group_size": 4},
         "grpo": {"prompts_per_step": 4},
         "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3},

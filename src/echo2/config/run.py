@@ -131,6 +131,23 @@ class LocalWorkersConfig(Frozen):
     """Workers the local launcher starts."""
     worker: WorkerConfig = WorkerConfig()
     """Settings every local worker gets (engine, threads, tasks per lease, ...)."""
+    per_worker: list[dict[str, Any]] = []
+    """Entry i overrides fields of `worker` for local worker i (e.g. price_per_hour, slowdown),
+    to emulate a heterogeneous fleet on one machine."""
+
+    @model_validator(mode="after")
+    def _per_worker_valid(self) -> LocalWorkersConfig:
+        if len(self.per_worker) > self.count:
+            raise ValueError(f"per_worker has {len(self.per_worker)} entries for count={self.count} workers")
+        for index in range(len(self.per_worker)):
+            self.worker_config(index)
+        return self
+
+    def worker_config(self, index: int) -> WorkerConfig:
+        """The settings of local worker `index`: shared settings plus its own overrides."""
+        extra = self.per_worker[index] if index < len(self.per_worker) else {}
+        data = {**self.worker.model_dump(), "worker_id": f"w{index}", **extra}
+        return validate(WorkerConfig, data, source=f"workers.per_worker[{index}]")
 
 
 class RunConfig(Frozen):

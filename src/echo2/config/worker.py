@@ -25,6 +25,9 @@ class WorkerConfig(Frozen):
     """Prompts leased (and generated as one batch) per request."""
     price_per_hour: float = Field(0.0, ge=0)
     """What this worker costs; the coordinator's cost accounting and activation use it."""
+    slowdown: float = Field(1.0, ge=1.0, le=1000.0)
+    """EMULATION ONLY, for local runs: after each generation the worker idles (slowdown - 1) x
+    the time it took, so one CPU box can stand in for GPUs of different speeds."""
     model_source: str = ""
     """Override where the base model is loaded from; empty: the path/id the coordinator announces."""
     auth_token: str = ""

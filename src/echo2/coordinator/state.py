@@ -224,7 +224,8 @@ class CoordinatorState:
             self.counters.leases_expired += len(leases)
             self._save_counters()
         for lease in leases:
-            self.events.append({"kind": "lease_requeued", "worker_id": lease.worker_id, "reason": reason})
+            self.events.append({"kind": "lease_requeued", "worker_id": lease.worker_id, "reason": reason,
+                                "prompt_index": lease.prompt_index})
 
     def sweep(self) -> None:
         """Expire silent workers (all their leases go back) and leases held too long."""
@@ -363,6 +364,7 @@ class CoordinatorState:
                     "alive": w.alive,
                     "active": w.active,
                     "price_per_hour": w.price_per_hour,
+                    "leases": sum(1 for lease in self.leases.values() if lease.worker_id == w.worker_id),
                     "rollouts": w.rollouts,
                     "tokens": w.tokens,
                     "tokens_per_s": w.tokens / w.gen_time_s if w.gen_time_s > 0 else 0.0,

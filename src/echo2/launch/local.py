@@ -79,8 +79,7 @@ def _start_roles(cfg: RunConfig, env: dict[str, str], children: list[Child]) -> 
 
 
 def _worker_overrides(cfg: RunConfig, index: int) -> list[str]:
-    fields = cfg.workers.worker.model_dump()
-    fields["worker_id"] = f"w{index}"
+    fields = cfg.workers.worker_config(index).model_dump()
     out: list[str] = []
     for key, value in fields.items():
         if key != "auth_token":

@@ -63,12 +63,12 @@ class Worker:
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(headers=headers) as self.session:
             reg = await self._register()
-            source = self.cfg.model_source or reg.model_source
-            self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device)
-            fetcher = DirectFetcher(self.session)
-            background = [asyncio.create_task(self._heartbeats(stop)),
-                          asyncio.create_task(self._fetch_versions(fetcher, stop))]
+            # beat while the model loads: a slow load must not look like a dead worker
+            background = [asyncio.create_task(self._heartbeats(stop))]
             try:
+                source = self.cfg.model_source or reg.model_source
+                self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device)
+                background.append(asyncio.create_task(self._fetch_versions(DirectFetcher(self.session), stop)))
                 await self._work(stop)
             finally:
                 for task in background:
@@ -143,7 +143,10 @@ class Worker:
                 pass  # the next beat will try again; eviction takes several missed beats
 
     def _note_latest(self, info: VersionInfo | None) -> None:
-        if info is not None and (self.latest is None or info.version > self.latest.version):
+        if info is None or info == self.latest:
+            return
+        # same version, new source: a restarted learner serves it again from a new address
+        if self.latest is None or info.version >= self.latest.version:
             self.latest = info
             self.announced.set()
 
@@ -165,6 +168,8 @@ class Worker:
         version = self.version
         started = time.perf_counter()
         groups = await asyncio.to_thread(self.engine.generate, requests)
+        if self.cfg.slowdown > 1:  # emulated slower hardware (config: slowdown)
+            await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
         per_task_s = gen_s / len(tasks)
         for task, completions in zip(tasks, groups, strict=True):

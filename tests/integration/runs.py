@@ -1,0 +1,89 @@
+"""Helpers for tests that start real echo2 processes: a TOML writer for small configs, child
+processes stopped by PID whatever happens, and waiting on metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from echo2.report.metrics import read_metrics
+
+TOKEN = "test-token-0123456789"  # the same token small_run_config puts in the config
+
+
+def _is_table_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def to_toml(data: dict, prefix: str = "") -> str:
+    """Enough TOML for our configs: scalars, scalar lists, tables and arrays of tables."""
+    scalars = [f"{k} = {json.dumps(v)}" for k, v in data.items()
+               if not isinstance(v, dict) and not _is_table_list(v) and v != []]
+    out = "\n".join(scalars) + "\n"
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out += f"\n[{prefix}{key}]\n" + to_toml(value, f"{prefix}{key}.")
+        elif _is_table_list(value):
+            out += "".join(f"\n[[{prefix}{key}]]\n" + to_toml(v, f"{prefix}{key}.") for v in value)
+    return out
+
+
+def write_config(path: Path, cfg) -> Path:
+    data = cfg.model_dump()
+    path.write_text(to_toml(data))
+    return path
+
+
+@contextmanager
+def processes():
+    """Yields a `start(args, log)` function; every process it started is killed on exit."""
+    started: list[subprocess.Popen] = []
+
+    def start(args: list[str], log: Path) -> subprocess.Popen:
+        handle = open(log, "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "echo2", *args], stdout=handle, stderr=subprocess.STDOUT,
+                                env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN}, start_new_session=True)
+        handle.close()
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2, alive: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"process exited with {alive.returncode} while waiting for {what}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def last_step(run_dir: Path) -> int:
+    steps = [r["step"] for r in records(run_dir, "train_step")]
+    return max(steps, default=-1)

@@ -1,0 +1,83 @@
+"""`echo2 run` end to end with real processes: the staleness bound holds on every trained
+sample, S = 0 is synchronous, a SIGKILLed worker does not stop the run and its prompts are
+neither lost nor trained twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+
+import pytest
+from tests.conftest import small_run_config
+from tests.integration.runs import TOKEN, last_step, processes, records, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _trained(run_dir):
+    steps = {r["step"]: r for r in records(run_dir, "train_step")}
+    return [steps[k] for k in sorted(steps)]
+
+
+def _run(tmp_path, name, **sections):
+    cfg = small_run_config(tmp_path / name, **sections)
+    config = write_config(tmp_path / f"{name}.toml", cfg)
+    return cfg, config
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_run_respects_the_staleness_bound(tmp_path, staleness):
+    cfg, config = _run(tmp_path, f"s{staleness}", train={"steps": 12, "max_staleness": staleness})
+    with processes() as start:
+        proc = start(["run", "--config", str(config)], tmp_path / "run.log")
+        assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    trained = _trained(cfg.run_path)
+    assert [r["step"] for r in trained] == list(range(12))
+    for r in trained:
+        assert max(int(k) for k in r["staleness_hist"]) <= staleness
+        assert sum(r["staleness_hist"].values()) == cfg.grpo.prompts_per_step
+    summary = json.loads((cfg.run_path / "summary.json").read_text())
+    assert summary["steps"] == 12 and summary["max_staleness_trained"] <= staleness
+    assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
+    assert set(summary["publish_to_loaded_s"]) == {"w0", "w1"}
+    assert 0 < summary["learner_utilization"] <= 1
+    if staleness == 0:
+        assert summary["staleness_hist"] == {"0": 12 * cfg.grpo.prompts_per_step}
+
+
+def _leases_held(run_dir, worker_id: str) -> int:
+    url = json.loads((run_dir / "coordinator.json").read_text())["url"]
+    request = urllib.request.Request(url + "/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return json.loads(resp.read())["workers"].get(worker_id, {}).get("leases", 0)
+
+
+def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
+    cfg, config = _run(
+        tmp_path, "kill", train={"steps": 40, "max_staleness": 1},
+        coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
+        # w0 emulates a slow GPU so it holds leases nearly all the time: the kill strands some
+        workers={"count": 3, "per_worker": [{"slowdown": 20.0}]},
+    )
+    with processes() as start:
+        proc = start(["run", "--config", str(config)], tmp_path / "run.log")
+        wait_for(lambda: last_step(cfg.run_path) >= 3, 180, "three learner steps", alive=proc)
+        wait_for(lambda: _leases_held(cfg.run_path, "w0") > 0, 60, "w0 to hold a lease", poll_s=0.05, alive=proc)
+        pids = json.loads((cfg.run_path / "pids.json").read_text())
+        os.kill(pids["worker-0"], signal.SIGKILL)
+        assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    trained = _trained(cfg.run_path)
+    assert len(trained) == 40
+    prompts = [p for r in trained for p in r["prompt_indices"]]
+    assert len(prompts) == len(set(prompts))  # nothing trained twice
+    lost = [r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == "w0"]
+    assert len(lost) == 1
+    requeued = [r for r in records(cfg.run_path, "lease_requeued") if r["worker_id"] == "w0"]
+    assert len(requeued) == lost[0]["leases_requeued"] >= 1
+    # its stranded prompts were leased again and trained (exactly once, checked above)
+    assert {r["prompt_index"] for r in requeued} <= set(prompts)
+    # after the kill the other workers carried the run
+    late = [r for r in records(cfg.run_path, "weights_loaded") if r["time"] > lost[0]["time"]]
+    assert {r["worker_id"] for r in late} == {"w1", "w2"}
