@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/echo2 run --config configs/demo.toml
+	$(VENV)/bin/echo2 run --config configs/demo.toml --set run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: install
 	$(PY) -m pytest -q

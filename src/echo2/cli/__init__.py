@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> module under echo2.cli; the module is imported only to build its parser.
@@ -21,7 +22,10 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="echo2", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="echo2",
+        description="Asynchronous RL post-training with a central learner and remote rollout workers.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).add_parser(subparsers)
@@ -38,3 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # output piped into `head` and closed early: not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,63 @@
+"""Config loading: example files parse, `--set` overrides apply, errors name field and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from echo2.config import load_run_config, parse_override
+from echo2.config.run import RunConfig
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_run_config_parses(path):
+    cfg = load_run_config(path)
+    assert isinstance(cfg, RunConfig) and cfg.train.steps > 0
+
+
+def test_demo_is_the_documented_default():
+    cfg = load_run_config(CONFIGS / "demo.toml")
+    assert (cfg.workers.count, cfg.train.max_staleness, cfg.model.source) == (3, 2, "tiny")
+    assert cfg.batch_rollouts == 128
+
+
+def test_overrides_are_toml_values_or_bare_strings():
+    assert parse_override("train.steps=7") == (["train", "steps"], 7)
+    assert parse_override("grpo.loss=tis") == (["grpo", "loss"], "tis")
+    assert parse_override("run_dir=runs/x y") == (["run_dir"], "runs/x y")
+    cfg = load_run_config(CONFIGS / "demo.toml", ["train.steps=7", "grpo.loss=tis", "workers.worker.slowdown=2.5"])
+    assert (cfg.train.steps, cfg.grpo.loss, cfg.workers.worker.slowdown) == (7, "tis", 2.5)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.max_stalenes=3", "train.max_stalenes: unknown field; did you mean 'max_staleness'?"),
+        ("train.max_staleness=-1", "train.max_staleness: Input should be greater than or equal to 0 (got -1)"),
+        ("grpo.loss=ppo", "grpo.loss: Input should be 'clip' or 'tis' (got 'ppo')"),
+        ("coordinator.worker_timeout_s=1.5", "must exceed 2 x heartbeat_interval_s"),
+        ("workers.count=1", "per_worker has 2 entries for count=1"),
+    ],
+)
+def test_errors_name_field_value_and_fix(override, expected):
+    base = ["workers.per_worker=[{slowdown = 2.0}, {price_per_hour = 1.0}]"]
+    with pytest.raises(ValueError) as err:
+        load_run_config(CONFIGS / "demo.toml", base + [override])
+    assert expected in str(err.value)
+
+
+def test_per_worker_overrides_merge_onto_shared_settings():
+    cfg = load_run_config(None, ["workers.worker.tasks_per_lease=3", "workers.per_worker=[{slowdown = 4.0}]"])
+    first, second = cfg.workers.worker_config(0), cfg.workers.worker_config(1)
+    assert (first.worker_id, first.slowdown, first.tasks_per_lease) == ("w0", 4.0, 3)
+    assert (second.worker_id, second.slowdown) == ("w1", 1.0)
+    with pytest.raises(ValueError, match=r"workers.per_worker\[0\]"):
+        load_run_config(None, ["workers.per_worker=[{slowdown = 0.5}]"])
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_run_config(tmp_path / "nope.toml")
