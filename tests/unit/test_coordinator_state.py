@@ -201,10 +201,14 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
     for op, arg in ops:
         worker = "abc"[arg % 3]
         if op == "lease":
+            if not state.workers[worker].alive:
+                register(state, worker)  # what a real worker does on 404
             lease(state, worker, versions[worker], max_tasks=arg + 1)
-        elif op == "submit" and state.leases:
-            lease_ = sorted(state.leases.values(), key=lambda x: x.lease_id)[arg % len(state.leases)]
-            if state.workers[lease_.worker_id].alive:
+        elif op == "submit":
+            live = sorted((x for x in state.leases.values() if state.workers[x.worker_id].alive),
+                          key=lambda x: x.lease_id)
+            if live:
+                lease_ = live[arg % len(live)]
                 state.submit(submission(state, lease_.worker_id, lease_.lease_id, lease_.version))
         elif op == "batch":
             batch = state.take_batch(step)

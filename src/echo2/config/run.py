@@ -113,12 +113,33 @@ class CoordinatorConfig(Frozen):
         return self
 
 
+class ActivationConfig(Frozen):
+    """The coordinator's online cost-aware activation controller (ECHO2.md section 6)."""
+
+    enabled: bool = True
+    """False: every registered worker stays active (cost is still accounted)."""
+    control_period_s: float = Field(2.0, gt=0)
+    """How often the activation set is re-decided; a worker lost re-decides at once."""
+    headroom: float = Field(1.15, ge=1.0, le=10.0)
+    """Activate for headroom x R_required: throughput estimates are noisy and a short fleet
+    idles the most expensive machine, the learner."""
+    margin: float = Field(0.1, ge=0.0, lt=1.0)
+    """Hysteresis: switch to a cheaper set only if it saves more than this fraction."""
+    ewma_alpha: float = Field(0.3, gt=0.0, le=1.0)
+    """Weight of the newest sample in the throughput and step-time estimates."""
+    min_samples: int = Field(3, ge=1)
+    """Generations a worker must report before its own rate is trusted; until then it is
+    assumed to be as fast as the measured average."""
+
+
 class LearnerConfig(Frozen):
     host: str = "127.0.0.1"
     """Address the learner's weight server binds and advertises to workers."""
     port: int = Field(0, ge=0, le=65535)
     chunk_bytes: int = Field(1 << 20, ge=1 << 10)
     """Manifest chunk size: the unit a receiver verifies (sha256) before keeping a byte."""
+    price_per_hour: float = Field(0.0, ge=0)
+    """What the learner's machine costs, for the run's cost accounting."""
     keep_versions: int = Field(2, ge=1, le=64)
     """Versions the weight server keeps, so a worker that started fetching v still finds it
     after v+1 is published."""
@@ -166,6 +187,7 @@ class RunConfig(Frozen):
     train: TrainConfig = TrainConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     learner: LearnerConfig = LearnerConfig()
+    activation: ActivationConfig = ActivationConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
 
     @property

@@ -16,8 +16,8 @@ from echo2.config.base import Frozen
 class WorkerConfig(Frozen):
     worker_id: str = ""
     """Stable id; empty: the coordinator assigns one."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine: "hf" (transformers generate, CPU or GPU) or "vllm" (GPU, extra `gpu`)."""
+    engine: Literal["hf"] = "hf"
+    """Generation engine: "hf" (transformers generate, CPU or GPU)."""
     device: str = "cpu"
     torch_threads: int = Field(1, ge=1)
     """Threads per worker on CPU; several 1-thread workers beat one multi-thread worker."""

@@ -33,6 +33,8 @@ def settings_from(cfg: RunConfig) -> Settings:
         heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
         worker_timeout_s=cfg.coordinator.worker_timeout_s,
         lease_timeout_s=cfg.coordinator.lease_timeout_s,
+        activation=cfg.activation,
+        learner_price_per_hour=cfg.learner.price_per_hour,
     )
 
 

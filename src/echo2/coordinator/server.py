@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -117,8 +118,10 @@ async def handle_publish(request: web.Request) -> web.Response:
 
 async def handle_batch(request: web.Request) -> web.Response:
     step = _int_query(request, "step", minimum=0)
-    wait_s = min(float(request.query.get("wait_s", "10")), MAX_BATCH_WAIT_S)
+    wait_s = min(_float_query(request, "wait_s", 10.0), MAX_BATCH_WAIT_S)
     state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
+    if "step_time_s" in request.query:
+        state.observe_step_time(_float_query(request, "step_time_s", 0.0))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     groups = state.take_batch(step)
@@ -144,6 +147,19 @@ def _int_query(request: web.Request, name: str, minimum: int) -> int:
     return value
 
 
+def _float_query(request: web.Request, name: str, default: float) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise RequestError(400, f"query parameter {name}={raw!r}: expected a finite number >= 0")
+    return value
+
+
 async def handle_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].snapshot())
 
@@ -154,9 +170,14 @@ async def handle_health(request: web.Request) -> web.Response:
 
 async def _housekeeping(app: web.Application) -> None:
     state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    loop = asyncio.get_running_loop()
+    next_control = loop.time()
     while True:
         await asyncio.sleep(SWEEP_INTERVAL_S)
         state.sweep()
+        if loop.time() >= next_control:
+            state.control()
+            next_control = loop.time() + state.settings.activation.control_period_s
         events, state.events = state.events, []
         for event in events:
             metrics.write(event.pop("kind"), **event)

@@ -12,9 +12,11 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from echo2.config.run import ActivationConfig
 from echo2.coordinator import admission
+from echo2.coordinator.controller import ActivationController
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
@@ -53,6 +55,8 @@ class Settings:
     heartbeat_interval_s: float
     worker_timeout_s: float
     lease_timeout_s: float
+    activation: ActivationConfig = field(default_factory=ActivationConfig)
+    learner_price_per_hour: float = 0.0
 
 
 @dataclass
@@ -63,7 +67,6 @@ class WorkerRecord:
     relay_address: str
     last_seen: float
     version: int = -1
-    active: bool = True
     alive: bool = True
     """False once evicted; the record stays for the run's accounting until it registers again."""
     rollouts: int = 0
@@ -95,6 +98,11 @@ class CoordinatorState:
         self.workers: dict[str, WorkerRecord] = {}
         self.leases: dict[str, Lease] = {}
         self.events: list[dict] = []  # metric records for the server to flush
+        s = settings
+        self.controller = ActivationController(
+            s.activation, s.groups_per_step * s.sampling.group_size, s.max_staleness,
+            s.learner_price_per_hour, clock(),
+        )
         self._restore()
 
     # ---- restart ----
@@ -132,7 +140,9 @@ class CoordinatorState:
         if old is not None:
             record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
         self.workers[worker_id] = record
-        self.events.append({"kind": "worker_registered", "worker_id": worker_id, "engine": req.engine})
+        self.controller.join(worker_id, req.price_per_hour)
+        self.events.append({"kind": "worker_registered", "worker_id": worker_id, "engine": req.engine,
+                            "price_per_hour": req.price_per_hour})
         s = self.settings
         return RegisterResponse(
             worker_id=worker_id,
@@ -147,8 +157,10 @@ class CoordinatorState:
         """A worker shutting down cleanly: its leases go back at once, no timeout needed."""
         record = self._worker(req.worker_id)
         record.alive = False
+        self.controller.vanish(req.worker_id)
         released = self._release_leases(req.worker_id, reason="worker_left")
         self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released})
+        self.control()
 
     def _worker(self, worker_id: str) -> WorkerRecord:
         record = self.workers.get(worker_id)
@@ -161,7 +173,9 @@ class CoordinatorState:
         record = self._worker(req.worker_id)
         self._check_version(req.version, "heartbeat.version")
         record.version = req.version
-        return HeartbeatResponse(latest=self.latest, active=record.active)
+        if req.swap_s is not None:
+            self.controller.observe_swap(req.swap_s)
+        return HeartbeatResponse(latest=self.latest, active=self.controller.is_active(req.worker_id))
 
     def _check_version(self, version: int, field_name: str) -> None:
         if version > self.current_version:
@@ -192,7 +206,7 @@ class CoordinatorState:
         return LeaseResponse(tasks=tasks)
 
     def _lease_refusal(self, record: WorkerRecord, version: int) -> tuple[float, str] | None:
-        if not record.active:
+        if not self.controller.is_active(record.worker_id):
             return 1.0, "inactive: idle until activated"
         if self.latest is None:
             return 0.5, "no policy version published yet"
@@ -230,15 +244,30 @@ class CoordinatorState:
     def sweep(self) -> None:
         """Expire silent workers (all their leases go back) and leases held too long."""
         now = self.clock()
+        lost = False
         for worker_id, record in self.workers.items():
             if record.alive and now - record.last_seen > self.settings.worker_timeout_s:
                 record.alive = False
+                self.controller.vanish(worker_id)
+                lost = True
                 self.counters.workers_lost += 1
                 released = self._release_leases(worker_id, reason="worker_timeout")
                 self.events.append({"kind": "worker_lost", "worker_id": worker_id, "leases_requeued": released})
         overdue = [lease for lease in self.leases.values() if now - lease.leased_at > self.settings.lease_timeout_s]
         if overdue:
             self._requeue(overdue, reason="lease_timeout")
+        if lost:  # a preempted worker: re-plan now, not at the next control period
+            self.control()
+
+    def control(self) -> None:
+        """Re-decide which workers are active; record the decision when the set changes."""
+        decision = self.controller.decide(self.clock())
+        if decision.changed:
+            self.events.append({
+                "kind": "activation", "active": sorted(decision.active), "reason": decision.reason,
+                "required_rps": decision.required_rps if decision.required_rps != float("inf") else None,
+                "estimates_rps": decision.estimates,
+            })
 
     # ---- rollouts ----
     def submit(self, req: RolloutSubmission) -> SubmitResponse:
@@ -254,6 +283,9 @@ class CoordinatorState:
             raise RequestError(422, problem)
         rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
         self._account(record, req)
+        self.controller.observe_generation(
+            req.worker_id, len(req.completions), sum(len(c.token_ids) for c in req.completions), req.gen_time_s
+        )
         if admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness):
             self._accept(lease, req, rewards)
             return SubmitResponse(accepted=True, rewards=rewards)
@@ -299,6 +331,10 @@ class CoordinatorState:
         self.latest = info
         self.store.set_meta("latest", info.model_dump())
         self.events.append({"kind": "version_published", "version": info.version})
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        """The learner's busy time per step (train + publish), reported with its batch requests."""
+        self.controller.observe_step_time(step_time_s)
 
     def take_batch(self, step: int) -> list[dict] | None:
         """The batch for learner step `step`, or None while not enough admissible groups exist.
@@ -358,11 +394,12 @@ class CoordinatorState:
             "leased": len(self.leases),
             "buffered": len(self.buffer),
             "counters": asdict(self.counters),
+            "cost": self.controller.snapshot(),
             "workers": {
                 w.worker_id: {
                     "version": w.version,
                     "alive": w.alive,
-                    "active": w.active,
+                    "active": self.controller.is_active(w.worker_id),
                     "price_per_hour": w.price_per_hour,
                     "leases": sum(1 for lease in self.leases.values() if lease.worker_id == w.worker_id),
                     "rollouts": w.rollouts,

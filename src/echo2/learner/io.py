@@ -90,9 +90,12 @@ class LearnerIO:
         return info
 
     # ---- coordinator client ----
-    def fetch_batch(self, step: int, wait_s: float) -> list[TrainGroup]:
-        """Groups for `step`; empty when the long poll ended before the batch was ready."""
+    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None) -> list[TrainGroup]:
+        """Groups for `step`; empty when the long poll ended before the batch was ready.
+        `step_time_s`, the learner's busy time on its last step, feeds the activation controller."""
         url = f"/v1/batch?step={step}&wait_s={wait_s}"
+        if step_time_s is not None:
+            url += f"&step_time_s={step_time_s:.6f}"
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 

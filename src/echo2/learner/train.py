@@ -48,14 +48,16 @@ class Learner:
             self._publish(start)
             if start == 0:
                 self._evaluate(0)
+            busy_s = None
             for step in range(start, cfg.train.steps):
-                groups, wait_s = self._wait_for_batch(step)
+                groups, wait_s = self._wait_for_batch(step, busy_s)
                 stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo,
                                    cfg.sampling.temperature, self.tokenizer.pad_token_id, self.ref_model)
                 publish_s = self._publish(step + 1)
                 ckpt_s = self._maybe_checkpoint(step + 1)
                 self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s,
                                    checkpoint_s=ckpt_s, **stats)
+                busy_s = stats["train_s"] + publish_s + ckpt_s
                 if (step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps:
                     self._evaluate(step + 1)
             self.metrics.write("learner_done", steps=cfg.train.steps)
@@ -71,10 +73,10 @@ class Learner:
         self.metrics.write("learner_resumed", step=step, checkpoint=str(path))
         return step
 
-    def _wait_for_batch(self, step: int) -> tuple[list[TrainGroup], float]:
+    def _wait_for_batch(self, step: int, busy_s: float | None) -> tuple[list[TrainGroup], float]:
         started = time.perf_counter()
         while True:
-            groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s)
+            groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s, step_time_s=busy_s)
             if groups:
                 return groups, time.perf_counter() - started
 

@@ -65,6 +65,8 @@ class Heartbeat(Message):
     worker_id: str = _ID
     version: int = Field(ge=-1)
     """Version the worker's engine holds (-1: none loaded yet)."""
+    swap_s: float | None = Field(None, ge=0)
+    """How long the last weight swap paused generation (the per-version stall)."""
 
 
 class HeartbeatResponse(Message):

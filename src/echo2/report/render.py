@@ -27,13 +27,21 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
+    if summary.get("cost_total") is not None:
+        table.add_row("cost total ($/step)", f"${summary['cost_total']:.4f} (${_fmt(summary['cost_per_step'])})")
+    decisions = summary.get("activation_decisions", [])
+    if decisions:
+        last = decisions[-1]
+        table.add_row("activation decisions", f"{len(decisions)}; last: {', '.join(last['active'])} ({last['reason']})")
     console.print(table)
     workers = Table(title="workers")
-    for column in ("worker", "tokens/s", "publish->loaded p50 s", "p95 s", "max s", "versions loaded"):
+    for column in ("worker", "tokens/s", "publish->loaded p50 s", "p95 s", "max s", "versions", "$/h", "active s", "$"):
         workers.add_column(column)
-    latency = summary["publish_to_loaded_s"]
-    for worker in sorted(set(summary["tokens_per_s"]) | set(latency)):
+    latency, cost = summary["publish_to_loaded_s"], summary.get("cost_by_worker", {})
+    for worker in sorted(set(summary["tokens_per_s"]) | set(latency) | set(cost)):
         lat = latency.get(worker, {"p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0})
+        bill = cost.get(worker, {"price_per_hour": None, "active_s": None, "cost": None})
         workers.add_row(worker, _fmt(summary["tokens_per_s"].get(worker)), f"{lat['p50']:.3f}",
-                        f"{lat['p95']:.3f}", f"{lat['max']:.3f}", str(lat["n"]))
+                        f"{lat['p95']:.3f}", f"{lat['max']:.3f}", str(lat["n"]), _fmt(bill["price_per_hour"]),
+                        _fmt(bill["active_s"]), _fmt(bill["cost"]))
     console.print(workers)

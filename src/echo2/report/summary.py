@@ -54,6 +54,22 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "workers_lost": counters.get("workers_lost", 0),
         "tokens_per_s": {w: round(v["tokens_per_s"], 1) for w, v in sorted(workers.items())},
         "publish_to_loaded_s": _latency_by_worker(records),
+        **_cost(final[-1].get("cost") if final else None, len(steps)),
+        "activation_decisions": [
+            {"time": r["time"], "active": r["active"], "reason": r["reason"]} for r in _of(records, "activation")
+        ],
+    }
+
+
+def _cost(cost: dict | None, steps: int) -> dict[str, Any]:
+    if not cost:
+        return {"cost_total": None, "cost_per_step": None, "cost_by_worker": {}}
+    return {
+        "cost_total": cost["cost_total"],
+        "cost_learner": cost["cost_learner"],
+        "cost_per_step": cost["cost_total"] / steps if steps else None,
+        "cost_by_worker": {w: {"cost": v["cost"], "active_s": v["active_s"], "price_per_hour": v["price_per_hour"]}
+                           for w, v in cost["workers"].items()},
     }
 
 

@@ -1,5 +1,5 @@
 """Generation engine interface and its factory: a worker hands prompts in, gets completions
-with per-token behaviour log-probs out. Implementations: HF transformers (CPU/GPU), vLLM (GPU)."""
+with per-token behaviour log-probs out. Implemented: HF transformers (CPU/GPU)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,4 @@ def make_engine(kind: str, model_source: str, device: str):
         from echo2.rollout.hf_engine import HFEngine
 
         return HFEngine.from_pretrained(model_source, device)
-    if kind == "vllm":
-        from echo2.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine.from_pretrained(model_source, device)
-    raise ValueError(f"worker.engine: unknown engine {kind!r} (allowed: 'hf', 'vllm')")
+    raise ValueError(f"worker.engine: unknown engine {kind!r} (allowed: 'hf')")

@@ -56,6 +56,8 @@ class Worker:
         self.announced = asyncio.Event()  # a newer version was announced: the fetcher wakes
         self.weights_ready = asyncio.Event()  # a fetched version is staged: the work loop wakes
         self.registration = asyncio.Lock()
+        self.active = True  # the coordinator may tell us to idle (cost-aware activation)
+        self.swap_s: float | None = None
         self.registered_at = 0.0
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "dropped": 0}
 
@@ -82,6 +84,9 @@ class Worker:
             await self._swap_if_staged()
             if self.version < 0 or self._too_stale():
                 await _wait_either(self.weights_ready, stop, timeout_s=1.0)
+                continue
+            if not self.active:  # told to idle: no leases until a heartbeat says otherwise
+                await _wait_either(stop, stop, timeout_s=self.heartbeat_interval_s)
                 continue
             lease = await self._lease()
             if lease is None or not lease.tasks:
@@ -131,11 +136,13 @@ class Worker:
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await asyncio.sleep(self.heartbeat_interval_s)
-            body = Heartbeat(worker_id=self.worker_id, version=self.version)
+            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.swap_s)
             seen_at = self.registered_at
             try:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
-                self._note_latest(HeartbeatResponse.model_validate_json(text).latest)
+                reply = HeartbeatResponse.model_validate_json(text)
+                self._note_latest(reply.latest)
+                self.active = reply.active
             except RefusedError as exc:
                 if exc.status == 404:  # evicted (or the coordinator restarted): join again
                     await self._reregister(seen_at)
@@ -217,11 +224,13 @@ class Worker:
         staged, self.staged = self.staged, None
         if staged is None or staged.info.version <= self.version:
             return
+        started = time.perf_counter()
         await asyncio.to_thread(self.engine.load_state_dict, staged.tensors)
+        self.swap_s = time.perf_counter() - started
         self.version = staged.info.version
         self.metrics.write(
             "weights_loaded", worker_id=self.worker_id, version=self.version,
-            bytes=staged.info.manifest.total_bytes, fetch_s=staged.fetch_s,
+            bytes=staged.info.manifest.total_bytes, fetch_s=staged.fetch_s, swap_s=self.swap_s,
             publish_to_loaded_s=time.time() - staged.info.manifest.published_at,
         )
 

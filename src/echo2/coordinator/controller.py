@@ -1,0 +1,162 @@
+"""Online cost-aware activation: keep the learner fed by the cheapest set of live workers.
+
+Every control period (and at once when a worker vanishes) it re-estimates what the learner
+needs, R_required = f(B, measured step time, S, measured swap stall) from echo2.planner, with
+headroom for noisy estimates; asks the planner's activation rule for the cheapest set of live
+workers whose measured rollouts/s cover it; and applies the planner's hysteresis so the set
+does not flap. It also integrates cost: price x active time per worker, plus the learner.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from echo2.config.run import ActivationConfig
+from echo2.planner import Offer, activate, keep_or_switch, required_throughput_rps
+
+
+class Ewma:
+    def __init__(self, alpha: float) -> None:
+        self.alpha, self.value, self.samples = alpha, math.nan, 0
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.samples == 0 else self.alpha * sample + (1 - self.alpha) * self.value
+        self.samples += 1
+
+
+@dataclass
+class WorkerView:
+    """What the controller knows of one worker."""
+
+    price_per_hour: float
+    alive: bool
+    active: bool
+    rollouts_per_s: Ewma
+    tokens_per_s: Ewma
+    active_s: float = 0.0
+    cost: float = 0.0
+
+
+@dataclass
+class ControlDecision:
+    active: set[str]
+    required_rps: float
+    reason: str
+    changed: bool
+    estimates: dict[str, float] = field(default_factory=dict)
+
+
+class ActivationController:
+    def __init__(self, cfg: ActivationConfig, batch_rollouts: int, max_staleness: int,
+                 learner_price_per_hour: float, now: float) -> None:
+        self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
+        self.learner_price_per_hour = learner_price_per_hour
+        self.workers: dict[str, WorkerView] = {}
+        self.step_time_s = Ewma(cfg.ewma_alpha)
+        self.swap_s = Ewma(cfg.ewma_alpha)
+        self.started, self.last_tick = now, now
+        self.learner_cost = 0.0
+
+    # ---- observations ----
+    def join(self, worker_id: str, price_per_hour: float) -> None:
+        old = self.workers.get(worker_id)
+        view = WorkerView(price_per_hour, True, True, Ewma(self.cfg.ewma_alpha), Ewma(self.cfg.ewma_alpha))
+        if old is not None:  # a returning worker keeps its history and its bill
+            view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
+            view.active_s, view.cost = old.active_s, old.cost
+        self.workers[worker_id] = view
+
+    def vanish(self, worker_id: str) -> None:
+        if worker_id in self.workers:
+            self.workers[worker_id].alive = False
+
+    def observe_generation(self, worker_id: str, rollouts: int, tokens: int, gen_s: float) -> None:
+        view = self.workers.get(worker_id)
+        if view is not None and gen_s > 0:
+            view.rollouts_per_s.add(rollouts / gen_s)
+            view.tokens_per_s.add(tokens / gen_s)
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        if step_time_s > 0:
+            self.step_time_s.add(step_time_s)
+
+    def observe_swap(self, swap_s: float) -> None:
+        if swap_s >= 0:
+            self.swap_s.add(swap_s)
+
+    def is_active(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is not None and view.alive and view.active
+
+    # ---- cost ----
+    def account(self, now: float) -> None:
+        """Charge everyone for the time since the last tick: active live workers and the learner."""
+        dt = max(0.0, now - self.last_tick)
+        self.last_tick = now
+        self.learner_cost += self.learner_price_per_hour * dt / 3600
+        for view in self.workers.values():
+            if view.alive and view.active:
+                view.active_s += dt
+                view.cost += view.price_per_hour * dt / 3600
+
+    def total_cost(self) -> float:
+        return self.learner_cost + sum(v.cost for v in self.workers.values())
+
+    # ---- decisions ----
+    def required_rps(self) -> float:
+        """R_required with headroom; infinite (run everything) until the learner's step time is
+        known, and for S = 0, where generation never overlaps training."""
+        if self.step_time_s.samples == 0 or self.max_staleness == 0:
+            return math.inf
+        stall = self.swap_s.value if self.swap_s.samples else 0.0
+        base = required_throughput_rps(self.batch_rollouts, self.step_time_s.value, self.max_staleness, stall)
+        return base * self.cfg.headroom
+
+    def decide(self, now: float) -> ControlDecision:
+        self.account(now)
+        offers = self._offers()
+        current = {worker_id: 1 for worker_id, v in self.workers.items() if v.alive and v.active}
+        required = self.required_rps()
+        everyone = {o.id for o in offers}
+        unmeasured = any(math.isnan(o.rollouts_per_s) for o in offers)
+        if not self.cfg.enabled or not math.isfinite(required) or unmeasured:
+            decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
+        else:
+            proposal = activate(offers, required)
+            if not proposal.feasible:
+                decision = ControlDecision(everyone, required, f"no set covers demand ({proposal.reason}): run all", False)
+            else:
+                kept = keep_or_switch(current, proposal, offers, required, self.cfg.margin)
+                decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
+        decision.changed = decision.active != set(current)
+        decision.estimates = {o.id: o.rollouts_per_s for o in offers}
+        for worker_id, view in self.workers.items():
+            view.active = worker_id in decision.active
+        return decision
+
+    def _offers(self) -> list[Offer]:
+        """One offer per live worker at its measured rate; a worker not yet measured is priced at
+        the average measured rate (it is activated to be measured if that makes it worth it)."""
+        measured = [v.rollouts_per_s.value for v in self.workers.values()
+                    if v.alive and v.rollouts_per_s.samples >= self.cfg.min_samples]
+        prior = sum(measured) / len(measured) if measured else math.nan
+        return [
+            Offer(worker_id, v.price_per_hour,
+                  v.rollouts_per_s.value if v.rollouts_per_s.samples >= self.cfg.min_samples else prior)
+            for worker_id, v in sorted(self.workers.items()) if v.alive
+        ]
+
+    def snapshot(self) -> dict:
+        return {
+            "required_rps": self.required_rps(),
+            "step_time_s": self.step_time_s.value if self.step_time_s.samples else None,
+            "cost_total": self.total_cost(),
+            "cost_learner": self.learner_cost,
+            "workers": {
+                worker_id: {"active": v.alive and v.active, "price_per_hour": v.price_per_hour,
+                            "rollouts_per_s": v.rollouts_per_s.value if v.rollouts_per_s.samples else None,
+                            "active_s": v.active_s, "cost": v.cost}
+                for worker_id, v in sorted(self.workers.items())
+            },
+        }
