@@ -74,6 +74,10 @@ class SimSettings(Frozen):
     """How a received version goes in: "pause" stalls running generations for T_load (vLLM
     pause/resume); "between_generations" waits until the worker's current lease is generated
     and submitted, or its refused-lease pause ends (the local HF worker)."""
+    refresh: Literal["every_version", "when_behind"] = "every_version"
+    """When a worker swaps a received version in: "every_version" (what the real worker does)
+    or "when_behind" (only once the coordinator refuses it work with its current one), the
+    once-per-window refresh the planner's stall term T_stall / (S*T_train) assumes."""
     worker_timeout_s: float = Field(6.0, ge=0)
     """How long the coordinator takes to notice a preempted worker and requeue its leases."""
     step_time_cv: float = Field(0.0, ge=0, le=5)

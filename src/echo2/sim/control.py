@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 
 from echo2.config.sim import ScenarioConfig
-from echo2.planner import Offer, base_throughput_rps, keep_or_switch, make_plan
+from echo2.planner import Activation, Offer, base_throughput_rps, keep_or_switch, make_plan
 from echo2.planner.plan import cheapest_fleet, class_plans
 from echo2.sim.events import EventLoop
 from echo2.sim.fleet import Fleet
@@ -41,6 +41,7 @@ class Controller:
         self.margin = scenario.sim.hysteresis_margin
         self.period_s = scenario.sim.control_period_s
         self.decision_pending = False
+        self._proposals: dict[tuple, Activation | None] = {}  # cheapest fleet per set of workers up
         self.decisions = 0
         self.switches = 0
         if mode == "plan":
@@ -71,11 +72,7 @@ class Controller:
         self.decision_pending = False
         self.decisions += 1
         current, up = self.counts(rented=True), self.counts(rented=None)
-        workers = {
-            name: w.model_copy(update={"count": up.get(name, 0)})
-            for name, w in self.plan_config.workers.items()
-        }
-        proposal = cheapest_fleet(self.plan_config.model_copy(update={"workers": workers}))
+        proposal = self._cheapest(up)
         if proposal is None:
             return  # nothing up can feed the learner: keep what runs
         offers = [  # the current set's admissible rates at its own size
@@ -86,6 +83,18 @@ class Controller:
         if decision.switched:
             self.switches += 1
             self.apply(proposal.counts)
+
+    def _cheapest(self, up: dict[str, int]) -> Activation | None:
+        """The planner's cheapest fleet among the workers up (an integer program per fleet-size
+        cap, so it is remembered: churn keeps revisiting the same availability)."""
+        key = tuple(sorted(up.items()))
+        if key not in self._proposals:
+            workers = {
+                name: w.model_copy(update={"count": up.get(name, 0)})
+                for name, w in self.plan_config.workers.items()
+            }
+            self._proposals[key] = cheapest_fleet(self.plan_config.model_copy(update={"workers": workers}))
+        return self._proposals[key]
 
     def counts(self, rented: bool | None) -> dict[str, int]:
         """Live workers per class: rented ones (True) or all that are up (None)."""

@@ -124,6 +124,7 @@ class Fleet:
         self.announce_s, self.timeout_s = sim.announce_interval_s, sim.worker_timeout_s
         self.generation_cv = sim.generation_cv
         self.swap_between = sim.swap == "between_generations"
+        self.lazy_refresh = sim.refresh == "when_behind"
         self.snapshot_bits = scenario.snapshot_bytes * 8
         self.hop_s = scenario.broadcast.hop_latency_s
         self.waiting: dict[SimWorker, None] = {}  # refused for a full window, in refusal order
@@ -224,7 +225,8 @@ class Fleet:
         # between generations: wait for the running lease or the full-window pause to end (a
         # worker refused as too stale waits for exactly this version and swaps at once)
         busy = w.generations or self.polling.get(w) == "window"
-        if not w.swapping and not (self.swap_between and busy):
+        lazy = self.lazy_refresh and self.data.may_lease(w.version)  # still useful: keep generating
+        if not w.swapping and not (self.swap_between and busy) and not lazy:
             self._start_swap(w)
 
     def fetch_s(self, w: SimWorker) -> float:
@@ -290,6 +292,9 @@ class Fleet:
             self.loop.at(done_s, self.finish, w, g)
 
     def _refused(self, w: SimWorker) -> None:
+        if self.lazy_refresh and w.staged > w.version and not w.swapping:
+            self._start_swap(w)  # refused with the old version: now the new one is worth its stall
+            return
         if not self.data.may_lease(w.version):
             if w.version >= 0 and self.stale_retry_s > 0:
                 self._poll(w, self.stale_retry_s, "stale")
