@@ -53,6 +53,7 @@ VALIDATION = [
 ]
 TOLERANCE = 0.15
 SEEDS = range(5)  # heartbeat phases and noise: average the prediction over a few draws
+MATCH_PASSES, MATCH_TOLERANCE = 8, 0.03  # publish->loaded matched to 3%
 # the coordinator's retry_after_s for a full window and for a worker too far behind
 WINDOW_RETRY_S, STALE_RETRY_S = 0.1, 0.2
 
@@ -187,18 +188,25 @@ def scenario_for(
 
 
 def predict(m: Measured, request_s: float) -> dict:
-    """Simulate the run with its own measurements; the swap time per worker and the join time
-    are set (fixed-point passes) so that simulated publish->loaded and step-0 wait match."""
+    """Simulate the run with its own measurements. Each worker's swap time and the workers'
+    join time are searched (secant steps, a few passes) until simulated publish->loaded and
+    step-0 wait match the measured ones."""
     request = {wid: request_s for wid in m.workers}
     load = {wid: 0.0 for wid in m.workers}
+    tried: dict[str, list[tuple[float, float]]] = {wid: [] for wid in m.workers}
     start_s = 0.0
-    for _ in range(3):
+    for _ in range(MATCH_PASSES):
         runs = [simulate(scenario_for(m, request, load, start_s, seed)) for seed in SEEDS]
+        misses = []
         for i, wid in enumerate(m.workers):
+            target = m.workers[wid]["publish_to_loaded_s"]
             simulated = st.mean(r.per_worker[i]["publish_to_loaded_s"] or 0.0 for r in runs)
-            load[wid] = max(0.0, load[wid] + m.workers[wid]["publish_to_loaded_s"] - simulated)
-        wait0_s = st.mean(r.first_wait_s for r in runs)
-        start_s = max(0.0, start_s + m.wait0_s - wait0_s)
+            tried[wid].append((load[wid], simulated))
+            misses.append(abs(simulated - target) / target)
+            load[wid] = _next_load(tried[wid], target)
+        start_s = max(0.0, start_s + m.wait0_s - st.mean(r.first_wait_s for r in runs))
+        if max(misses) <= MATCH_TOLERANCE:
+            break
     return {
         "utilization": st.mean(r.utilization for r in runs),
         "utilization_steady": st.mean(r.utilization_steady for r in runs),
@@ -207,11 +215,22 @@ def predict(m: Measured, request_s: float) -> dict:
         "inputs": {
             "step_time_s": st.mean(m.step_s),
             "request_s": request_s,
-            "load_time_s": load,
+            "load_time_s": dict(zip(m.workers, (t[-1][0] for t in tried.values()), strict=True)),
             "start_delay_s": start_s,
             "rollouts_per_s_per_worker": {w: v["rollouts"] / v["gen_s"] for w, v in m.workers.items()},
         },
     }
+
+
+def _next_load(tried: list[tuple[float, float]], target_s: float) -> float:
+    """Secant step on (swap time -> simulated publish->loaded); the first step assumes a slope
+    of 2 (a longer swap also delays the next heartbeat's fetch)."""
+    load, got = tried[-1]
+    slope = 2.0
+    if len(tried) >= 2 and tried[-1][0] != tried[-2][0]:
+        slope = (tried[-1][1] - tried[-2][1]) / (tried[-1][0] - tried[-2][0])
+        slope = slope if slope > 0.1 else 2.0
+    return max(0.0, load + (target_s - got) / slope)
 
 
 def compare(m: Measured, predicted: dict) -> dict:

@@ -243,7 +243,12 @@ class Fleet:
         if latest > w.newest() and not fetching:
             w.incoming = latest
             self.loop.after(self.fetch_s(w), self.deliver, w, latest, epoch)
-        self.loop.after(w.heartbeat_phase_s if first else self.announce_s, self.heartbeat, w, epoch)
+        # the real loop sleeps the interval, then makes the request: a period of interval + RTT,
+        # with the RTT varying (exponential) so heartbeats drift against learner steps
+        period_s = (
+            self.announce_s + w.rng.expovariate(1.0 / w.request_s) if w.request_s > 0 else self.announce_s
+        )
+        self.loop.after(w.heartbeat_phase_s if first else period_s, self.heartbeat, w, epoch)
 
     def _start_swap(self, w: SimWorker) -> None:
         """Swap the staged version in: every running generation pauses for T_load."""
