@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from echo2.config.sim import ScenarioConfig  # noqa: E402
+from echo2.planner import effective_throughput_rps, learner_utilization  # noqa: E402
 from echo2.sim.simulator import simulate  # noqa: E402
 
 RUNS = ROOT / "runs" / "simval"
@@ -233,6 +234,24 @@ def _next_load(tried: list[tuple[float, float]], target_s: float) -> float:
     return max(0.0, load + (target_s - got) / slope)
 
 
+def planner_utilization(m: Measured) -> float:
+    """What the closed-form capacity model says for the same run (no simulation): each worker's
+    admissible rate is all or nothing on the overlap condition T_dis + T_gen <= S * T_train."""
+    step_s, staleness = st.mean(m.step_s), m.config["train"]["max_staleness"]
+    batch = m.config["grpo"]["prompts_per_step"] * m.config["sampling"]["group_size"]
+    admissible = sum(
+        effective_throughput_rps(
+            w["rollouts"] / w["gen_s"],
+            staleness,
+            step_s,
+            dissemination_s=w["publish_to_loaded_s"],
+            generation_s=w["gen_s"] / (w["tasks"] / m.tasks_per_lease),
+        )
+        for w in m.workers.values()
+    )
+    return learner_utilization(admissible, batch, step_s)
+
+
 def compare(m: Measured, predicted: dict) -> dict:
     measured = {
         "utilization": m.summary["learner_utilization"],
@@ -249,6 +268,7 @@ def compare(m: Measured, predicted: dict) -> dict:
         "max_staleness": m.config["train"]["max_staleness"],
         "measured": measured,
         "predicted": {k: v for k, v in predicted.items() if k != "inputs"},
+        "planner_utilization": planner_utilization(m),
         "relative_error": errors,
         "within_tolerance": all(abs(e) <= TOLERANCE for e in errors.values()),
         "inputs": predicted["inputs"],

@@ -68,7 +68,7 @@ def rows(result: SimResult) -> list[tuple[str, str, str]]:
             f"p95 {_seconds(result.publish_to_loaded_s['p95'])}",
             "",
         ),
-        ("preemptions / fleet re-decisions", f"{result.preemptions} / {result.controller_switches}", ""),
+        ("preemptions / fleet switches", f"{result.preemptions} / {result.controller_switches}", ""),
         ("cost: learner + fleet", f"{_money(result.learner_cost)} + {_money(result.fleet_cost)}", ""),
         ("total cost", _money(result.total_cost), "centralized: " + _money(base.cost if base else None)),
         (
