@@ -282,9 +282,10 @@ class Fleet:
         self.polling.pop(w, None)
         if not (w.alive and w.rented) or w.swapping or w.receiving:
             return
-        if w.staged > w.version and not w.generations:  # a version waited for this free moment
-            self._start_swap(w)
-            return
+        if w.staged > w.version and self.swap_between and not self.lazy_refresh:
+            if not w.generations:  # the free moment the staged version waited for
+                self._start_swap(w)
+            return  # otherwise drain: no new work with the old weights while new ones wait
         while len(w.generations) < w.slots:
             groups = self.data.lease(w.version, w.tasks_per_lease)
             if groups == 0:
