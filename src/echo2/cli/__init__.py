@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "learner": "echo2.cli.learner_cmd",
     "worker": "echo2.cli.worker_cmd",
     "plan": "echo2.cli.plan_cmd",
+    "sim": "echo2.cli.sim_cmd",
 }
 
 

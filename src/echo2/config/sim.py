@@ -1,0 +1,153 @@
+"""Schema of an `echo2 sim` scenario: the `echo2 plan` catalog tables (learner, worker classes,
+workload, broadcast) with the simulator's extra per-class knobs, plus [sim] (run length, seed,
+control-plane timing, noise) and [sweep] (the grids behind the three plots).
+
+    [learner]          catalog LearnerClass: price, uplink, its own rollout speed (baseline)
+    [workers.NAME]     catalog WorkerClass + slots, tasks_per_lease, churn, start delay
+    [workload]         catalog Workload: model size, B, T_train, S, T_gen, T_load
+    [broadcast]        catalog BroadcastPlan: topology, chunk bytes, fanout, hop latency
+    [sim]              steps, seed, activation, request/poll/announce timing, noise
+    [sweep]            plot grids: worker counts, staleness values, bandwidths
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from echo2.config.base import Frozen, apply_overrides, read_toml, validate
+from echo2.config.catalog import BroadcastPlan, LearnerClass, PlanConfig, WorkerClass, Workload
+
+_PLAN_WORKER_FIELDS = frozenset(WorkerClass.model_fields)
+
+
+class SimWorkerClass(WorkerClass):
+    """A catalog worker class and how the simulator runs it."""
+
+    slots: int | None = Field(None, ge=1, le=4096)
+    """Rollout groups one worker generates concurrently (continuous batching). Default:
+    round(r * T_gen / G), so one group takes about T_gen and the worker sustains r."""
+    tasks_per_lease: int = Field(1, ge=1, le=256)
+    """Groups leased per request and generated as one batch on one slot."""
+    mean_uptime_s: float | None = Field(None, gt=0)
+    """Mean time to preemption (exponential); None: never preempted."""
+    mean_downtime_s: float = Field(600.0, gt=0)
+    """Mean time until a preempted worker can be rented again (exponential)."""
+    start_delay_s: float = Field(0.0, ge=0)
+    """Join time after the run starts (boot, engine start); it then waits for a version."""
+    load_time_s: float | None = Field(None, ge=0)
+    """T_load of this class (swap a received version into the engine); default the workload's."""
+    request_s: float | None = Field(None, ge=0)
+    """Round trip of one lease or submit from this class; default [sim] request_s."""
+
+    def plan_class(self) -> WorkerClass:
+        return WorkerClass(**self.model_dump(include=_PLAN_WORKER_FIELDS))
+
+
+class SimSettings(Frozen):
+    steps: int = Field(200, ge=1, le=1_000_000)
+    """Learner steps of the main run (the summary table and the cost comparison)."""
+    seed: int = 0
+    """Every random draw (noise, churn, heartbeat phases) derives from it: same seed, same run."""
+    activation: Literal["plan", "all"] = "plan"
+    """"plan": rent the fleet `echo2 plan` chooses and re-decide on churn with the activation
+    rule and hysteresis; "all": rent every worker of every class for the whole run."""
+    control_period_s: float = Field(600.0, gt=0)
+    """"plan": how often the controller looks for a cheaper fleet (preemptions trigger a
+    decision at once); every switch costs newcomers a full download."""
+    hysteresis_margin: float = Field(0.1, ge=0, lt=1)
+    """Re-decisions switch to a cheaper fleet only when it saves more than this fraction."""
+    request_s: float = Field(0.0, ge=0)
+    """Round trip of one control request (lease or submit) to the coordinator."""
+    lease_retry_s: float = Field(0.0, ge=0)
+    """0: a refused worker waits until the learner takes a batch (event-driven); > 0: it asks
+    again after this long, as the real worker does (coordinator retry_after_s)."""
+    stale_retry_s: float = Field(0.0, ge=0)
+    """0: a worker refused for holding a version more than S behind waits for its next swap;
+    > 0: it asks again after this long (the coordinator's retry_after_s is 0.2 s)."""
+    announce_interval_s: float = Field(0.0, ge=0)
+    """0: workers learn of a version the moment its bytes arrive (pushed broadcast); > 0: only
+    at their next heartbeat (random phase per worker), as the local pull-based system does."""
+    swap: Literal["pause", "between_generations"] = "pause"
+    """How a received version goes in: "pause" stalls running generations for T_load (vLLM
+    pause/resume); "between_generations" waits until the worker's current lease is generated
+    and submitted, or its refused-lease pause ends (the local HF worker)."""
+    refresh: Literal["every_version", "when_behind"] = "every_version"
+    """When a worker swaps a received version in: "every_version" (what the real worker does)
+    or "when_behind" (only once the coordinator refuses it work with its current one), the
+    once-per-window refresh the planner's stall term T_stall / (S*T_train) assumes."""
+    worker_timeout_s: float = Field(6.0, ge=0)
+    """How long the coordinator takes to notice a preempted worker and requeue its leases."""
+    step_time_cv: float = Field(0.0, ge=0, le=5)
+    """Coefficient of variation of the learner step time (gamma-distributed); 0: constant."""
+    generation_cv: float = Field(0.0, ge=0, le=5)
+    """Coefficient of variation of one lease's generation time (gamma-distributed)."""
+    max_sim_s: float = Field(1e9, gt=0)
+    """Simulated-time horizon: a run that has not finished by then stops and says so."""
+
+
+class SweepSettings(Frozen):
+    worker_counts: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    """Plot (a): fleet sizes N for dissemination latency per topology."""
+    learner_uplink_bps: float | None = Field(None, gt=0)
+    """Plot (a): the limited learner uplink; default the learner's uplink_bps."""
+    worker_bandwidth_bps: float = Field(1e9, gt=0)
+    """Plot (a): every worker's bandwidth."""
+    staleness: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4, 6, 8])
+    """Plot (b): S values."""
+    bandwidths_bps: list[float] = Field(default_factory=lambda: [1e8, 2e8, 1e9, 1e10])
+    """Plot (b): worker bandwidths (every class set to the value)."""
+    steps: int = Field(60, ge=1)
+    """Learner steps of each plot (b) run."""
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> SweepSettings:
+        for name in ("worker_counts", "staleness", "bandwidths_bps"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} must list at least one value")
+        if min(self.worker_counts) < 1 or min(self.staleness) < 0 or min(self.bandwidths_bps) <= 0:
+            raise ValueError("worker_counts >= 1, staleness >= 0 and bandwidths_bps > 0 required")
+        return self
+
+
+class ScenarioConfig(Frozen):
+    name: str = ""
+    """Label shown in the output; default the file name."""
+    learner: LearnerClass
+    workers: dict[str, SimWorkerClass] = Field(min_length=1)
+    workload: Workload
+    broadcast: BroadcastPlan = BroadcastPlan()
+    sim: SimSettings = SimSettings()
+    sweep: SweepSettings = SweepSettings()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScenarioConfig:
+        self.plan_config()  # the catalog's own checks (tokens_per_rollout when tokens_per_s is used)
+        return self
+
+    def plan_config(self) -> PlanConfig:
+        """The same scenario as an `echo2 plan` catalog (what the activation rule reads)."""
+        return PlanConfig(
+            learner=self.learner,
+            workers={name: w.plan_class() for name, w in self.workers.items()},
+            workload=self.workload,
+            broadcast=self.broadcast,
+        )
+
+    @property
+    def batch_rollouts(self) -> int:
+        return self.workload.prompts_per_step * self.workload.group_size
+
+    @property
+    def snapshot_bytes(self) -> float:
+        return self.workload.params * self.workload.bytes_per_param
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> ScenarioConfig:
+    """Read a scenario TOML, apply `--set a.b=value` overrides, validate."""
+    data: dict[str, Any] = apply_overrides(read_toml(path), overrides or [])
+    data.setdefault("name", Path(path).stem)
+    return validate(ScenarioConfig, data, source=f"scenario {str(path)!r}")

@@ -1,0 +1,340 @@
+"""Rollout workers in the simulator: each one's state and its behaviour on every event.
+
+A worker runs `slots` generations at once (continuous batching on a GPU; one for the local CPU
+worker). A slot leases up to `tasks_per_lease` groups, generates them in n*G*slots/r seconds
+(so the worker sustains r rollouts/s), submits them, and leases again. A version's bytes arrive
+in the background, pushed by the broadcast (`rounds.Broadcaster`), or, in pull mode (the local
+system), fetched from the learner once a heartbeat tells the worker of it; the worker then swaps
+them in, which stalls its generations for T_load. Spot workers are
+preempted and come back after a while; the coordinator requeues their leases once it notices.
+Every scheduled event carries the worker's `epoch`, bumped on preemption, so events of a
+previous life are ignored.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from echo2.config.sim import ScenarioConfig, SimWorkerClass
+from echo2.sim.dataplane import DataPlane
+from echo2.sim.events import EventLoop
+
+
+@dataclass(eq=False)
+class Generation:
+    """One lease being generated on one slot; `live` is cleared when it is rescheduled."""
+
+    groups: int
+    version: int
+    done_s: float
+    live: bool = True
+
+
+@dataclass(eq=False)
+class SimWorker:
+    index: int
+    cls: str
+    rollouts_per_s: float
+    bandwidth_bps: float
+    price_per_hour: float
+    slots: int
+    tasks_per_lease: int
+    mean_uptime_s: float | None
+    mean_downtime_s: float
+    rng: random.Random
+    load_s: float = 0.0
+    request_s: float = 0.0
+    heartbeat_phase_s: float = 0.0
+    alive: bool = False
+    rented: bool = False
+    epoch: int = 0
+    version: int = -1
+    """Version loaded in the engine (-1: none yet)."""
+    staged: int = -1
+    """Newest version received and noticed, waiting to be swapped in."""
+    incoming: int = -1
+    """Version a broadcast round is bringing (no second round sends it again)."""
+    swapping: bool = False
+    receiving: bool = False
+    """Downloading without background fetch: no new work until the version is in."""
+    generations: list[Generation] = field(default_factory=list)
+    billed_s: float = 0.0
+    billed_from_s: float | None = None
+    rollouts: int = 0
+    preemptions: int = 0
+    loads: int = 0
+    loaded_latency_s: float = 0.0
+    """Sum over loaded versions of publish -> swapped in."""
+
+    def newest(self) -> int:
+        return max(self.version, self.staged, self.incoming)
+
+
+def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
+    """Every worker of every class, classes in file order; per-worker RNGs derive from the seed."""
+    work, seed = scenario.workload, scenario.sim.seed
+    plan = scenario.plan_config()
+    workers: list[SimWorker] = []
+    for name, cls in scenario.workers.items():
+        rate = plan.worker_rps(plan.workers[name])
+        for _ in range(cls.count):
+            index = len(workers)
+            rng = random.Random(seed * 1_000_003 + index)
+            workers.append(
+                SimWorker(
+                    index=index,
+                    cls=name,
+                    rollouts_per_s=rate,
+                    bandwidth_bps=cls.bandwidth_bps,
+                    price_per_hour=cls.price_per_hour,
+                    slots=default_slots(cls, rate, work.group_size, work.generation_time_s),
+                    tasks_per_lease=cls.tasks_per_lease,
+                    mean_uptime_s=cls.mean_uptime_s,
+                    mean_downtime_s=cls.mean_downtime_s,
+                    rng=rng,
+                    load_s=work.load_time_s if cls.load_time_s is None else cls.load_time_s,
+                    request_s=scenario.sim.request_s if cls.request_s is None else cls.request_s,
+                    heartbeat_phase_s=rng.uniform(0.0, scenario.sim.announce_interval_s),
+                )
+            )
+    return workers
+
+
+def default_slots(cls: SimWorkerClass, rollouts_per_s: float, group_size: int, generation_s: float) -> int:
+    """Concurrent groups: given, or round(r * T_gen / G) so one group takes about T_gen."""
+    if cls.slots is not None:
+        return cls.slots
+    gen_s = cls.generation_time_s if cls.generation_time_s is not None else generation_s
+    return max(1, round(rollouts_per_s * gen_s / group_size))
+
+
+class Fleet:
+    """Worker behaviour. Collaborators are wired by the simulator: `on_submit` (the learner
+    checks for a batch), `on_join` (the broadcast serves newcomers), `on_preempted` (the
+    activation controller re-decides) and `publish_time_s` (for publish-to-loaded latency)."""
+
+    def __init__(self, scenario: ScenarioConfig, workers: list[SimWorker], loop: EventLoop, data: DataPlane):
+        self.workers, self.loop, self.data = workers, loop, data
+        sim, work = scenario.sim, scenario.workload
+        self.group_size = work.group_size
+        self.background_fetch = work.background_fetch
+        self.retry_s, self.stale_retry_s = sim.lease_retry_s, sim.stale_retry_s
+        self.announce_s, self.timeout_s = sim.announce_interval_s, sim.worker_timeout_s
+        self.generation_cv = sim.generation_cv
+        self.swap_between = sim.swap == "between_generations"
+        self.lazy_refresh = sim.refresh == "when_behind"
+        self.snapshot_bits = scenario.snapshot_bytes * 8
+        self.hop_s = scenario.broadcast.hop_latency_s
+        self.waiting: dict[SimWorker, None] = {}  # refused for a full window, in refusal order
+        self.polling: dict[SimWorker, str] = {}
+        """Workers pausing after a refusal, and why: "window" (full) or "stale" (too far behind)."""
+        self.on_submit: Callable[[], None] = lambda: None
+        self.on_join: Callable[[SimWorker], None] = lambda w: None
+        self.on_preempted: Callable[[], None] = lambda: None
+        self.release_on_preempt = False
+        """True when the activation controller re-decides: a preempted worker is released."""
+        self.publish_time_s: list[float] = []
+        self.loaded_latency_s: list[float] = []
+        self.rollouts = 0
+        data.on_room = self.wake_waiting
+
+    # ---- membership and billing ----
+    def join(self, w: SimWorker) -> None:
+        """Machine up (start of run or back from preemption): holds no version yet."""
+        w.alive = True
+        w.version = w.staged = w.incoming = -1
+        if w.mean_uptime_s is not None:
+            self.loop.after(w.rng.expovariate(1.0 / w.mean_uptime_s), self.preempt, w, w.epoch)
+        self._bill(w)
+        if w.rented:
+            self._connect(w)
+
+    def _connect(self, w: SimWorker) -> None:
+        """A rented, live worker with no version: registration tells it the newest (pull mode)
+        or the broadcast serves it in its next round (push)."""
+        if self.announce_s > 0:
+            self.heartbeat(w, w.epoch, first=True)
+        else:
+            self.on_join(w)
+
+    def rent(self, w: SimWorker, rented: bool) -> None:
+        if w.rented == rented:
+            return
+        w.rented = rented
+        if not rented:
+            self._drop_work(w, requeue_after_s=0.0)
+            w.version = w.staged = w.incoming = -1
+        self._bill(w)
+        if rented and w.alive:
+            self._connect(w)
+
+    def preempt(self, w: SimWorker, epoch: int) -> None:
+        if epoch != w.epoch or not w.alive:
+            return
+        w.alive = False
+        was_rented = w.rented
+        self._drop_work(w, requeue_after_s=self.timeout_s)
+        self._bill(w)
+        self.loop.after(w.rng.expovariate(1.0 / w.mean_downtime_s), self.join, w)
+        if was_rented:  # only rented machines matter to the run
+            w.preemptions += 1
+            if self.release_on_preempt:
+                self.rent(w, False)
+            self.on_preempted()
+
+    def _drop_work(self, w: SimWorker, requeue_after_s: float) -> None:
+        """Void the worker's pending events; its leases return once the coordinator notices."""
+        w.epoch += 1
+        leased = sum(g.groups for g in w.generations)
+        for g in w.generations:
+            g.live = False
+        w.generations.clear()
+        w.swapping = w.receiving = False
+        self.waiting.pop(w, None)
+        self.polling.pop(w, None)
+        if leased:
+            self.loop.after(requeue_after_s, self.data.release, leased)
+
+    def _bill(self, w: SimWorker) -> None:
+        """Close or open the worker's billing interval: billed while rented and up."""
+        now = self.loop.now_s
+        if w.billed_from_s is not None:
+            w.billed_s += now - w.billed_from_s
+            w.billed_from_s = None
+        if w.rented and w.alive:
+            w.billed_from_s = now
+
+    def close_billing(self) -> None:
+        for w in self.workers:
+            self._bill(w)
+
+    # ---- weights ----
+    def expect(self, w: SimWorker, version: int) -> None:
+        """A broadcast round is bringing `version` to w."""
+        w.incoming = max(w.incoming, version)
+        if not self.background_fetch:
+            w.receiving = True
+
+    def deliver(self, w: SimWorker, version: int, epoch: int) -> None:
+        """The version's bytes are all on the worker (verified): stage it for a swap."""
+        if epoch != w.epoch or version <= max(w.version, w.staged):
+            return
+        w.staged = version
+        # between generations: wait for the running lease or the full-window pause to end (a
+        # worker refused as too stale waits for exactly this version and swaps at once)
+        busy = w.generations or self.polling.get(w) == "window"
+        lazy = self.lazy_refresh and self.data.may_lease(w.version)  # still useful: keep generating
+        if not w.swapping and not (self.swap_between and busy) and not lazy:
+            self._start_swap(w)
+
+    def fetch_s(self, w: SimWorker) -> float:
+        """Pull mode: one version straight from the learner at the worker's own bandwidth."""
+        return self.snapshot_bits / w.bandwidth_bps + self.hop_s
+
+    def heartbeat(self, w: SimWorker, epoch: int, first: bool = False) -> None:
+        """Pull mode (the local system): the worker hears of the newest version only at its
+        heartbeats and then fetches it straight from the learner, one fetch at a time."""
+        if epoch != w.epoch:
+            return
+        latest = len(self.publish_time_s) - 1
+        fetching = w.incoming > max(w.version, w.staged)
+        if latest > w.newest() and not fetching:
+            w.incoming = latest
+            self.loop.after(self.fetch_s(w), self.deliver, w, latest, epoch)
+        # the real loop sleeps the interval, then makes the request: a period of interval + RTT,
+        # with the RTT varying (exponential) so heartbeats drift against learner steps
+        period_s = (
+            self.announce_s + w.rng.expovariate(1.0 / w.request_s) if w.request_s > 0 else self.announce_s
+        )
+        self.loop.after(w.heartbeat_phase_s if first else period_s, self.heartbeat, w, epoch)
+
+    def _start_swap(self, w: SimWorker) -> None:
+        """Swap the staged version in: every running generation pauses for T_load."""
+        w.swapping = True
+        self.waiting.pop(w, None)
+        for g in w.generations:
+            g.live = False
+        w.generations = [Generation(g.groups, g.version, g.done_s + w.load_s) for g in w.generations]
+        for g in w.generations:
+            self.loop.at(g.done_s, self.finish, w, g)
+        self.loop.after(w.load_s, self.swapped, w, w.staged, w.epoch)
+
+    def swapped(self, w: SimWorker, version: int, epoch: int) -> None:
+        if epoch != w.epoch:
+            return
+        w.version, w.swapping = version, False
+        if w.incoming <= version:
+            w.receiving = False
+        latency_s = self.loop.now_s - self.publish_time_s[version]
+        self.loaded_latency_s.append(latency_s)
+        w.loads += 1
+        w.loaded_latency_s += latency_s
+        if w.staged > w.version:
+            self._start_swap(w)
+        else:
+            self.fill(w)
+
+    # ---- work ----
+    def fill(self, w: SimWorker) -> None:
+        """Lease work for every free slot; refused for a full window: wait (or poll)."""
+        self.polling.pop(w, None)
+        if not (w.alive and w.rented) or w.swapping or w.receiving:
+            return
+        if w.staged > w.version and self.swap_between and not self.lazy_refresh:
+            if not w.generations:  # the free moment the staged version waited for
+                self._start_swap(w)
+            return  # otherwise drain: no new work with the old weights while new ones wait
+        while len(w.generations) < w.slots:
+            groups = self.data.lease(w.version, w.tasks_per_lease)
+            if groups == 0:
+                self._refused(w)
+                return
+            # lease round trip, generation, then one submit round trip per group
+            done_s = self.loop.now_s + w.request_s + self._generation_s(w, groups) + groups * w.request_s
+            g = Generation(groups, w.version, done_s)
+            w.generations.append(g)
+            self.loop.at(done_s, self.finish, w, g)
+
+    def _refused(self, w: SimWorker) -> None:
+        if self.lazy_refresh and w.staged > w.version and not w.swapping:
+            self._start_swap(w)  # refused with the old version: now the new one is worth its stall
+            return
+        if not self.data.may_lease(w.version):
+            if w.version >= 0 and self.stale_retry_s > 0:
+                self._poll(w, self.stale_retry_s, "stale")
+            return  # otherwise the next swap calls fill again
+        if self.retry_s > 0:
+            self._poll(w, self.retry_s, "window")
+        else:
+            self.waiting[w] = None
+
+    def _poll(self, w: SimWorker, pause_s: float, reason: str) -> None:
+        """Ask again after the refused request's round trip and the coordinator's retry_after."""
+        if w not in self.polling:
+            self.polling[w] = reason
+            self.loop.after(w.request_s + pause_s, self.fill, w)
+
+    def _generation_s(self, w: SimWorker, groups: int) -> float:
+        mean_s = groups * self.group_size * w.slots / w.rollouts_per_s
+        cv = self.generation_cv
+        return mean_s if cv == 0 else mean_s * w.rng.gammavariate(1.0 / cv**2, cv**2)
+
+    def finish(self, w: SimWorker, g: Generation) -> None:
+        """A lease's groups are generated and submitted."""
+        if not g.live:
+            return
+        w.generations.remove(g)
+        rollouts = g.groups * self.group_size
+        w.rollouts += rollouts
+        self.rollouts += rollouts
+        self.data.submit(g.version, g.groups)
+        self.on_submit()
+        self.fill(w)
+
+    def wake_waiting(self) -> None:
+        """Lease room opened (drops, requeued leases): refused workers ask again, in order."""
+        waiting, self.waiting = self.waiting, {}
+        for w in waiting:
+            self.fill(w)

@@ -1,0 +1,98 @@
+"""The `echo2 sim` summary table: the simulated run next to what `echo2 plan` predicts and what
+the centralized baseline costs, one row per question a user asks."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+from echo2.sim.result import SimResult
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"${value:,.2f}"
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds / 3600:.2f} h"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.1f} s"
+
+
+def rows(result: SimResult) -> list[tuple[str, str, str]]:
+    """(quantity, simulated, reference) rows; the reference is the planner's prediction or the
+    centralized baseline."""
+    plan, base = result.plan, result.baseline
+    fleet = ", ".join(f"{n} x {name}" for name, n in result.fleet.items()) or "-"
+    g = result.groups
+    return [
+        (
+            "learner steps",
+            f"{result.steps_done} of {result.steps_requested}" + ("" if result.finished else " (cut off)"),
+            f"centralized: {result.steps_done}",
+        ),
+        ("fleet rented at start", fleet, "planner's choice" if plan else "every worker"),
+        ("wall time", _hours(result.wall_s), "centralized: " + _hours(base.wall_s if base else None)),
+        (
+            "learner utilization (steady)",
+            f"{_pct(result.utilization)} ({_pct(result.utilization_steady)})",
+            "planner: " + _pct(plan.get("utilization")),
+        ),
+        (
+            "rollouts/s generated (trained)",
+            f"{result.rollouts_per_s:.2f} ({result.trained_rollouts_per_s:.2f})",
+            "needed B/T_train: " + (f"{plan['base_rps']:.2f}" if plan else "-"),
+        ),
+        (
+            "groups dropped stale / requeued",
+            f"{g['dropped_stale']} / {g['requeued']} of {g['leased']} leased",
+            "",
+        ),
+        ("staleness of trained groups", str(result.staleness_hist), ""),
+        (
+            "broadcast: last worker holds version",
+            f"mean {_seconds(result.round_latency_s['mean'])}, max {_seconds(result.round_latency_s['max'])}",
+            "planner T_dis: " + _seconds(plan.get("dissemination_s")),
+        ),
+        (
+            "publish -> loaded, per worker",
+            f"p50 {_seconds(result.publish_to_loaded_s['p50'])}, "
+            f"p95 {_seconds(result.publish_to_loaded_s['p95'])}",
+            "",
+        ),
+        ("preemptions / fleet switches", f"{result.preemptions} / {result.controller_switches}", ""),
+        ("cost: learner + fleet", f"{_money(result.learner_cost)} + {_money(result.fleet_cost)}", ""),
+        ("total cost", _money(result.total_cost), "centralized: " + _money(base.cost if base else None)),
+        (
+            "$ per step",
+            _money(result.cost_per_step),
+            "planner: "
+            + _money(plan.get("cost_per_step"))
+            + "; centralized: "
+            + _money(base.cost / result.steps_done if base and result.steps_done else None),
+        ),
+        (
+            "saving vs centralized",
+            _pct(result.saving_fraction),
+            "planner: " + _pct(plan.get("saving_fraction")) + "; paper: 33-36%",
+        ),
+        ("simulation", f"{result.events:,} events in {result.run_s:.2f} s", ""),
+    ]
+
+
+def render(result: SimResult, console: Console) -> None:
+    title = f"echo2 sim {result.scenario}: {result.model}" if result.model else f"echo2 sim {result.scenario}"
+    table = Table(title=title, title_justify="left")
+    for column in ("quantity", "simulated", "reference"):
+        table.add_column(column)
+    for row in rows(result):
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,122 @@
+"""What one simulated run reports: the learner's utilization (computed as the real run summary
+does), throughput, staleness, dissemination latency, fleet and churn, and cost against the
+centralized baseline of `echo2.planner.cost` for the same number of steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from echo2.config.sim import ScenarioConfig
+from echo2.planner.cost import SECONDS_PER_HOUR, centralized_step_s, saving_fraction
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Centralized co-located run on the learner's GPUs: generate the batch, then train."""
+
+    step_s: float
+    wall_s: float
+    cost: float
+
+
+@dataclass
+class SimResult:
+    scenario: str
+    model: str
+    steps_requested: int
+    steps_done: int
+    finished: bool
+    """False when the horizon passed or no worker could ever feed the learner."""
+    wall_s: float
+    utilization: float
+    utilization_steady: float
+    """Excluding step 0, which waits for the first version to reach the workers."""
+    first_wait_s: float
+    """The learner's wait for step 0's batch (worker start-up and the first version)."""
+    rollouts_generated: int
+    rollouts_per_s: float
+    """Every rollout workers generated (dropped ones included) per second of learner wall time."""
+    trained_rollouts_per_s: float
+    groups: dict[str, int]
+    staleness_hist: dict[str, int]
+    rounds: int
+    round_latency_s: dict[str, float]
+    """Publish until the last worker of a round holds the version (transfer only)."""
+    publish_to_loaded_s: dict[str, float]
+    """Per worker and version: publish until the worker has swapped it in."""
+    fleet: dict[str, int]
+    """Workers rented at the start, per class."""
+    worker_hours: dict[str, float]
+    preemptions: int
+    controller_switches: int
+    learner_cost: float
+    fleet_cost: float
+    total_cost: float
+    cost_per_step: float
+    baseline: Baseline | None
+    saving_fraction: float | None
+    plan: dict = field(default_factory=dict)
+    """`echo2 plan`'s prediction for the same scenario (empty when activation = "all")."""
+    per_worker: list[dict] = field(default_factory=list)
+    events: int = 0
+    run_s: float = 0.0
+    """Real seconds the simulation took."""
+
+    def to_dict(self, per_worker: bool = False) -> dict:
+        data = dataclasses.asdict(self)
+        if not per_worker:
+            data.pop("per_worker")
+        return _json_safe(data)
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0}
+    arr = np.asarray(values)
+    return {
+        "mean": float(arr.mean()),
+        "p50": float(np.percentile(arr, 50)),
+        "p95": float(np.percentile(arr, 95)),
+        "max": float(arr.max()),
+        "n": len(values),
+    }
+
+
+def centralized_baseline(scenario: ScenarioConfig, steps: int) -> Baseline | None:
+    """The planner's synchronous baseline, T_central = T_train + max(B / r_L, T_gen), for
+    `steps` steps on the learner's GPUs alone; None without a learner rollout rate."""
+    rate = scenario.plan_config().learner_rps()
+    if rate is None:
+        return None
+    work = scenario.workload
+    step_s = centralized_step_s(work.step_time_s, scenario.batch_rollouts, rate, work.generation_time_s)
+    wall_s = step_s * steps
+    return Baseline(step_s, wall_s, scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR)
+
+
+def saving(total_cost: float, baseline: Baseline | None) -> float | None:
+    if baseline is None or not math.isfinite(total_cost):
+        return None
+    return saving_fraction(total_cost, baseline.cost)
+
+
+def worker_hours(classes: list[str], billed_s: list[float]) -> dict[str, float]:
+    hours: Counter[str] = Counter()
+    for cls, seconds in zip(classes, billed_s, strict=True):
+        hours[cls] += seconds / SECONDS_PER_HOUR
+    return dict(hours)

@@ -1,0 +1,175 @@
+"""The simulator: wires the learner, the data plane, the fleet, the broadcast and the activation
+controller onto one event loop, runs a scenario for its number of learner steps and collects
+the result. Deterministic: the same scenario and seed give the same result, event for event.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from echo2.config.sim import ScenarioConfig
+from echo2.planner.cost import SECONDS_PER_HOUR
+from echo2.sim import result as res
+from echo2.sim.broadcast import Network
+from echo2.sim.control import Controller, initial_counts
+from echo2.sim.dataplane import DataPlane
+from echo2.sim.events import EventLoop
+from echo2.sim.fleet import Fleet, build_workers
+from echo2.sim.learner import Learner
+from echo2.sim.rounds import Broadcaster
+
+
+class Simulator:
+    def __init__(self, scenario: ScenarioConfig, fleet_counts: dict[str, int] | None = None) -> None:
+        """`fleet_counts` rents exactly those workers per class for the whole run (mode
+        "fixed"); otherwise the scenario's `sim.activation` decides."""
+        self.scenario = scenario
+        self.fleet_counts = fleet_counts
+
+    def run(self) -> res.SimResult:
+        started = time.perf_counter()
+        scenario, work, sim = self.scenario, self.scenario.workload, self.scenario.sim
+        loop = EventLoop()
+
+        # the data plane: the coordinator's admission and lease rules
+        groups_per_step = work.prompts_per_step
+        data = DataPlane(work.max_staleness, groups_per_step)
+
+        # the fleet and the broadcast that feeds it
+        fleet = Fleet(scenario, build_workers(scenario), loop, data)
+        broadcaster = Broadcaster(self._network(), loop, fleet, pull=sim.announce_interval_s > 0)
+        fleet.on_join = broadcaster.kick
+
+        # who is rented: a plan, everyone, or the counts given
+        mode = "fixed" if self.fleet_counts is not None else sim.activation
+        counts, plan = (self.fleet_counts, {}) if self.fleet_counts is not None else initial_counts(scenario)
+        controller = Controller(scenario, fleet, loop, mode)
+        controller.rent_initial(counts)
+        fleet.on_preempted = controller.on_preempted
+
+        # the learner consumes batches and publishes each new version into the broadcast
+        learner = Learner(
+            loop,
+            data,
+            sim.steps,
+            work.step_time_s,
+            sim.step_time_cv,
+            random.Random(sim.seed),
+            broadcaster.publish,
+        )
+        fleet.on_submit = learner.try_take
+
+        # machines come up at their start delay; the learner publishes version 0 and asks
+        for w in fleet.workers:
+            loop.at(scenario.workers[w.cls].start_delay_s, fleet.join, w)
+        learner.start()
+
+        finished = loop.run(horizon_s=sim.max_sim_s)
+
+        fleet.close_billing()
+        return self._collect(
+            learner,
+            data,
+            fleet,
+            broadcaster,
+            controller,
+            counts,
+            plan,
+            finished,
+            loop.processed,
+            time.perf_counter() - started,
+        )
+
+    def _network(self) -> Network:
+        net, s = self.scenario.broadcast, self.scenario
+        return Network(
+            net.topology,
+            s.snapshot_bytes,
+            s.learner.uplink_bps,
+            net.chunk_bytes,
+            net.fanout,
+            net.hop_latency_s,
+        )
+
+    def _collect(
+        self,
+        learner: Learner,
+        data: DataPlane,
+        fleet: Fleet,
+        broadcaster: Broadcaster,
+        controller: Controller,
+        counts: dict[str, int],
+        plan: dict,
+        finished: bool,
+        events: int,
+        run_s: float,
+    ) -> res.SimResult:
+        scenario = self.scenario
+        steps_done = len(learner.busy_s) if finished else learner.step
+        wall_s = learner.end_s if finished else learner.loop.now_s
+        if learner.waiting_since_s is not None:  # cut off while starved: that wait counts too
+            learner.wait_s.append(learner.loop.now_s - learner.waiting_since_s)
+            learner.busy_s.append(0.0)
+        learner_cost = scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR
+        fleet_cost = sum(w.price_per_hour * w.billed_s for w in fleet.workers) / SECONDS_PER_HOUR
+        total = learner_cost + fleet_cost
+        baseline = res.centralized_baseline(scenario, steps_done)
+        c = data.counters
+        return res.SimResult(
+            scenario=scenario.name,
+            model=scenario.workload.model,
+            steps_requested=scenario.sim.steps,
+            steps_done=steps_done,
+            finished=finished,
+            wall_s=wall_s,
+            utilization=learner.utilization(),
+            utilization_steady=learner.utilization(skip_first=True),
+            first_wait_s=learner.wait_s[0] if learner.wait_s else 0.0,
+            rollouts_generated=fleet.rollouts,
+            rollouts_per_s=fleet.rollouts / wall_s if wall_s > 0 else 0.0,
+            trained_rollouts_per_s=c.trained * scenario.workload.group_size / wall_s if wall_s > 0 else 0.0,
+            groups={
+                "leased": c.leased,
+                "accepted": c.accepted,
+                "trained": c.trained,
+                "dropped_stale": c.dropped_stale,
+                "requeued": c.requeued,
+            },
+            staleness_hist={str(k): v for k, v in sorted(c.staleness_hist.items())},
+            rounds=len(broadcaster.rounds),
+            round_latency_s=res.percentiles([r.last_s for r in broadcaster.rounds]),
+            publish_to_loaded_s=res.percentiles(fleet.loaded_latency_s),
+            fleet=dict(counts),
+            worker_hours=res.worker_hours(
+                [w.cls for w in fleet.workers], [w.billed_s for w in fleet.workers]
+            ),
+            preemptions=sum(w.preemptions for w in fleet.workers),
+            controller_switches=controller.switches,
+            learner_cost=learner_cost,
+            fleet_cost=fleet_cost,
+            total_cost=total,
+            cost_per_step=total / steps_done if steps_done else float("inf"),
+            baseline=baseline,
+            saving_fraction=res.saving(total, baseline),
+            plan=plan,
+            per_worker=[
+                {
+                    "index": w.index,
+                    "class": w.cls,
+                    "rollouts": w.rollouts,
+                    "billed_s": w.billed_s,
+                    "preemptions": w.preemptions,
+                    "versions_loaded": w.loads,
+                    "publish_to_loaded_s": w.loaded_latency_s / w.loads if w.loads else None,
+                }
+                for w in fleet.workers
+            ],
+            events=events,
+            run_s=run_s,
+        )
+
+
+def simulate(scenario: ScenarioConfig, fleet_counts: dict[str, int] | None = None) -> res.SimResult:
+    """Run one scenario (see `Simulator`)."""
+    return Simulator(scenario, fleet_counts).run()
