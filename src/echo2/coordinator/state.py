@@ -191,7 +191,8 @@ class CoordinatorState:
         record.version = req.version
         refusal = self._lease_refusal(record, req.version)
         if refusal:
-            return LeaseResponse(tasks=[], retry_after_s=refusal[0], reason=refusal[1])
+            return LeaseResponse(tasks=[], retry_after_s=refusal[0], reason=refusal[1],
+                                 latest_version=self.current_version)
         outstanding = len(self.leases) + len(self.buffer)
         capacity = admission.lease_capacity(
             self.settings.max_staleness, self.settings.groups_per_step, req.version,
@@ -199,11 +200,12 @@ class CoordinatorState:
         )
         count = min(req.max_tasks, capacity)
         if count == 0:
-            return LeaseResponse(tasks=[], retry_after_s=0.1, reason="window full: waiting for the learner")
+            return LeaseResponse(tasks=[], retry_after_s=0.1, reason="window full: waiting for the learner",
+                                 latest_version=self.current_version)
         with self.store.tx():
             tasks = [self._new_lease(record, req.version) for _ in range(count)]
             self.store.set_meta("cursor", self.cursor)
-        return LeaseResponse(tasks=tasks)
+        return LeaseResponse(tasks=tasks, latest_version=self.current_version)
 
     def _lease_refusal(self, record: WorkerRecord, version: int) -> tuple[float, str] | None:
         if not self.controller.is_active(record.worker_id):
@@ -288,10 +290,11 @@ class CoordinatorState:
         )
         if admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness):
             self._accept(lease, req, rewards)
-            return SubmitResponse(accepted=True, rewards=rewards)
+            return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.current_version)
         with self.store.tx():
             self._close_lease(lease, dropped=True)
-        return SubmitResponse(accepted=False, reason=f"stale: step {self.learner_step} - version {req.version} > S", rewards=rewards)
+        return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.current_version,
+                              reason=f"stale: step {self.learner_step} - version {req.version} > S")
 
     def _account(self, record: WorkerRecord, req: RolloutSubmission) -> None:
         record.rollouts += len(req.completions)
@@ -387,6 +390,7 @@ class CoordinatorState:
         }
 
     def snapshot(self) -> dict:
+        self.controller.account(self.clock())  # bill up to now, not to the last control tick
         return {
             "learner_step": self.learner_step,
             "version": self.current_version,

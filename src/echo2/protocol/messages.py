@@ -104,6 +104,9 @@ class LeaseResponse(Message):
     retry_after_s: float = 0.0
     """When `tasks` is empty: how long to wait before asking again."""
     reason: str = ""
+    latest_version: int = -1
+    """Newest published version: a worker that sees a newer one asks for it at once instead of
+    waiting for its next heartbeat (cuts dissemination latency by up to a heartbeat interval)."""
 
 
 class RolloutCompletion(BaseModel):
@@ -126,6 +129,7 @@ class SubmitResponse(Message):
     accepted: bool
     reason: str = ""
     rewards: list[float] = []
+    latest_version: int = -1
 
 
 # ---- learner <-> coordinator ------------------------------------------------------------

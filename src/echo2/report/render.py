@@ -35,13 +35,15 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row("activation decisions", f"{len(decisions)}; last: {', '.join(last['active'])} ({last['reason']})")
     console.print(table)
     workers = Table(title="workers")
-    for column in ("worker", "tokens/s", "publish->loaded p50 s", "p95 s", "max s", "versions", "$/h", "active s", "$"):
+    for column in ("worker", "tokens/s", "publish->loaded s p50/p95/max", "versions", "$/h", "active s", "$"):
         workers.add_column(column)
     latency, cost = summary["publish_to_loaded_s"], summary.get("cost_by_worker", {})
     for worker in sorted(set(summary["tokens_per_s"]) | set(latency) | set(cost)):
         lat = latency.get(worker, {"p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0})
         bill = cost.get(worker, {"price_per_hour": None, "active_s": None, "cost": None})
-        workers.add_row(worker, _fmt(summary["tokens_per_s"].get(worker)), f"{lat['p50']:.3f}",
-                        f"{lat['p95']:.3f}", f"{lat['max']:.3f}", str(lat["n"]), _fmt(bill["price_per_hour"]),
-                        _fmt(bill["active_s"]), _fmt(bill["cost"]))
+        workers.add_row(
+            worker, f"{summary['tokens_per_s'].get(worker, 0):.0f}",
+            f"{lat['p50']:.2f}/{lat['p95']:.2f}/{lat['max']:.2f}", str(lat["n"]),
+            f"{bill['price_per_hour'] or 0:.2f}", f"{bill['active_s'] or 0:.0f}", f"{bill['cost'] or 0:.4f}",
+        )
     console.print(workers)

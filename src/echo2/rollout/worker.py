@@ -54,6 +54,7 @@ class Worker:
         self.latest: VersionInfo | None = None
         self.staged: Staged | None = None
         self.announced = asyncio.Event()  # a newer version was announced: the fetcher wakes
+        self.beat_now = asyncio.Event()  # a reply mentioned a newer version: heartbeat at once
         self.weights_ready = asyncio.Event()  # a fetched version is staged: the work loop wakes
         self.registration = asyncio.Lock()
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
@@ -135,7 +136,7 @@ class Worker:
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await _wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
             body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.swap_s)
             seen_at = self.registered_at
             try:
@@ -149,6 +150,10 @@ class Worker:
             except TransientError:
                 pass  # the next beat will try again; eviction takes several missed beats
 
+    def _note_version_number(self, version: int) -> None:
+        if version > (self.latest.version if self.latest else -1):
+            self.beat_now.set()  # the heartbeat reply carries the full announcement
+
     def _note_latest(self, info: VersionInfo | None) -> None:
         if info is None or info == self.latest:
             return
@@ -161,7 +166,9 @@ class Worker:
         body = LeaseRequest(worker_id=self.worker_id, version=self.version, max_tasks=self.cfg.tasks_per_lease)
         seen_at = self.registered_at
         try:
-            return LeaseResponse.model_validate_json(await self._retrying("POST", "/v1/lease", body))
+            reply = LeaseResponse.model_validate_json(await self._retrying("POST", "/v1/lease", body))
+            self._note_version_number(reply.latest_version)
+            return reply
         except RefusedError as exc:
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="lease", error=exc.message)
             if exc.status == 404:
@@ -193,6 +200,7 @@ class Worker:
     async def _submit(self, body: RolloutSubmission) -> None:
         try:
             reply = SubmitResponse.model_validate_json(await self._retrying("POST", "/v1/rollout", body))
+            self._note_version_number(reply.latest_version)
             if not reply.accepted:
                 self.stats["dropped"] += 1
         except RefusedError as exc:
