@@ -84,3 +84,37 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     # after the kill the other workers carried the run
     late = [r for r in records(cfg.run_path, "weights_loaded") if r["time"] > lost[0]["time"]]
     assert {r["worker_id"] for r in late} == {"w1", "w2"}
+
+
+def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
+    prices = [1.0, 2.0, 3.0, 4.0]  # equally fast workers: only price tells them apart
+    cfg, config = _run(
+        tmp_path, "activation", train={"steps": 400, "max_staleness": 2},
+        coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
+        activation={"control_period_s": 0.5, "min_samples": 2, "headroom": 1.0},
+        workers={"count": 4, "per_worker": [{"price_per_hour": p} for p in prices]},
+    )
+    with processes() as start:
+        proc = start(["run", "--config", str(config)], tmp_path / "run.log")
+        first = wait_for(lambda: _partial_activation(cfg.run_path), 180, "a partial activation", alive=proc)
+        cheapest = first["active"][0]
+        pids = json.loads((cfg.run_path / "pids.json").read_text())
+        os.kill(pids[f"worker-{cheapest[1:]}"], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    # the cheaper ones: the active set is the k cheapest workers for some k < 4
+    assert first["active"] == [f"w{i}" for i in range(len(first["active"]))]
+    lost = next(r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == cheapest)
+    after = [r for r in records(cfg.run_path, "activation") if r["time"] >= lost["time"]]
+    assert after, "no re-plan after the active worker vanished"
+    assert cheapest not in after[0]["active"]
+    assert set(after[0]["active"]) - set(first["active"]), "no replacement was activated"
+    summary = json.loads((cfg.run_path / "summary.json").read_text())
+    assert summary["activation_decisions"] and summary["cost_total"] > 0
+    assert summary["cost_by_worker"]["w3"]["cost"] < summary["cost_by_worker"]["w1"]["cost"]
+
+
+def _partial_activation(run_dir):
+    for r in records(run_dir, "activation"):
+        if 0 < len(r["active"]) < 4:
+            return r
+    return None

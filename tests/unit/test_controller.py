@@ -14,7 +14,7 @@ PRICES = {"cheap1": 1.0, "cheap2": 1.0, "dear1": 5.0, "dear2": 5.0}
 
 
 def make(max_staleness: int = 2, **cfg) -> ActivationController:
-    ctl = ActivationController(ActivationConfig(min_samples=2, **cfg), batch_rollouts=128,
+    ctl = ActivationController(ActivationConfig(min_samples=2, scale_down_after_s=0.0, **cfg), batch_rollouts=128,
                                max_staleness=max_staleness, learner_price_per_hour=10.0, now=0.0)
     for worker_id, price in PRICES.items():
         ctl.join(worker_id, price)
@@ -22,10 +22,11 @@ def make(max_staleness: int = 2, **cfg) -> ActivationController:
 
 
 def feed(ctl: ActivationController, rates: dict[str, float], step_time_s: float = 1.0) -> None:
-    for _ in range(3):
+    """Three heartbeats' worth of cumulative counters: `rate` rollouts per busy second."""
+    for beat in range(1, 4):
         ctl.observe_step_time(step_time_s)
         for worker_id, rate in rates.items():
-            ctl.observe_generation(worker_id, rollouts=int(rate), tokens=int(rate) * 5, gen_s=1.0)
+            ctl.observe_busy(worker_id, rollouts_total=int(rate * beat), busy_s_total=float(beat))
 
 
 def test_runs_everyone_until_rates_and_demand_are_known():
@@ -78,3 +79,25 @@ def test_cost_is_price_times_active_time():
     assert ctl.workers["cheap1"].cost == pytest.approx(1.0)
     assert ctl.workers["dear1"].cost == 0.0
     assert ctl.total_cost() == pytest.approx(12.0)
+
+
+def test_rates_come_from_busy_time_and_survive_a_worker_restart():
+    ctl = make()
+    ctl.observe_busy("cheap1", rollouts_total=100, busy_s_total=2.0)
+    ctl.observe_busy("cheap1", rollouts_total=300, busy_s_total=4.0)
+    assert ctl.workers["cheap1"].rollouts_per_s.value == pytest.approx(0.2 * 100 + 0.8 * 50)  # EWMA of 50, 100
+    ctl.observe_busy("cheap1", rollouts_total=10, busy_s_total=0.1)  # restarted: counters reset
+    ctl.observe_busy("cheap1", rollouts_total=110, busy_s_total=1.1)
+    assert ctl.workers["cheap1"].rollouts_per_s.samples == 3
+
+
+def test_saving_switches_wait_but_shortfalls_do_not():
+    ctl = ActivationController(ActivationConfig(min_samples=2, scale_down_after_s=30.0), batch_rollouts=128,
+                               max_staleness=2, learner_price_per_hour=0.0, now=0.0)
+    for worker_id, price in PRICES.items():
+        ctl.join(worker_id, price)
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    assert ctl.decide(now=5.0).active == set(PRICES)  # all four still cover: the saving waits
+    assert ctl.decide(now=31.0).active == {"cheap1", "cheap2"}
+    ctl.vanish("cheap2")
+    assert ctl.decide(now=32.0).active in ({"cheap1", "dear1"}, {"cheap1", "dear2"})  # at once

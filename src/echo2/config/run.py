@@ -125,8 +125,11 @@ class ActivationConfig(Frozen):
     idles the most expensive machine, the learner."""
     margin: float = Field(0.1, ge=0.0, lt=1.0)
     """Hysteresis: switch to a cheaper set only if it saves more than this fraction."""
-    ewma_alpha: float = Field(0.3, gt=0.0, le=1.0)
+    ewma_alpha: float = Field(0.2, gt=0.0, le=1.0)
     """Weight of the newest sample in the throughput and step-time estimates."""
+    scale_down_after_s: float = Field(10.0, ge=0.0)
+    """A cheaper, smaller set replaces the current one only this long after the last change;
+    a shortfall is fixed at once (scale up fast, down slowly: no flapping on noisy rates)."""
     min_samples: int = Field(3, ge=1)
     """Generations a worker must report before its own rate is trusted; until then it is
     assumed to be as fast as the measured average."""

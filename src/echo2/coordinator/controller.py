@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass, field
 
 from echo2.config.run import ActivationConfig
-from echo2.planner import Offer, activate, keep_or_switch, required_throughput_rps
+from echo2.planner import Offer, activate, covers, fleet_totals, keep_or_switch, required_throughput_rps
+
+# a rate sample needs this much busy time behind it; shorter ones are mostly round-trip noise
+MIN_SAMPLE_BUSY_S = 0.05
 
 
 class Ewma:
@@ -36,6 +39,7 @@ class WorkerView:
     tokens_per_s: Ewma
     active_s: float = 0.0
     cost: float = 0.0
+    last_counters: tuple[int, float] = (0, 0.0)
 
 
 @dataclass
@@ -47,6 +51,7 @@ class ControlDecision:
     estimates: dict[str, float] = field(default_factory=dict)
 
 
+
 class ActivationController:
     def __init__(self, cfg: ActivationConfig, batch_rollouts: int, max_staleness: int,
                  learner_price_per_hour: float, now: float) -> None:
@@ -55,7 +60,7 @@ class ActivationController:
         self.workers: dict[str, WorkerView] = {}
         self.step_time_s = Ewma(cfg.ewma_alpha)
         self.swap_s = Ewma(cfg.ewma_alpha)
-        self.started, self.last_tick = now, now
+        self.started, self.last_tick, self.last_change = now, now, now
         self.learner_cost = 0.0
 
     # ---- observations ----
@@ -71,10 +76,22 @@ class ActivationController:
         if worker_id in self.workers:
             self.workers[worker_id].alive = False
 
-    def observe_generation(self, worker_id: str, rollouts: int, tokens: int, gen_s: float) -> None:
+    def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float) -> None:
+        """Cumulative counters from a heartbeat; the rate over the new busy time is one sample
+        (lease round trips and submits included, unlike generation time alone)."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return
+        rollouts, busy_s = rollouts_total - view.last_counters[0], busy_s_total - view.last_counters[1]
+        if busy_s < 0 or rollouts < 0:  # the worker restarted: its counters began again
+            view.last_counters = (rollouts_total, busy_s_total)
+        elif busy_s >= MIN_SAMPLE_BUSY_S:
+            view.rollouts_per_s.add(rollouts / busy_s)
+            view.last_counters = (rollouts_total, busy_s_total)
+
+    def observe_tokens(self, worker_id: str, tokens: int, gen_s: float) -> None:
         view = self.workers.get(worker_id)
         if view is not None and gen_s > 0:
-            view.rollouts_per_s.add(rollouts / gen_s)
             view.tokens_per_s.add(tokens / gen_s)
 
     def observe_step_time(self, step_time_s: float) -> None:
@@ -129,11 +146,21 @@ class ActivationController:
             else:
                 kept = keep_or_switch(current, proposal, offers, required, self.cfg.margin)
                 decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
+                if kept.switched and self._too_soon_to_save(current, offers, required, now):
+                    decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
         decision.changed = decision.active != set(current)
+        if decision.changed:
+            self.last_change = now
         decision.estimates = {o.id: o.rollouts_per_s for o in offers}
         for worker_id, view in self.workers.items():
             view.active = worker_id in decision.active
         return decision
+
+    def _too_soon_to_save(self, current: dict[str, int], offers: list[Offer], required: float, now: float) -> bool:
+        """A switch away from a set that still covers demand only saves money: it waits
+        scale_down_after_s after the previous change. Fixing a shortfall never waits."""
+        _, _, rate = fleet_totals(current, offers)
+        return covers(rate, required) and now - self.last_change < self.cfg.scale_down_after_s
 
     def _offers(self) -> list[Offer]:
         """One offer per live worker at its measured rate; a worker not yet measured is priced at

@@ -175,6 +175,7 @@ class CoordinatorState:
         record.version = req.version
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
+        self.controller.observe_busy(req.worker_id, req.rollouts_total, req.busy_s_total)
         return HeartbeatResponse(latest=self.latest, active=self.controller.is_active(req.worker_id))
 
     def _check_version(self, version: int, field_name: str) -> None:
@@ -285,9 +286,7 @@ class CoordinatorState:
             raise RequestError(422, problem)
         rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
         self._account(record, req)
-        self.controller.observe_generation(
-            req.worker_id, len(req.completions), sum(len(c.token_ids) for c in req.completions), req.gen_time_s
-        )
+        self.controller.observe_tokens(req.worker_id, sum(len(c.token_ids) for c in req.completions), req.gen_time_s)
         if admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness):
             self._accept(lease, req, rewards)
             return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.current_version)

@@ -52,7 +52,10 @@ def run_local(cfg: RunConfig, console: Console) -> int:
             console.print(f"[red]last lines of {exc.child.log_path}:[/]\n{exc.child.log_tail()}")
         return 1
     finally:
-        stop_children(children)
+        # workers first (they return their leases), then the learner, then the coordinator,
+        # which writes the final counters once everyone has left
+        for role in ("worker-", "learner", "coordinator"):
+            stop_children([c for c in children if c.name.startswith(role)])
     summary = summarize(read_metrics(cfg.run_path / "metrics.jsonl"))
     (cfg.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
     render_summary(summary, console)

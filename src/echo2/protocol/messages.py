@@ -67,6 +67,10 @@ class Heartbeat(Message):
     """Version the worker's engine holds (-1: none loaded yet)."""
     swap_s: float | None = Field(None, ge=0)
     """How long the last weight swap paused generation (the per-version stall)."""
+    rollouts_total: int = Field(0, ge=0)
+    busy_s_total: float = Field(0.0, ge=0)
+    """Cumulative rollouts and seconds spent in lease-generate-submit cycles: their ratio is the
+    worker's full-load throughput, protocol overhead included."""
 
 
 class HeartbeatResponse(Message):

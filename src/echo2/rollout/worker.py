@@ -37,6 +37,10 @@ HEARTBEAT_TIMEOUT_S = 5.0
 FETCH_RETRY_S = 0.5
 
 
+class Stopping(Exception):
+    """Raised out of a retry loop when the worker has been asked to stop."""
+
+
 @dataclass
 class Staged:
     info: VersionInfo
@@ -60,9 +64,16 @@ class Worker:
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.swap_s: float | None = None
         self.registered_at = 0.0
-        self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "dropped": 0}
+        self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
 
     async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        try:
+            await self._run(stop)
+        except Stopping:
+            pass  # asked to stop while the coordinator was unreachable
+
+    async def _run(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(headers=headers) as self.session:
             reg = await self._register()
@@ -89,11 +100,14 @@ class Worker:
             if not self.active:  # told to idle: no leases until a heartbeat says otherwise
                 await _wait_either(stop, stop, timeout_s=self.heartbeat_interval_s)
                 continue
+            cycle_started = time.perf_counter()
             lease = await self._lease()
             if lease is None or not lease.tasks:
                 await _wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
                 continue
             await self._generate_and_submit(lease.tasks)
+            # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
+            self.stats["busy_s"] += time.perf_counter() - cycle_started
 
     async def _leave(self) -> None:
         try:
@@ -125,19 +139,23 @@ class Worker:
         return reg
 
     async def _retrying(self, method: str, path: str, body) -> str:
-        """Transient failures are retried with backoff; refusals propagate."""
+        """Transient failures are retried with backoff until the worker is told to stop;
+        refusals propagate."""
         delay_s = 0.2
         while True:
             try:
                 return await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s)
             except TransientError:
-                await asyncio.sleep(delay_s)
+                if self.stop.is_set():
+                    raise Stopping from None
+                await _wait_either(self.stop, self.stop, timeout_s=delay_s)
                 delay_s = min(2 * delay_s, 5.0)
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await _wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
-            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.swap_s)
+            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.swap_s,
+                             rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
             seen_at = self.registered_at
             try:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
