@@ -28,7 +28,6 @@ from echo2.planner import effective_throughput_rps, learner_utilization
 from echo2.report.metrics import read_metrics
 from echo2.report.summary import summarize
 
-
 # Emulated slower workers (each idles 3x its compute after a generation), so that 1-4 workers
 # span the worker-bound to learner-bound range: one CPU worker alone nearly feeds the tiny
 # model's learner.

@@ -41,7 +41,8 @@ def test_run_respects_the_staleness_bound(tmp_path, staleness):
     summary = json.loads((cfg.run_path / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["max_staleness_trained"] <= staleness
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
-    assert set(summary["publish_to_loaded_s"]) == {"w0", "w1"}
+    # a 12-step run can finish before the slower-starting worker has loaded a version
+    assert set(summary["publish_to_loaded_s"]) <= {"w0", "w1"} and summary["publish_to_loaded_s"]
     assert 0 < summary["learner_utilization"] <= 1
     if staleness == 0:
         assert summary["staleness_hist"] == {"0": 12 * cfg.grpo.prompts_per_step}
@@ -91,7 +92,7 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     cfg, config = _run(
         tmp_path, "activation", train={"steps": 400, "max_staleness": 2},
         coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
-        activation={"control_period_s": 0.5, "min_samples": 2, "headroom": 1.0},
+        activation={"control_period_s": 0.5, "min_samples": 2, "headroom": 1.0, "scale_down_after_s": 2.0},
         workers={"count": 4, "per_worker": [{"price_per_hour": p} for p in prices]},
     )
     with processes() as start:
@@ -101,16 +102,20 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
         pids = json.loads((cfg.run_path / "pids.json").read_text())
         os.kill(pids[f"worker-{cheapest[1:]}"], signal.SIGKILL)
         assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    # the cheaper ones: the active set is the k cheapest workers for some k < 4
+    # the cheaper ones: with equal rates, the first set is the k cheapest workers, k < 4
     assert first["active"] == [f"w{i}" for i in range(len(first["active"]))]
     lost = next(r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == cheapest)
-    after = [r for r in records(cfg.run_path, "activation") if r["time"] >= lost["time"]]
-    assert after, "no re-plan after the active worker vanished"
-    assert cheapest not in after[0]["active"]
-    assert set(after[0]["active"]) - set(first["active"]), "no replacement was activated"
+    decisions = records(cfg.run_path, "activation")
+    before = [r for r in decisions if r["time"] < lost["time"]][-1]
+    replan = next(r for r in decisions if r["trigger"] == f"lost {cheapest}")  # at once, not next period
+    assert replan["time"] - lost["time"] < 0.1 and cheapest not in replan["active"]
+    survivors = set(before["active"]) - {cheapest}
+    if sum(replan["estimates_rps"][w] for w in survivors) < replan["required_rps"]:
+        assert set(replan["active"]) - set(before["active"]), "short of demand, yet no replacement"
+    else:
+        assert not replan["changed"]  # the survivors still cover demand: no needless spend
     summary = json.loads((cfg.run_path / "summary.json").read_text())
     assert summary["activation_decisions"] and summary["cost_total"] > 0
-    assert summary["cost_by_worker"]["w3"]["cost"] < summary["cost_by_worker"]["w1"]["cost"]
 
 
 def _partial_activation(run_dir):

@@ -20,7 +20,9 @@ def test_every_run_config_parses(path):
 
 def test_demo_is_the_documented_default():
     cfg = load_run_config(CONFIGS / "demo.toml")
-    assert (cfg.workers.count, cfg.train.max_staleness, cfg.model.source) == (3, 2, "tiny")
+    assert (cfg.workers.count, cfg.train.max_staleness, cfg.model.source) == (4, 2, "tiny")
+    prices = [cfg.workers.worker_config(i).price_per_hour for i in range(4)]
+    assert prices == sorted(prices) and prices[0] < prices[-1]  # emulated classes to choose from
     assert cfg.batch_rollouts == 128
 
 
@@ -39,7 +41,7 @@ def test_overrides_are_toml_values_or_bare_strings():
         ("train.max_staleness=-1", "train.max_staleness: Input should be greater than or equal to 0 (got -1)"),
         ("grpo.loss=ppo", "grpo.loss: Input should be 'clip' or 'tis' (got 'ppo')"),
         ("coordinator.worker_timeout_s=1.5", "must exceed 2 x heartbeat_interval_s"),
-        ("workers.count=1", "per_worker has 2 entries for count=1"),
+        ("workers.per_worker=[{slowdown = 0.5}]", "workers.per_worker[0]"),
     ],
 )
 def test_errors_name_field_value_and_fix(override, expected):
@@ -54,8 +56,8 @@ def test_per_worker_overrides_merge_onto_shared_settings():
     first, second = cfg.workers.worker_config(0), cfg.workers.worker_config(1)
     assert (first.worker_id, first.slowdown, first.tasks_per_lease) == ("w0", 4.0, 3)
     assert (second.worker_id, second.slowdown) == ("w1", 1.0)
-    with pytest.raises(ValueError, match=r"workers.per_worker\[0\]"):
-        load_run_config(None, ["workers.per_worker=[{slowdown = 0.5}]"])
+    # entries past count are unused, so --set workers.count works on any config
+    assert load_run_config(None, ["workers.count=1", "workers.per_worker=[{}, {slowdown = 2.0}]"]).workers.count == 1
 
 
 def test_missing_file_is_a_clear_error(tmp_path):

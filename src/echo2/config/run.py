@@ -157,12 +157,11 @@ class LocalWorkersConfig(Frozen):
     """Settings every local worker gets (engine, threads, tasks per lease, ...)."""
     per_worker: list[dict[str, Any]] = []
     """Entry i overrides fields of `worker` for local worker i (e.g. price_per_hour, slowdown),
-    to emulate a heterogeneous fleet on one machine."""
+    to emulate a heterogeneous fleet on one machine. Entries past `count` are unused, so
+    `--set workers.count=2` works on a config that describes more workers."""
 
     @model_validator(mode="after")
     def _per_worker_valid(self) -> LocalWorkersConfig:
-        if len(self.per_worker) > self.count:
-            raise ValueError(f"per_worker has {len(self.per_worker)} entries for count={self.count} workers")
         for index in range(len(self.per_worker)):
             self.worker_config(index)
         return self

@@ -160,7 +160,7 @@ class CoordinatorState:
         self.controller.vanish(req.worker_id)
         released = self._release_leases(req.worker_id, reason="worker_left")
         self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released})
-        self.control()
+        self.control(trigger=f"{req.worker_id} left")
 
     def _worker(self, worker_id: str) -> WorkerRecord:
         record = self.workers.get(worker_id)
@@ -247,12 +247,12 @@ class CoordinatorState:
     def sweep(self) -> None:
         """Expire silent workers (all their leases go back) and leases held too long."""
         now = self.clock()
-        lost = False
+        lost: list[str] = []
         for worker_id, record in self.workers.items():
             if record.alive and now - record.last_seen > self.settings.worker_timeout_s:
                 record.alive = False
                 self.controller.vanish(worker_id)
-                lost = True
+                lost.append(worker_id)
                 self.counters.workers_lost += 1
                 released = self._release_leases(worker_id, reason="worker_timeout")
                 self.events.append({"kind": "worker_lost", "worker_id": worker_id, "leases_requeued": released})
@@ -260,14 +260,16 @@ class CoordinatorState:
         if overdue:
             self._requeue(overdue, reason="lease_timeout")
         if lost:  # a preempted worker: re-plan now, not at the next control period
-            self.control()
+            self.control(trigger=f"lost {', '.join(lost)}")
 
-    def control(self) -> None:
-        """Re-decide which workers are active; record the decision when the set changes."""
+    def control(self, trigger: str = "") -> None:
+        """Re-decide which workers are active; record the decision when the set changes, or
+        always when something happened (`trigger`, e.g. a worker vanished)."""
         decision = self.controller.decide(self.clock())
-        if decision.changed:
+        if decision.changed or trigger:
             self.events.append({
                 "kind": "activation", "active": sorted(decision.active), "reason": decision.reason,
+                "trigger": trigger, "changed": decision.changed,
                 "required_rps": decision.required_rps if decision.required_rps != float("inf") else None,
                 "estimates_rps": decision.estimates,
             })

@@ -29,11 +29,15 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
     if summary.get("cost_total") is not None:
         table.add_row("cost total ($/step)", f"${summary['cost_total']:.4f} (${_fmt(summary['cost_per_step'])})")
+    console.print(table)
     decisions = summary.get("activation_decisions", [])
     if decisions:
-        last = decisions[-1]
-        table.add_row("activation decisions", f"{len(decisions)}; last: {', '.join(last['active'])} ({last['reason']})")
-    console.print(table)
+        changes = Table(title="cost-aware activation (changes while training)")
+        for column in ("t s", "active workers", "why"):
+            changes.add_column(column)
+        for d in decisions:
+            changes.add_row(f"{d['t_s']:.1f}", ", ".join(d["active"]), d["reason"])
+        console.print(changes)
     workers = Table(title="workers")
     for column in ("worker", "tokens/s", "publish->loaded s p50/p95/max", "versions", "$/h", "active s", "$"):
         workers.add_column(column)

@@ -55,10 +55,21 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "tokens_per_s": {w: round(v["tokens_per_s"], 1) for w, v in sorted(workers.items())},
         "publish_to_loaded_s": _latency_by_worker(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
-        "activation_decisions": [
-            {"time": r["time"], "active": r["active"], "reason": r["reason"]} for r in _of(records, "activation")
-        ],
+        "activation_decisions": _decisions(records),
     }
+
+
+def _decisions(records: list[dict]) -> list[dict]:
+    """Activation changes while the learner trained (re-plans as workers leave at shutdown are
+    not decisions about the run)."""
+    done = [r["time"] for r in _of(records, "learner_done")]
+    end = done[-1] if done else float("inf")
+    start = min((r["time"] for r in records), default=0.0)
+    return [
+        {"t_s": round(r["time"] - start, 1), "active": r["active"],
+         "reason": f"{r['trigger']}: {r['reason']}" if r.get("trigger") else r["reason"]}
+        for r in _of(records, "activation") if r["time"] <= end and r.get("changed", True)
+    ]
 
 
 def _cost(cost: dict | None, steps: int) -> dict[str, Any]:
