@@ -22,7 +22,10 @@ class VersionBuffer:
         """An empty store to receive into, or (`payload` given, already verified by the caller,
         as the learner does for what it built the manifest from) a complete one."""
         self.manifest = manifest
-        self._data: bytes | bytearray = payload if payload is not None else bytearray(manifest.total_bytes)
+        # Verified chunks are kept as the immutable bytes they arrived in (no zero-filled buffer
+        # up front, no copy per chunk) and joined once, on completion.
+        self._chunks: list[bytes] = []
+        self._payload: bytes | None = payload
         self.verified_chunks = manifest.num_chunks if payload is not None else 0
         self.state: State = "complete" if payload is not None or manifest.num_chunks == 0 else "receiving"
         self.failure = ""
@@ -44,26 +47,27 @@ class VersionBuffer:
             raise SourceMisbehaved(
                 f"chunk {index} of version {self.version} fails its sha256", reason="corrupt_chunk", chunk_index=index
             )
-        start, end = self.manifest.chunk_span(index)
-        self._data[start:end] = data
+        self._chunks.append(bytes(data))  # no-op for bytes; a copy only for a caller's memoryview
         self.verified_chunks += 1
         self._notify()
 
     def chunk_view(self, index: int) -> memoryview:
         if index >= self.verified_chunks:
             raise ValueError(f"chunk {index} is not verified yet ({self.verified_chunks} are)")
-        start, end = self.manifest.chunk_span(index)
-        return memoryview(self._data)[start:end]
+        if self._payload is not None:
+            start, end = self.manifest.chunk_span(index)
+            return memoryview(self._payload)[start:end]
+        return memoryview(self._chunks[index])
 
     def complete(self) -> bytes:
         """Freeze the verified payload as immutable bytes (one copy); streams keep working."""
         if not self.done:
             raise ValueError(f"version {self.version} has {self.verified_chunks}/{self.manifest.num_chunks} chunks")
-        if isinstance(self._data, bytearray):
-            self._data = bytes(self._data)
+        if self._payload is None:
+            self._payload, self._chunks = b"".join(self._chunks), []
         self.state = "complete"
         self._notify()
-        return self._data
+        return self._payload
 
     def fail(self, reason: str) -> None:
         """Give up on this version: streams to children end with an error frame naming `reason`."""

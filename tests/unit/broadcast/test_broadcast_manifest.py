@@ -37,7 +37,7 @@ def test_chunk_spans_rejects_nonpositive_chunk() -> None:
         chunk_spans(10, 0)
 
 
-blobs = st.tuples(st.integers(300, 20_000), st.integers(1, 4), st.integers(0, 2**32 - 1))
+blobs = st.tuples(st.integers(1000, 20_000), st.integers(1, 4), st.integers(0, 2**32 - 1))
 
 
 @settings(max_examples=40, deadline=None)
@@ -121,3 +121,8 @@ def test_safetensors_index_rejects_lying_header() -> None:
     header = json.dumps({"w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}).encode()
     with pytest.raises(ValueError, match="exceeds"):
         safetensors_index(struct.pack("<Q", len(header) + 100) + header + b"abcd")
+
+
+@given(size=st.integers(1000, 5000), tensors=st.integers(1, 4))
+def test_synthetic_payload_has_exactly_the_requested_size(size: int, tensors: int) -> None:
+    assert len(synthetic_payload(size, seed=0, tensors=tensors)) == size
