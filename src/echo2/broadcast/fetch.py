@@ -81,8 +81,16 @@ async def fetch_version(
 
 
 def new_session(config: BroadcastConfig) -> aiohttp.ClientSession:
-    """A client session fit for chunk streams (no decompression, a 1 MiB read buffer)."""
-    return aiohttp.ClientSession(auto_decompress=False, read_bufsize=1 << 20)
+    """A client session fit for chunk streams: no decompression, a 1 MiB read buffer (fewer
+    wakeups per chunk), and the stream timeouts as defaults (each request sets them too)."""
+    return aiohttp.ClientSession(auto_decompress=False, read_bufsize=1 << 20, timeout=_stream_timeout(config))
+
+
+def _stream_timeout(config: BroadcastConfig) -> aiohttp.ClientTimeout:
+    # No total: a 16 GB version legitimately streams for minutes. Connect and silence are bounded
+    # (connect_timeout_s, stall_timeout_s: values justified in BroadcastConfig); slow and endless
+    # streams are bounded by the frame checks below.
+    return aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s, sock_read=config.stall_timeout_s)
 
 
 class _Fetch:
@@ -171,9 +179,7 @@ class _SourceStream:
         self.stream_bytes = 0
 
     async def pull(self, session: aiohttp.ClientSession) -> None:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.stall_timeout_s
-        )
+        timeout = _stream_timeout(self.config)
         params = {"version": str(self.buffer.version), "start": str(self.buffer.verified_chunks)}
         try:
             async with session.get(self.source.url + wire.CHUNKS_PATH, params=params,

@@ -44,6 +44,7 @@ class Origin:
             config, auth_token=auth_token, host=host, port=port, keep_versions=config.keep_versions, fault=fault
         )
         self._total_bytes: dict[int, int] = {}
+        self._last_prepared: int | None = None  # touched by the publishing thread only
 
     @property
     def public_key(self) -> Ed25519PublicKey:
@@ -61,10 +62,11 @@ class Origin:
 
     def prepare(self, version: int, payload: bytes, *, base_version: int | None = None) -> SignedManifest:
         """Hash and sign (CPU only, safe from any thread); `install` then starts serving it."""
-        held = self.relay.held_version
-        if held is not None and version <= held:
-            raise ValueError(f"version {version} must be newer than the last published version {held}")
+        last = self._last_prepared
+        if last is not None and version <= last:
+            raise ValueError(f"version {version} must be newer than the last published version {last}")
         manifest = build_manifest(version, payload, self.config.chunk_bytes, base_version=base_version)
+        self._last_prepared = version
         # Publish time is taken after hashing: dissemination is measured from when it can start.
         return sign_manifest(manifest.model_copy(update={"published_at": time.time()}), self._private_key)
 

@@ -183,9 +183,9 @@ class RelayServer:
         if buffer is None and version < self._newest_known():
             raise web.HTTPGone(text=f"version {version} is no longer served here (newest {self._newest_known()})")
         response = web.StreamResponse(headers={"Content-Type": wire.CONTENT_TYPE})
-        await response.prepare(request)
-        self._streams += 1
+        self._streams += 1  # counted before the first await so concurrent requests see it
         try:
+            await response.prepare(request)
             buffer = buffer or await self._await_announce(response, version)
             if buffer is not None:
                 await _Stream(self, request, response, buffer).run(start)
@@ -214,7 +214,8 @@ class RelayServer:
 
     async def _write(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
         # A child that cannot take a chunk within stall_timeout_s is as good as stalled.
-        await asyncio.wait_for(response.write(data), self.config.stall_timeout_s)
+        async with asyncio.timeout(self.config.stall_timeout_s):
+            await response.write(data)
 
     def _crashed(self) -> bool:
         """FaultKind.DIE has fired: behave like a killed process (reset every connection)."""

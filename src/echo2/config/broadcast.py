@@ -95,4 +95,9 @@ class BroadcastConfig(Frozen):
                 f"connect_timeout_s ({self.stall_timeout_s + self.connect_timeout_s}) so a relay "
                 "recovering from its own upstream failure is not abandoned by its children"
             )
+        if self.announce_wait_s >= self.progress_timeout_s:
+            raise ValueError(
+                f"announce_wait_s ({self.announce_wait_s}) must be below progress_timeout_s "
+                f"({self.progress_timeout_s}) or children give up on a parent still waiting for its manifest"
+            )
         return self

@@ -37,3 +37,8 @@ def test_progress_timeout_must_cover_an_upstream_failover() -> None:
 def test_frozen() -> None:
     with pytest.raises(ValueError):
         BroadcastConfig().chunk_bytes = 5  # type: ignore[misc]
+
+
+def test_announce_wait_must_end_before_children_give_up() -> None:
+    with pytest.raises(ValueError, match="announce_wait_s"):
+        BroadcastConfig(announce_wait_s=45.0)

@@ -237,3 +237,35 @@ def test_origin_thread_serves_from_a_background_loop() -> None:
         origin.stop()
     with pytest.raises(ValueError, match="not started"):
         origin.publish(2, data)
+
+
+def test_child_waits_for_a_parent_that_has_not_heard_of_the_version_yet() -> None:
+    async def scenario() -> None:
+        cluster = await start_cluster(2)
+        try:
+            data = payload()
+            signed, plan = cluster.origin.publish(1, data), cluster.plan(1)
+            child = asyncio.ensure_future(cluster.fetch("w1", signed, plan))
+            await asyncio.sleep(FAST.announce_wait_s / 2)  # the parent's control loop is late
+            assert (await cluster.fetch("w0", signed, plan)).payload == data
+            result = await child
+            assert result.payload == data and result.metrics.bytes_by_source == {"w0": len(data)}
+            assert result.metrics.source_failures == []
+        finally:
+            await cluster.stop()
+
+    run(scenario())
+
+
+def test_parent_that_never_hears_of_the_version_sends_its_child_elsewhere() -> None:
+    async def scenario() -> None:
+        cluster = await start_cluster(2)
+        try:
+            data = payload()
+            result = await cluster.fetch("w1", cluster.origin.publish(1, data), cluster.plan(1))
+            assert result.payload == data and result.metrics.bytes_by_source == {"origin": len(data)}
+            assert "never announced" in result.metrics.source_failures[0]
+        finally:
+            await cluster.stop()
+
+    run(scenario())
