@@ -86,7 +86,9 @@ def check_targets(rows: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any
         pipe = {r["n_workers"]: r for r in sized if r["mode"] == "pipelined"}
         o2m = {r["n_workers"]: r for r in sized if r["mode"] == "one_to_many"}
         targets[f"{size}MiB"] = {
-            "pipelined_within_1.25x_model": {n: r["measured_over_predicted"] <= PIPELINE_SLACK for n, r in pipe.items()},
+            "every_worker_verified": all(not r["failed"] and r["all_correct"] for r in sized),
+            "pipelined_within_1.25x_model": {n: r["measured_over_predicted"] <= PIPELINE_SLACK and not r["failed"]
+                                             for n, r in pipe.items()},
             "one_to_many_linear_fit": linear_fit(o2m),
             "one_to_many_over_pipelined": {n: round(o2m[n]["measured_s"] / pipe[n]["measured_s"], 2)
                                            for n in sorted(pipe) if n in o2m},

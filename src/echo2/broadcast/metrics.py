@@ -41,7 +41,7 @@ class FetchMetrics(_Record):
     started_at: float
     first_chunk_at: float | None
     verified_at: float
-    """Every chunk verified; the payload is complete and served to this worker's children."""
+    """Every chunk verified: the payload is complete and served to this worker's children."""
     loaded_at: float | None = None
     """Set by the caller once the engine runs the new weights (see `loaded`)."""
     bytes_by_source: dict[str, int]
@@ -79,8 +79,10 @@ class OriginMetrics(_Record):
 
 @dataclass(frozen=True)
 class FetchResult:
-    payload: bytes
-    """The complete payload, every chunk verified against the signed manifest."""
+    payload: memoryview
+    """The complete payload, every chunk verified against the signed manifest: a read-only view
+    of the same memory the relay serves children from (no copy; one payload of RAM per version).
+    `torch.frombuffer(payload, dtype=torch.uint8)` uses it in place; `bytes(payload)` copies."""
     manifest: Manifest
     metrics: FetchMetrics
 

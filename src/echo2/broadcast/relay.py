@@ -24,6 +24,8 @@ from echo2.broadcast.store import VersionBuffer
 from echo2.config.broadcast import BroadcastConfig
 
 log = logging.getLogger(__name__)
+SENT_HISTORY = 64
+"""Versions whose per-child byte counts are kept for metrics (a long run publishes thousands)."""
 
 
 class RelayServer:
@@ -123,8 +125,8 @@ class RelayServer:
         self._announce()
         return buffer
 
-    def promote(self, buffer: VersionBuffer) -> bytes:
-        """Freeze a fully verified incoming version and serve it instead of the previous one."""
+    def promote(self, buffer: VersionBuffer) -> memoryview:
+        """Mark a fully verified incoming version complete and serve it instead of the previous one."""
         payload = buffer.complete()
         if self._incoming is buffer:
             self._incoming = None
@@ -142,6 +144,8 @@ class RelayServer:
     def _prune(self) -> None:
         for version in sorted(self._complete)[: -self._keep_versions]:
             del self._complete[version]
+        for version in sorted(self._sent)[:-SENT_HISTORY]:
+            del self._sent[version]
 
     def _announce(self) -> None:
         event, self._announced = self._announced, asyncio.Event()
@@ -213,8 +217,12 @@ class RelayServer:
         return buffer
 
     async def _write(self, response: web.StreamResponse, data: bytes | memoryview) -> None:
-        # A child that cannot take a chunk within stall_timeout_s is as good as stalled.
-        async with asyncio.timeout(self.config.stall_timeout_s):
+        # A child that takes longer than stall_timeout_s plus the chunk at min_rate_bytes_per_s to
+        # drain a write is stalled or uselessly slow (the same bound the child applies to senders);
+        # dropping it frees the uplink for the others. A flat stall_timeout_s would cut off healthy
+        # children of a learner whose uplink is split many ways (one-to-many).
+        deadline_s = self.config.stall_timeout_s + len(data) / self.config.min_rate_bytes_per_s
+        async with asyncio.timeout(deadline_s):
             await response.write(data)
 
     def _crashed(self) -> bool:

@@ -20,6 +20,13 @@ class BroadcastConfig(Frozen):
     chunks to each other while still receiving (dissemination ~ one copy's time). "one_to_many":
     the learner serves every worker itself (time grows linearly with the number of workers); kept
     as the baseline to compare against."""
+    learner_key_path: str = ""
+    """Learner: its Ed25519 private key file (PKCS#8 PEM, see echo2.broadcast.signing); empty: the
+    launcher generates one per run in the run dir. Never sent anywhere."""
+    learner_public_key: str = ""
+    """Workers: the pinned learner public key, 64 hex digits or a file holding them; a manifest
+    signed by any other key is refused. Empty: taken from the coordinator at registration, over
+    the run's authenticated control channel."""
     chunk_bytes: int = Field(1 << 20, ge=4 << 10, le=64 << 20)
     """Unit of hashing, verification and forwarding. Each relay hop adds about chunk_bytes / b of
     pipeline fill (1 MiB at 100 Mbit/s: 84 ms), and the manifest carries one sha256 per chunk

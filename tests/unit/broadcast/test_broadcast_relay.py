@@ -34,7 +34,7 @@ def test_chain_delivers_every_worker_the_verified_payload_and_learner_sends_once
             plan = cluster.plan(1)
             results = await cluster.fetch_all(signed, plan)
             for worker, result in results.items():
-                assert result.payload == data, worker
+                assert result.payload == data and result.payload.readonly, worker
                 verify_payload(result.manifest, result.payload)
                 assert result.metrics.bytes_by_source == {plan.for_worker(worker).sources[0].peer_id: len(data)}
                 assert cluster.relays[worker].held_version == 1
