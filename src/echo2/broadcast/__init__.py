@@ -1,9 +1,18 @@
 """Weight dissemination (bytes in, bytes out; no torch): signed manifests, chunk verification,
 relay servers, the worker fetch with failover, the learner origin, topology and latency model.
 
-Learner:      `OriginThread(key, config).start()`, then `.publish(version, payload)` per version.
-Coordinator:  `plan_broadcast(version, origin_info, peers, config)` -> one `Assignment` per worker.
-Worker:       `RelayServer(config).start()`, then `await fetch_version(signed, assignment, ...)`.
+    # learner (torch loop; the origin serves from its own thread and event loop)
+    origin = OriginThread(load_private_key(cfg.learner_key_path), cfg, auth_token=token, host="0.0.0.0")
+    origin.start()
+    signed = origin.publish(version, payload)              # -> coordinator, with origin.stats(v)
+    # coordinator (pure function; both messages are pydantic and serialise to JSON)
+    plan = plan_broadcast(version, OriginInfo(url=learner_url, upload_bytes_per_s=...), peers, cfg)
+    for assignment in plan.assignments: send(assignment.worker_id, signed, assignment)
+    # worker (asyncio)
+    relay = RelayServer(cfg, auth_token=token, host="0.0.0.0", port=0); await relay.start()
+    result = await fetch_version(signed, assignment, public_key=load_public_key(cfg.learner_public_key),
+                                 held_version=held, config=cfg, relay=relay, auth_token=token,
+                                 worker_id=me, report_bad_peer=report)  # result.payload, result.metrics
 """
 
 from echo2.broadcast.fetch import ReportBadPeer, fetch_version, new_session
