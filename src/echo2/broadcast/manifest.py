@@ -1,20 +1,26 @@
 """Weight manifest: what a published policy version contains and how to verify it chunk by chunk.
 
-A version's payload is one safetensors blob. The manifest lists the tensors (name, dtype,
-shape, byte range in the blob), the chunk size and the sha256 of every chunk, so a receiver
-can verify each chunk as it arrives and never keep, forward or load a byte that fails.
+A version's payload is one safetensors blob (or, with a base version, a delta against it). The
+manifest lists the tensors (name, dtype, shape, byte range in the blob), the chunk size and the
+sha256 of every chunk, so a receiver can verify each chunk as it arrives and never keep, forward
+or load a byte that fails. The learner signs the encoded manifest (see `signing`); the codec
+here is plain JSON, never pickle.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MANIFEST_FORMAT = 1
+MAX_MANIFEST_BYTES = 64 << 20
+"""Decode limit: 64 MiB holds ~900k chunk hashes (a 900 GB payload at 1 MiB chunks)."""
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class TensorEntry(BaseModel):
@@ -40,6 +46,22 @@ class Manifest(BaseModel):
     tensors: list[TensorEntry]
     published_at: float = 0.0
     """Learner wall clock at publish (for publish-to-loaded latency on one machine)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        expected = -(-self.total_bytes // self.chunk_bytes)
+        if len(self.chunk_sha256) != expected:
+            raise ValueError(
+                f"chunk_sha256 has {len(self.chunk_sha256)} entries but {self.total_bytes} bytes in "
+                f"chunks of {self.chunk_bytes} make {expected}"
+            )
+        bad = next((h for h in self.chunk_sha256 if not _SHA256_HEX.fullmatch(h)), None)
+        if bad is not None:
+            raise ValueError(f"chunk_sha256 entry {bad[:80]!r} is not 64 lowercase hex digits")
+        for entry in self.tensors:
+            if not entry.start <= entry.end <= self.total_bytes:
+                raise ValueError(f"tensor {entry.name!r} byte range [{entry.start}, {entry.end}) is outside the payload")
+        return self
 
     @property
     def num_chunks(self) -> int:
@@ -118,3 +140,18 @@ def verify_payload(manifest: Manifest, payload: bytes) -> None:
         start, end = manifest.chunk_span(index)
         if not verify_chunk(manifest, index, view[start:end]):
             raise ValueError(f"chunk {index} of version {manifest.version} fails its sha256")
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """Compact JSON bytes: what the learner signs and the coordinator forwards unchanged."""
+    return manifest.model_dump_json().encode()
+
+
+def decode_manifest(data: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES) -> Manifest:
+    """Parse and validate encoded manifest bytes; ValueError (never a partial object) otherwise."""
+    if len(data) > max_bytes:
+        raise ValueError(f"manifest is {len(data)} bytes, larger than the {max_bytes}-byte limit")
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as exc:
+        raise ValueError(f"invalid manifest: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None

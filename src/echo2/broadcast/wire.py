@@ -1,0 +1,70 @@
+"""Relay wire format and the errors a stream can end with.
+
+A child asks a source for `GET /v1/broadcast/chunks?version=V&start=K` and receives a stream of
+frames, each a 9-byte header (kind, chunk index, length; little-endian) and a body:
+
+- `D` data: chunk `index`, `length` bytes (must equal the manifest's size for that chunk);
+- `K` keepalive: the sender is alive but has nothing new; `index` is how many chunks it holds;
+- `E` error: the sender gives up on this version (superseded, its own fetch failed); the body is
+  a UTF-8 reason of at most MAX_ERROR_BYTES.
+
+Frames make a live-but-waiting relay (keepalives) distinguishable from a dead one (silence), and
+let a child refuse an oversized chunk from its header alone, before reading its body.
+"""
+
+from __future__ import annotations
+
+import struct
+
+CHUNKS_PATH = "/v1/broadcast/chunks"
+STATUS_PATH = "/v1/broadcast/status"
+PEER_HEADER = "X-Echo2-Peer"
+"""Requesting worker's id; used for per-child byte accounting only, never for authorization."""
+CONTENT_TYPE = "application/x-echo2-chunks"
+
+FRAME = struct.Struct("<cII")
+DATA, KEEPALIVE, ERROR = b"D", b"K", b"E"
+MAX_ERROR_BYTES = 4096
+
+
+def data_header(index: int, length: int) -> bytes:
+    return FRAME.pack(DATA, index, length)
+
+
+def keepalive_frame(held_chunks: int) -> bytes:
+    return FRAME.pack(KEEPALIVE, held_chunks, 0)
+
+
+def error_frame(reason: str) -> bytes:
+    body = reason.encode()[:MAX_ERROR_BYTES]
+    return FRAME.pack(ERROR, 0, len(body)) + body
+
+
+def bearer_headers(auth_token: str, peer_id: str) -> dict[str, str]:
+    headers = {PEER_HEADER: peer_id} if peer_id else {}
+    if auth_token:
+        headers["Authorization"] = f"Bearer {auth_token}"
+    return headers
+
+
+class SourceError(Exception):
+    """A source could not deliver (unreachable, HTTP error, stalled, truncated, too slow): the
+    child moves to its next source. Not evidence of malice, so the source is not reported."""
+
+
+class SourceMisbehaved(SourceError):
+    """A source sent something no honest relay sends (a chunk failing its sha256, an oversized or
+    out-of-order frame): never retried for this version, and reported to the coordinator."""
+
+    def __init__(self, message: str, *, reason: str, chunk_index: int) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.chunk_index = chunk_index
+
+
+class BroadcastFailed(Exception):
+    """Every source failed; the worker keeps its previous version and reports the failure."""
+
+
+class FetchAborted(Exception):
+    """This fetch's version was superseded by a newer one started on the same relay."""

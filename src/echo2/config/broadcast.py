@@ -1,0 +1,110 @@
+"""Schema of the weight broadcast (`echo2.broadcast`): mode, chunking, tree shape, timeouts, limits.
+
+One `BroadcastConfig` is shared by the learner (origin), the coordinator (topology) and every
+worker (relay and fetch), so all three agree on chunk size, timeouts and limits. Each timeout
+says why it has its value; the validators keep the timeouts consistent with each other.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from echo2.config.base import Frozen
+
+
+class BroadcastConfig(Frozen):
+    mode: Literal["pipelined", "one_to_many"] = "pipelined"
+    """"pipelined": the learner sends each version once to a few first-hop peers and workers relay
+    chunks to each other while still receiving (dissemination ~ one copy's time). "one_to_many":
+    the learner serves every worker itself (time grows linearly with the number of workers); kept
+    as the baseline to compare against."""
+    learner_key_path: str = ""
+    """Learner: its Ed25519 private key file (PKCS#8 PEM, see echo2.broadcast.signing); empty: the
+    launcher generates one per run in the run dir. Never sent anywhere."""
+    learner_public_key: str = ""
+    """Workers: the pinned learner public key, 64 hex digits or a file holding them; a manifest
+    signed by any other key is refused. Empty: taken from the coordinator at registration, over
+    the run's authenticated control channel."""
+    chunk_bytes: int = Field(1 << 20, ge=4 << 10, le=64 << 20)
+    """Unit of hashing, verification and forwarding. Each relay hop adds about chunk_bytes / b of
+    pipeline fill (1 MiB at 100 Mbit/s: 84 ms), and the manifest carries one sha256 per chunk
+    (16 GB of weights: 16k hashes, ~1 MB of manifest)."""
+    max_first_hop: int = Field(4, ge=1, le=1024)
+    """Pipelined mode: the learner feeds at most this many workers directly; the others get the
+    version from peers. Fewer means less learner upload, more means a shallower tree."""
+    max_fanout: int = Field(8, ge=1, le=1024)
+    """Pipelined mode: most children one worker relays to (its uplink divided by the stream rate,
+    capped here)."""
+    max_depth: int = Field(64, ge=1, le=4096)
+    """Pipelined mode: deepest a worker may sit in the tree; beyond it workers are attached to
+    shallower nodes even if that oversubscribes their uplink (each hop adds fill and per-hop
+    latency)."""
+    max_sources: int = Field(4, ge=1, le=64)
+    """Sources each worker is given, in order: its parent, then its ancestors, the learner last
+    (1: the parent alone). A worker whose source dies or misbehaves resumes from the next one."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """TCP connect to a source. SYN retransmissions come at 1 s and 3 s, so 10 s survives two lost
+    SYNs on a lossy WAN path, while a dead host costs a child at most 10 s before it moves on."""
+    stall_timeout_s: float = Field(10.0, gt=0)
+    """Silence (no byte at all) tolerated from a source. Senders emit a keepalive frame at least
+    every keepalive_interval_s, so 10 s is ~10 missed keepalives: beyond TCP loss recovery
+    (retransmission backoff 0.2+0.4+0.8+1.6+3.2 s ~ 6 s) yet short next to a transfer
+    (16 GB at 1 Gbit/s is 128 s). The sending side uses it too: a child that does not drain a
+    write for this long is dropped so it stops holding the sender's uplink."""
+    keepalive_interval_s: float = Field(1.0, gt=0)
+    """A sender with nothing new to send (it waits on its own upstream) sends a keepalive frame this
+    often, so its children can tell a live, waiting relay from a dead one."""
+    progress_timeout_s: float = Field(40.0, gt=0)
+    """Longest a source may keep a stream alive with keepalives but no new chunk. A live relay
+    whose own upstream died recovers within stall_timeout_s + connect_timeout_s plus one chunk
+    (~20 s with the defaults); twice that stops failovers from cascading down a chain, while a
+    source that only ever sends keepalives (an endless stream) is cut off."""
+    min_rate_bytes_per_s: float = Field(125_000.0, gt=0)
+    """Slowest acceptable sender (1 Mbit/s). A chunk must arrive within
+    stall_timeout_s + chunk_bytes / rate after its frame header, and after progress_timeout_s a
+    stream's average rate must stay above it; a fetch lowers it to a quarter of the planned rate
+    when the coordinator planned a slower edge (one-to-many to many workers)."""
+    announce_wait_s: float = Field(30.0, gt=0)
+    """A relay asked for a version it has not been told about yet keeps the child waiting (with
+    keepalives) this long: the coordinator sends a version to parents and children at about the
+    same time, but a parent's control loop may be a few heartbeats behind."""
+    report_timeout_s: float = Field(5.0, gt=0)
+    """Bound on the bad-peer report callback (a control request to the coordinator; a loaded box
+    answers within a second or two). A report that fails is logged and counted, never fatal."""
+    source_rounds: int = Field(2, ge=1, le=10)
+    """Passes over a worker's source list before the fetch fails; a second pass absorbs a source
+    that was briefly unreachable (restart, transient network error). Misbehaving sources are
+    never retried."""
+    retry_backoff_s: float = Field(1.0, ge=0)
+    """Pause between passes over the source list."""
+    max_payload_bytes: int = Field(64 << 30, ge=1)
+    """Largest version a worker accepts (64 GiB: a bf16 32B model); a manifest announcing more is
+    refused before a byte is fetched."""
+    max_children: int = Field(64, ge=1, le=4096)
+    """Concurrent streams one relay or the learner serves; more are answered 503 (the child moves
+    to its next source) instead of thinning everyone's share of the uplink."""
+    keep_versions: int = Field(2, ge=1, le=16)
+    """Completed versions the learner keeps serving (the newest for late joiners, the previous for
+    workers still finishing it). Workers keep exactly one: the version they hold."""
+
+    @model_validator(mode="after")
+    def _timeouts_consistent(self) -> BroadcastConfig:
+        if self.keepalive_interval_s * 2 > self.stall_timeout_s:
+            raise ValueError(
+                f"keepalive_interval_s ({self.keepalive_interval_s}) must be at most half of "
+                f"stall_timeout_s ({self.stall_timeout_s}) or live, waiting relays look dead"
+            )
+        if self.progress_timeout_s <= self.stall_timeout_s + self.connect_timeout_s:
+            raise ValueError(
+                f"progress_timeout_s ({self.progress_timeout_s}) must exceed stall_timeout_s + "
+                f"connect_timeout_s ({self.stall_timeout_s + self.connect_timeout_s}) so a relay "
+                "recovering from its own upstream failure is not abandoned by its children"
+            )
+        if self.announce_wait_s >= self.progress_timeout_s:
+            raise ValueError(
+                f"announce_wait_s ({self.announce_wait_s}) must be below progress_timeout_s "
+                f"({self.progress_timeout_s}) or children give up on a parent still waiting for its manifest"
+            )
+        return self
