@@ -26,7 +26,7 @@ from pathlib import Path
 from echo2.cli.common import read_resolved
 from echo2.planner import effective_throughput_rps, learner_utilization
 from echo2.report.metrics import read_metrics
-from echo2.report.summary import summarize
+from echo2.report.summary import step_busy_s, summarize, train_steps
 
 # Emulated slower workers (each idles 3x its compute after a generation), so that 1-4 workers
 # span the worker-bound to learner-bound range: one CPU worker alone nearly feeds the tiny
@@ -46,8 +46,8 @@ def run(config: str, workers: int, staleness: int, steps: int, run_dir: Path, ex
 
 
 def predict(records: list[dict], staleness: int, batch: int) -> dict:
-    steps = sorted((r for r in records if r["kind"] == "train_step"), key=lambda r: r["step"])[1:]
-    step_time_s = statistics.mean(s["train_s"] + s["publish_s"] + s["checkpoint_s"] for s in steps)
+    busy_s = step_busy_s(records)
+    step_time_s = statistics.mean(busy_s[s["step"]] for s in train_steps(records)[1:])
     loaded = [r for r in records if r["kind"] == "weights_loaded"]
     admissible, per_worker = 0.0, {}
     for done in (r for r in records if r["kind"] == "worker_done"):

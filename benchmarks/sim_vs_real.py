@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from echo2.config.sim import ScenarioConfig  # noqa: E402
 from echo2.planner import effective_throughput_rps, learner_utilization  # noqa: E402
+from echo2.report.summary import step_busy_s, train_steps  # noqa: E402
 from echo2.sim.simulator import simulate  # noqa: E402
 
 RUNS = ROOT / "runs" / "simval"
@@ -106,7 +107,7 @@ class Measured:
 
 def measure(run_dir: Path) -> Measured:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = sorted((r for r in records if r["kind"] == "train_step"), key=lambda r: r["step"])
+    steps, busy_s = train_steps(records), step_busy_s(records)
     final = [r for r in records if r["kind"] == "coordinator_final"][-1]["workers"]
     loaded: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -126,7 +127,7 @@ def measure(run_dir: Path) -> Measured:
         name=run_dir.name,
         config=json.loads((run_dir / "config.json").read_text()),
         summary=json.loads((run_dir / "summary.json").read_text()),
-        step_s=[s["train_s"] + s["publish_s"] + s["checkpoint_s"] for s in steps[1:]],
+        step_s=[busy_s[s["step"]] for s in steps[1:]],
         wait0_s=steps[0]["wait_s"],
         workers=dict(sorted(workers.items())),
         version_bytes=next(iter(loaded.values()))[0]["bytes"],

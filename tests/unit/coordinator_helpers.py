@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echo2.broadcast.manifest import Manifest
+import numpy as np
+from safetensors.numpy import save
+
+from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.config.run import TaskConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.state import CoordinatorState, Settings
@@ -40,9 +44,19 @@ def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int 
     return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)
 
 
+LEARNER_KEY = generate_private_key()
+LEARNER_KEY_HEX = public_key_hex(LEARNER_KEY.public_key())
+
+
 def version_info(version: int) -> VersionInfo:
-    manifest = Manifest(version=version, total_bytes=0, chunk_bytes=1, chunk_sha256=[], tensors=[])
-    return VersionInfo(version=version, manifest=manifest, weights_url=f"http://learner/v1/weights/{version}")
+    payload = save({"w": np.full(4, version, dtype=np.float32)})  # a real (tiny) safetensors blob
+    manifest = build_manifest(version, payload, chunk_bytes=8, published_at=1.0)
+    signed = sign_manifest(manifest, LEARNER_KEY)
+    return VersionInfo(version=version, signed=signed, origin_url="http://learner:1", published_at=1.0)
+
+
+def publish(state: CoordinatorState, version: int) -> None:
+    state.publish(version_info(version), LEARNER_KEY_HEX)
 
 
 def register(state: CoordinatorState, worker_id: str) -> None:

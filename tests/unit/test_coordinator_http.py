@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from tests.unit.coordinator_helpers import FakeClock, make_state, version_info
+from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
 from echo2.coordinator.server import build_app
 from echo2.report.metrics import MetricsWriter
@@ -44,7 +44,7 @@ def run_with_server(state, scenario, **kwargs):
 @pytest.fixture
 def state(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
-    state.publish(version_info(0))
+    publish(state, 0)
     return state
 
 

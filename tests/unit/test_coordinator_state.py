@@ -12,9 +12,9 @@ from tests.unit.coordinator_helpers import (
     answer_ids,
     lease,
     make_state,
+    publish,
     register,
     submission,
-    version_info,
 )
 
 from echo2.coordinator.state import CoordinatorState, RequestError
@@ -39,7 +39,7 @@ def test_no_work_before_a_version_is_published(state):
 
 def test_lease_submit_batch_round_trip(state):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     assert len(tasks) == 2 and tasks[0].prompt_ids
     assert state.take_batch(0) is None
@@ -54,7 +54,7 @@ def test_lease_submit_batch_round_trip(state):
 
 def test_rewards_are_computed_by_the_coordinator(state):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     wrong = answer_ids(state, task.task_id, correct=False)
     bad = [RolloutCompletion(token_ids=wrong, logprobs=[-1.0] * len(wrong))] * 2
@@ -64,18 +64,18 @@ def test_rewards_are_computed_by_the_coordinator(state):
 
 def test_capacity_and_stale_worker_refusal(state):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups
     assert len(lease(state, "a", 0, max_tasks=10).tasks) == 4
     assert lease(state, "a", 0).reason.startswith("window full")
-    state.publish(version_info(2))
+    publish(state, 2)
     reply = lease(state, "a", 0)
     assert reply.tasks == [] and "too stale" in reply.reason
 
 
 def test_version_from_the_future_is_refused(state):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     with pytest.raises(RequestError) as err:
         lease(state, "a", 1)
     assert err.value.status == 422 and "future" in err.value.message
@@ -84,7 +84,7 @@ def test_version_from_the_future_is_refused(state):
 def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock):
     register(state, "a")
     register(state, "b")
-    state.publish(version_info(0))
+    publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     prompt = state.leases[task.task_id].prompt_index
     clock.now += 3
@@ -113,7 +113,7 @@ def _late(task_id: str):
 
 def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     lease(state, "a", 0)
     for _ in range(13):
         clock.now += 5
@@ -136,7 +136,7 @@ BAD_SUBMISSIONS = {
 @pytest.mark.parametrize("case", sorted(BAD_SUBMISSIONS))
 def test_bad_submission_is_refused_and_changes_nothing(state, case):
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     ok = submission(state, "a", task.task_id, 0)
     before = (copy.deepcopy(state.snapshot()), dict(state.leases), list(state.buffer))
@@ -150,13 +150,13 @@ def test_bad_submission_is_refused_and_changes_nothing(state, case):
 def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=0, groups_per_step=1)
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     state.submit(submission(state, "a", task.task_id, 0))
     assert state.take_batch(0) is not None
     task = lease(state, "a", 0).tasks  # S = 0 and step 0 taken: no room until version 1
     assert task == []
-    state.publish(version_info(1))
+    publish(state, 1)
     t1 = lease(state, "a", 1).tasks[0]
     # a straggler of version 0 arriving now would be stale at step 1: simulate one buffered
     state.buffer.append({**state.store.batch(0)[0], "group_id": "old", "version": 0})
@@ -168,7 +168,7 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
 def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_dir, clock):
     state = make_state(tmp_path, tiny_model_dir, clock)
     register(state, "a")
-    state.publish(version_info(0))
+    publish(state, 0)
     t1, t2 = lease(state, "a", 0, max_tasks=2).tasks
     state.submit(submission(state, "a", t1.task_id, 0))
     leased_prompt = state.leases[t2.task_id].prompt_index
@@ -195,7 +195,7 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
     state = make_state(tmp_path_factory.mktemp("prop"), tiny_model_dir, clock, max_staleness=1)
     for w in "abc":
         register(state, w)
-    state.publish(version_info(0))
+    publish(state, 0)
     versions = {"a": 0, "b": 0, "c": 0}
     step, trained = 0, []
     for op, arg in ops:
@@ -215,7 +215,7 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
             if batch:
                 trained += [(step, g) for g in batch]
                 step += 1
-                state.publish(version_info(step))
+                publish(state, step)
         elif op == "publish":
             versions[worker] = state.current_version
         elif op == "tick":

@@ -35,6 +35,7 @@ from echo2.broadcast.metrics import BadPeerReport, FetchMetrics, FetchResult
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.signing import SignedManifest, verify_manifest
 from echo2.broadcast.store import VersionBuffer
+from echo2.broadcast.throttle import Throttle
 from echo2.broadcast.topology import Assignment, Source
 from echo2.config.broadcast import BroadcastConfig
 
@@ -54,6 +55,7 @@ async def fetch_version(
     worker_id: str = "",
     report_bad_peer: ReportBadPeer | None = None,
     session: aiohttp.ClientSession | None = None,
+    throttle: Throttle | None = None,
 ) -> FetchResult:
     """Fetch and verify `signed`'s version from `assignment.sources` (in order).
 
@@ -66,6 +68,7 @@ async def fetch_version(
         raise ValueError(f"assignment is for version {assignment.version}, manifest for {manifest.version}")
     buffer = relay.begin(manifest) if relay is not None else VersionBuffer(manifest)
     job = _Fetch(buffer, assignment, config, auth_token, worker_id or assignment.worker_id, report_bad_peer)
+    job.throttle = throttle
     owned = session is None
     session = session or new_session(config)
     try:
@@ -106,6 +109,7 @@ class _Fetch:
         self.failures: list[str] = []
         self.bad_peers: list[str] = []
         self.report_failures = 0
+        self.throttle: Throttle | None = None
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         banned: set[str] = set()
@@ -228,6 +232,8 @@ class _SourceStream:
         except TimeoutError:
             raise wire.SourceError(f"chunk {index} took over {deadline_s:.1f}s (slower than "
                                    f"{self.fetch.rate_floor:.0f} B/s)") from None
+        if self.fetch.throttle is not None:  # emulated slow link (local runs only)
+            await self.fetch.throttle.consume(length)
         self.buffer.add_chunk(index, data)  # raises SourceMisbehaved on a sha256 mismatch
         self._progress(length)
 

@@ -21,6 +21,7 @@ from echo2.broadcast import wire
 from echo2.broadcast.faults import Fault, FaultKind
 from echo2.broadcast.manifest import Manifest
 from echo2.broadcast.store import VersionBuffer
+from echo2.broadcast.throttle import Throttle
 from echo2.config.broadcast import BroadcastConfig
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,13 @@ class RelayServer:
         port: int = 0,
         keep_versions: int = 1,
         fault: Fault | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         """`port` 0 picks a free port (read it back from `.port` after `start`). `keep_versions`
         completed versions are served (1 on workers; the learner keeps config.keep_versions)."""
         self.config = config
         self.fault = fault
+        self.throttle = throttle  # emulated slow uplink (local runs only)
         self._auth_token = auth_token
         self._host, self._port = host, port
         self._keep_versions = keep_versions
@@ -206,6 +209,11 @@ class RelayServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.announce_wait_s
         while (buffer := self._lookup(version)) is None:
+            if self._newest_known() > version:
+                # this relay skipped `version` (a newer one came first): the child should move on
+                # to its next source now, not wait out announce_wait_s
+                await self._write(response, wire.error_frame(f"version {version} skipped here (newest {self._newest_known()})"))
+                return None
             if loop.time() >= deadline:
                 await self._write(response, wire.error_frame(f"version {version} was never announced here"))
                 return None
@@ -277,6 +285,8 @@ class _Stream:
         await self.relay._write(self.response, wire.data_header(index, len(data)))
         await self.relay._write(self.response, data)
         self.relay._count(self.buffer.version, self.peer, len(data))
+        if self.relay.throttle is not None:
+            await self.relay.throttle.consume(len(data))
 
     async def _misbehave(self, fault: Fault, index: int) -> bool:
         """Act out the fault before chunk `index`; True when the chunk must not be sent normally."""

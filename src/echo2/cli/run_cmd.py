@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from echo2.cli.common import add_config_args, config_from_args
 
@@ -18,4 +19,5 @@ def run(args: argparse.Namespace) -> int:
 
     from echo2.launch.local import run_local
 
-    return run_local(config_from_args(args), Console())
+    # piped output (make demo | tee, CI logs) gets room for the summary tables instead of 80 columns
+    return run_local(config_from_args(args), Console(width=None if sys.stdout.isatty() else 132))

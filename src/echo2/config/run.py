@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
+from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
 
 
@@ -121,8 +122,9 @@ class ActivationConfig(Frozen):
     control_period_s: float = Field(2.0, gt=0)
     """How often the activation set is re-decided; a worker lost re-decides at once."""
     headroom: float = Field(1.15, ge=1.0, le=10.0)
-    """Activate for headroom x R_required: throughput estimates are noisy and a short fleet
-    idles the most expensive machine, the learner."""
+    """New sets are sized for headroom x R_required (estimates are noisy and a short fleet idles
+    the most expensive machine, the learner); a running set is replaced only when it falls below
+    R_required itself, so noise inside that band changes nothing."""
     margin: float = Field(0.1, ge=0.0, lt=1.0)
     """Hysteresis: switch to a cheaper set only if it saves more than this fraction."""
     ewma_alpha: float = Field(0.2, gt=0.0, le=1.0)
@@ -137,15 +139,15 @@ class ActivationConfig(Frozen):
 
 class LearnerConfig(Frozen):
     host: str = "127.0.0.1"
-    """Address the learner's weight server binds and advertises to workers."""
+    """Address the learner's broadcast origin binds; workers pull versions from it."""
+    advertise_host: str = ""
+    """Address workers reach the origin at; empty: `host` (set it when binding 0.0.0.0)."""
     port: int = Field(0, ge=0, le=65535)
-    chunk_bytes: int = Field(1 << 20, ge=1 << 10)
-    """Manifest chunk size: the unit a receiver verifies (sha256) before keeping a byte."""
+    upload_bps: float = Field(1e9, gt=0)
+    """The learner's uplink in bits/s, as declared to the broadcast planner (how many first-hop
+    workers it can feed at the stream rate)."""
     price_per_hour: float = Field(0.0, ge=0)
     """What the learner's machine costs, for the run's cost accounting."""
-    keep_versions: int = Field(2, ge=1, le=64)
-    """Versions the weight server keeps, so a worker that started fetching v still finds it
-    after v+1 is published."""
     request_timeout_s: float = Field(60.0, gt=0)
     """Timeout of one control request to the coordinator (a batch long-poll adds its wait)."""
 
@@ -189,6 +191,7 @@ class RunConfig(Frozen):
     train: TrainConfig = TrainConfig()
     coordinator: CoordinatorConfig = CoordinatorConfig()
     learner: LearnerConfig = LearnerConfig()
+    broadcast: BroadcastConfig = BroadcastConfig()
     activation: ActivationConfig = ActivationConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
 

@@ -28,6 +28,24 @@ class WorkerConfig(Frozen):
     slowdown: float = Field(1.0, ge=1.0, le=1000.0)
     """EMULATION ONLY, for local runs: after each generation the worker idles (slowdown - 1) x
     the time it took, so one CPU box can stand in for GPUs of different speeds."""
+    relay_host: str = "127.0.0.1"
+    """Address this worker's relay server binds (peers pull weight chunks from it)."""
+    relay_port: int = Field(0, ge=0, le=65535)
+    """0 picks a free port."""
+    relay_advertise_host: str = ""
+    """Address peers reach the relay at; empty: relay_host (set it when binding 0.0.0.0)."""
+    accepts_incoming: bool = True
+    """False (behind NAT, no inbound connections): no relay server, the worker is a broadcast leaf."""
+    bandwidth_bps: float = Field(1e9, gt=0)
+    """This worker's link in bits/s (both directions), declared to the broadcast planner: fan-out
+    and placement in the relay tree follow it."""
+    emulate_bandwidth: bool = False
+    """EMULATION ONLY, for local runs: really throttle this worker's weight traffic (download and
+    relay upload, shared) to bandwidth_bps, so one box can stand in for slow links."""
+    learner_public_key: str = ""
+    """Pinned learner Ed25519 public key (64 hex digits or a file holding them): manifests signed
+    by any other key are refused. Empty: the key the coordinator announces at registration
+    (over the run's authenticated channel)."""
     model_source: str = ""
     """Override where the base model is loaded from; empty: the path/id the coordinator announces."""
     auth_token: str = ""

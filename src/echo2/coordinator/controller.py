@@ -122,13 +122,12 @@ class ActivationController:
 
     # ---- decisions ----
     def required_rps(self) -> float:
-        """R_required with headroom; infinite (run everything) until the learner's step time is
-        known, and for S = 0, where generation never overlaps training."""
+        """R_required (echo2.planner); infinite (run everything) until the learner's step time
+        is known, and for S = 0, where generation never overlaps training."""
         if self.step_time_s.samples == 0 or self.max_staleness == 0:
             return math.inf
         stall = self.swap_s.value if self.swap_s.samples else 0.0
-        base = required_throughput_rps(self.batch_rollouts, self.step_time_s.value, self.max_staleness, stall)
-        return base * self.cfg.headroom
+        return required_throughput_rps(self.batch_rollouts, self.step_time_s.value, self.max_staleness, stall)
 
     def decide(self, now: float) -> ControlDecision:
         self.account(now)
@@ -137,10 +136,14 @@ class ActivationController:
         required = self.required_rps()
         everyone = {o.id for o in offers}
         unmeasured = any(math.isnan(o.rollouts_per_s) for o in offers)
-        if not self.cfg.enabled or not math.isfinite(required) or unmeasured:
+        if not offers:
+            decision = ControlDecision(set(), required, "no live workers", False)
+        elif not self.cfg.enabled or not math.isfinite(required) or unmeasured:
             decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
         else:
-            proposal = activate(offers, required)
+            # new sets are sized with headroom; the current one is only replaced when it misses
+            # the bare requirement: noise inside the [R, headroom x R] band changes nothing
+            proposal = activate(offers, required * self.cfg.headroom)
             if not proposal.feasible:
                 decision = ControlDecision(everyone, required, f"no set covers demand ({proposal.reason}): run all", False)
             else:

@@ -35,6 +35,8 @@ def settings_from(cfg: RunConfig) -> Settings:
         lease_timeout_s=cfg.coordinator.lease_timeout_s,
         activation=cfg.activation,
         learner_price_per_hour=cfg.learner.price_per_hour,
+        broadcast=cfg.broadcast,
+        learner_upload_bps=cfg.learner.upload_bps,
     )
 
 

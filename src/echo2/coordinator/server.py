@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.protocol.messages import (
+    BadPeerRequest,
     BatchResponse,
     ErrorResponse,
     Heartbeat,
@@ -98,6 +99,11 @@ async def handle_leave(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def handle_bad_peer(request: web.Request) -> web.Response:
+    request.app[STATE_KEY].bad_peer(await _parse(request, BadPeerRequest))
+    return web.json_response({"ok": True})
+
+
 async def handle_lease(request: web.Request) -> web.Response:
     return _reply(request.app[STATE_KEY].lease(await _parse(request, LeaseRequest)))
 
@@ -112,7 +118,7 @@ async def handle_rollout(request: web.Request) -> web.Response:
 
 async def handle_publish(request: web.Request) -> web.Response:
     req = await _parse(request, PublishRequest)
-    request.app[STATE_KEY].publish(req.info)
+    request.app[STATE_KEY].publish(req.info, req.public_key_hex)
     return web.json_response({"ok": True, "version": req.info.version})
 
 
@@ -160,6 +166,13 @@ def _float_query(request: web.Request, name: str, default: float) -> float:
     return value
 
 
+async def handle_broadcast_config(request: web.Request) -> web.Response:
+    """What every peer must agree on (chunking, timeouts, limits): fetched before registering,
+    since a worker starts its relay server with it."""
+    return web.Response(text=request.app[STATE_KEY].settings.broadcast.model_dump_json(),
+                        content_type="application/json")
+
+
 async def handle_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].snapshot())
 
@@ -205,10 +218,12 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, token: str, max_r
             web.post("/v1/heartbeat", handle_heartbeat),
             web.post("/v1/lease", handle_lease),
             web.post("/v1/leave", handle_leave),
+            web.post("/v1/bad_peer", handle_bad_peer),
             web.post("/v1/rollout", handle_rollout),
             web.post("/v1/publish", handle_publish),
             web.get("/v1/batch", handle_batch),
             web.get("/v1/state", handle_state),
+            web.get("/v1/broadcast_config", handle_broadcast_config),
             web.get("/healthz", handle_health),
         ]
     )

@@ -14,13 +14,16 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig
 from echo2.coordinator import admission
 from echo2.coordinator.controller import ActivationController
+from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.protocol.messages import (
+    BadPeerRequest,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -57,6 +60,8 @@ class Settings:
     lease_timeout_s: float
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     learner_price_per_hour: float = 0.0
+    broadcast: BroadcastConfig = field(default_factory=BroadcastConfig)
+    learner_upload_bps: float = 1e9
 
 
 @dataclass
@@ -66,6 +71,8 @@ class WorkerRecord:
     price_per_hour: float
     relay_address: str
     last_seen: float
+    upload_bps: float = 1e9
+    download_bps: float = 1e9
     version: int = -1
     alive: bool = True
     """False once evicted; the record stays for the run's accounting until it registers again."""
@@ -103,6 +110,7 @@ class CoordinatorState:
             s.activation, s.groups_per_step * s.sampling.group_size, s.max_staleness,
             s.learner_price_per_hour, clock(),
         )
+        self.dissemination = Dissemination(s.broadcast, s.learner_upload_bps)
         self._restore()
 
     # ---- restart ----
@@ -112,6 +120,7 @@ class CoordinatorState:
         self.learner_step: int = store.get_meta("learner_step", 0)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
+        self.public_key_hex: str = store.get_meta("learner_public_key", "")
         self.counters = Counters(**store.get_meta("counters", {}))
         # prompts that were leased when we stopped go back to the queue: their leases died with us
         self.queue: deque[int] = deque(store.pending_prompts())
@@ -136,7 +145,8 @@ class CoordinatorState:
         if old is not None:
             # a restarted or evicted worker joining again: its old leases are void, its totals stay
             self._release_leases(worker_id, reason="reregistered")
-        record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock())
+        record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock(),
+                              upload_bps=req.upload_bps, download_bps=req.download_bps)
         if old is not None:
             record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
         self.workers[worker_id] = record
@@ -151,6 +161,8 @@ class CoordinatorState:
             sampling=s.sampling,
             model_source=s.model_source,
             latest=self.latest,
+            broadcast=s.broadcast.model_dump(),
+            learner_public_key=self.public_key_hex,
         )
 
     def leave(self, req: LeaveRequest) -> None:
@@ -176,7 +188,26 @@ class CoordinatorState:
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
         self.controller.observe_busy(req.worker_id, req.rollouts_total, req.busy_s_total)
-        return HeartbeatResponse(latest=self.latest, active=self.controller.is_active(req.worker_id))
+        return HeartbeatResponse(latest=self.latest, assignment=self._assignment(record),
+                                 active=self.controller.is_active(req.worker_id),
+                                 learner_public_key=self.public_key_hex)
+
+    def _peers(self) -> list[Peer]:
+        return [Peer(w.worker_id, w.relay_address, w.upload_bps, w.download_bps, w.version)
+                for w in self.workers.values() if w.alive]
+
+    def _assignment(self, record: WorkerRecord):
+        """Where the worker pulls the newest version from; None when it already holds it."""
+        if self.latest is None or record.version >= self.latest.version:
+            return None
+        return self.dissemination.assignment(record.worker_id, self.latest.version, self.latest.origin_url,
+                                             self._peers())
+
+    def bad_peer(self, req: BadPeerRequest) -> None:
+        """A worker caught a source sending bytes that fail verification: never use it again."""
+        self._worker(req.report.reporter_id)
+        self.dissemination.report(req.report.peer_id)
+        self.events.append({"kind": "bad_peer", **req.report.model_dump()})
 
     def _check_version(self, version: int, field_name: str) -> None:
         if version > self.current_version:
@@ -328,13 +359,20 @@ class CoordinatorState:
         self._save_counters()
 
     # ---- learner ----
-    def publish(self, info: VersionInfo) -> None:
+    def publish(self, info: VersionInfo, public_key_hex: str) -> None:
+        if self.public_key_hex != public_key_hex:
+            self.public_key_hex = public_key_hex
+            self.store.set_meta("learner_public_key", public_key_hex)
         if self.latest is not None and info.version < self.latest.version:
             # a restarted learner replaying steps: workers already hold the newer version
             return
         self.latest = info
         self.store.set_meta("latest", info.model_dump())
-        self.events.append({"kind": "version_published", "version": info.version})
+        plan = self.dissemination.plan_version(info.version, info.origin_url, self._peers())
+        self.events.append({
+            "kind": "version_published", "version": info.version, "broadcast_mode": plan.mode,
+            "first_hop": plan.origin_children, "max_depth": max((a.depth for a in plan.assignments), default=0),
+        })
 
     def observe_step_time(self, step_time_s: float) -> None:
         """The learner's busy time per step (train + publish), reported with its batch requests."""

@@ -1,36 +1,49 @@
-"""The learner's network side, on one background thread with its own asyncio loop: the weight
-server workers fetch published versions from, and the client for the coordinator. The torch
-training loop calls the blocking wrappers and never touches the loop directly."""
+"""The learner's network side, on one background thread with its own asyncio loop: the
+broadcast origin workers pull published versions from (echo2.broadcast), and the client for the
+coordinator. The torch training loop calls the blocking wrappers and never touches the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
-from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.origin import Origin
+from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
+from echo2.config.run import RunConfig
 from echo2.protocol.http import TransientError, call
 from echo2.protocol.messages import BatchResponse, PublishRequest, TrainGroup, VersionInfo
 
 # transient failures (coordinator restarting, connection reset) are retried for this long
 # before the learner gives up; long enough to ride out a coordinator restart
 RETRY_WINDOW_S = 120.0
+KEY_FILE = "keys/learner_ed25519.pem"
+
+
+def learner_key(cfg: RunConfig):
+    """The learner's signing key: the configured file, else one kept in the run dir (created on
+    first use, owner-readable only) so a restarted learner signs with the same key."""
+    path = Path(cfg.broadcast.learner_key_path or cfg.run_path / KEY_FILE)
+    if not path.is_file():
+        if cfg.broadcast.learner_key_path:
+            raise ValueError(f"broadcast.learner_key_path={str(path)!r} does not exist")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_private_key(generate_private_key(), path)
+    return load_private_key(path)
 
 
 class LearnerIO:
-    def __init__(self, coordinator_url: str, token: str, host: str, port: int, keep_versions: int,
-                 request_timeout_s: float) -> None:
+    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str) -> None:
+        self.cfg = cfg
         self.coordinator_url = coordinator_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.host, self.port, self.keep = host, port, keep_versions
-        self.request_timeout_s = request_timeout_s
-        self.versions: OrderedDict[int, bytes] = OrderedDict()
+        self.token = token
+        self.request_timeout_s = cfg.learner.request_timeout_s
+        self.key = learner_key(cfg)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="learner-io", daemon=True)
 
@@ -49,45 +62,31 @@ class LearnerIO:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout_s)
 
     async def _setup(self) -> None:
-        self.session = aiohttp.ClientSession(headers=self.headers)
-        app = web.Application()
-        app.add_routes([web.get("/v1/weights/{version}", self._serve_weights)])
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, self.host, self.port)
-        await site.start()
-        host, port = self.runner.addresses[0][:2]
-        self.weights_base_url = f"http://{host}:{port}"
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        lc = self.cfg.learner
+        self.origin = Origin(self.key, self.cfg.broadcast, auth_token=self.token, host=lc.host, port=lc.port)
+        await self.origin.start()
+        self.origin_url = f"http://{lc.advertise_host or lc.host}:{self.origin.relay.port}"
 
     async def _teardown(self) -> None:
         await self.session.close()
-        await self.runner.cleanup()
+        await self.origin.stop()
 
-    # ---- weight server ----
-    async def _serve_weights(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != self.headers["Authorization"]:
-            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
-        try:
-            payload = self.versions.get(int(request.match_info["version"]))
-        except ValueError:
-            payload = None
-        if payload is None:
-            return web.json_response({"error": f"version not held; held: {list(self.versions)}"}, status=404)
-        return web.Response(body=payload, content_type="application/octet-stream")
-
-    def publish(self, version: int, payload: bytes, chunk_bytes: int) -> VersionInfo:
-        manifest = build_manifest(version, payload, chunk_bytes, published_at=time.time())
-        info = VersionInfo(version=version, manifest=manifest, weights_url=f"{self.weights_base_url}/v1/weights/{version}")
-
-        def keep() -> None:
-            self.versions[version] = payload
-            while len(self.versions) > self.keep:
-                self.versions.popitem(last=False)
-
-        self.loop.call_soon_threadsafe(keep)
-        body = PublishRequest(info=info)
+    # ---- publishing ----
+    def publish(self, version: int, payload: bytes) -> VersionInfo:
+        """Sign `version` (hashing here, in the training thread), serve it from the origin and
+        announce it to the coordinator."""
+        signed = self.origin.prepare(version, payload)
+        self._call(_run(self.origin.install, signed, payload), timeout_s=30)
+        info = VersionInfo(version=version, signed=signed, origin_url=self.origin_url,
+                           published_at=signed.unverified_manifest().published_at)
+        body = PublishRequest(info=info, public_key_hex=public_key_hex(self.key.public_key()))
         self._with_retries(lambda: self._post("/v1/publish", body), self.request_timeout_s)
         return info
+
+    def origin_bytes_sent(self, version: int) -> int:
+        """Learner uplink bytes spent on `version` so far (one copy per first-hop child)."""
+        return self._call(_run(lambda: self.origin.stats(version).bytes_sent), timeout_s=10)
 
     # ---- coordinator client ----
     def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None) -> list[TrainGroup]:
@@ -117,3 +116,7 @@ class LearnerIO:
 
     async def _get(self, path: str, extra_timeout_s: float) -> str:
         return await call(self.session, "GET", self.coordinator_url + path, None, self.request_timeout_s + extra_timeout_s)
+
+
+async def _run(fn, *args):
+    return fn(*args)

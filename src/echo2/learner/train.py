@@ -36,8 +36,8 @@ class Learner:
         self.eval_set = self.task.eval_problems()
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
-        lc = cfg.learner
-        self.io = LearnerIO(coordinator_url, token, lc.host, lc.port, lc.keep_versions, lc.request_timeout_s)
+        self.io = LearnerIO(cfg, coordinator_url, token)
+        self.published: set[int] = set()  # versions this process served
 
     def train(self) -> None:
         cfg = self.cfg
@@ -54,10 +54,10 @@ class Learner:
                 stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo,
                                    cfg.sampling.temperature, self.tokenizer.pad_token_id, self.ref_model)
                 publish_s = self._publish(step + 1)
-                ckpt_s = self._maybe_checkpoint(step + 1)
-                self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s,
-                                   checkpoint_s=ckpt_s, **stats)
-                busy_s = stats["train_s"] + publish_s + ckpt_s
+                # logged before the checkpoint: a crash in between re-logs the step on resume
+                # instead of losing its record
+                self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats)
+                busy_s = stats["train_s"] + publish_s + self._maybe_checkpoint(step + 1)
                 if (step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps:
                     self._evaluate(step + 1)
             self.metrics.write("learner_done", steps=cfg.train.steps)
@@ -82,20 +82,28 @@ class Learner:
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        info = self.io.publish(version, state_dict_to_bytes(self.model), self.cfg.learner.chunk_bytes)
+        info = self.io.publish(version, state_dict_to_bytes(self.model))
         elapsed = time.perf_counter() - started
+        manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
-        digest = hashlib.sha256("".join(info.manifest.chunk_sha256).encode()).hexdigest()
-        self.metrics.write("version_published", version=version, bytes=info.manifest.total_bytes,
+        digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()
+        self.metrics.write("version_published", version=version, bytes=manifest.total_bytes,
                            manifest_digest=digest, publish_s=elapsed)
+        if version - 1 in self.published:  # its broadcast is (nearly) done: the uplink it cost
+            self.metrics.write("origin_bytes", version=version - 1, total_bytes=manifest.total_bytes,
+                               bytes_sent=self.io.origin_bytes_sent(version - 1))
+        self.published.add(version)
         return elapsed
 
     def _maybe_checkpoint(self, step: int) -> float:
         if step % self.cfg.train.checkpoint_every and step != self.cfg.train.steps:
             return 0.0
         started = time.perf_counter()
-        save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
-        return time.perf_counter() - started
+        path = save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
+        elapsed = time.perf_counter() - started
+        # attributed to the step that produced it (step - 1) in the learner's busy time
+        self.metrics.write("checkpoint", step=step, checkpoint_s=elapsed, path=str(path))
+        return elapsed
 
     def _evaluate(self, step: int) -> None:
         started = time.perf_counter()

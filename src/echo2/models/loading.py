@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
+# transformers initialises models on the meta device by patching torch globally while it loads:
+# two loads in threads of one process (several workers in one process, as in tests) corrupt
+# each other, so loads are serialised
+_LOAD_LOCK = threading.Lock()
+
 
 def quiet_transformers() -> None:
     """Per-file progress bars from transformers drown the run's own progress display."""
@@ -26,5 +33,6 @@ def load_model(source: str, device: str = "cpu", dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
+    with _LOAD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     return model.to(device)

@@ -10,7 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from echo2.broadcast.manifest import Manifest
+from echo2.broadcast.metrics import BadPeerReport
+from echo2.broadcast.signing import SignedManifest
+from echo2.broadcast.topology import Assignment
 
 PROTOCOL_VERSION = 1
 # the id length bound keeps a hostile client from making us store megabyte-long keys
@@ -30,12 +32,14 @@ class SamplingParams(BaseModel):
 
 
 class VersionInfo(BaseModel):
-    """A published policy version: its manifest and where its bytes can be fetched."""
+    """A published policy version: its signed manifest and the learner's broadcast origin."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     version: int = Field(ge=0)
-    manifest: Manifest
-    weights_url: str
+    signed: SignedManifest
+    origin_url: str
+    published_at: float
+    """Learner wall clock at publish (publish-to-loaded latency is measured against it)."""
 
 
 # ---- worker <-> coordinator -------------------------------------------------------------
@@ -48,6 +52,9 @@ class RegisterRequest(Message):
     price_per_hour: float = Field(0.0, ge=0)
     relay_address: str = Field("", max_length=256)
     """Where peers can pull weights from this worker; empty: not reachable (a broadcast leaf)."""
+    upload_bps: float = Field(1e9, gt=0)
+    download_bps: float = Field(1e9, gt=0)
+    """Declared link speeds (bits/s) the broadcast planner builds the relay tree from."""
 
 
 class RegisterResponse(Message):
@@ -58,6 +65,10 @@ class RegisterResponse(Message):
     sampling: SamplingParams
     model_source: str
     latest: VersionInfo | None
+    broadcast: dict
+    """The run's BroadcastConfig (chunking, timeouts, limits): every peer must agree on it."""
+    learner_public_key: str
+    """Hex Ed25519 key manifests must be signed with ("" until the learner first publishes)."""
 
 
 class Heartbeat(Message):
@@ -76,6 +87,9 @@ class Heartbeat(Message):
 class HeartbeatResponse(Message):
     kind: Literal["heartbeat_ack"] = "heartbeat_ack"
     latest: VersionInfo | None
+    assignment: Assignment | None = None
+    """Where this worker pulls `latest` from (its parent first, the learner last)."""
+    learner_public_key: str = ""
     active: bool = True
     """False: the worker should idle (not lease) until told otherwise."""
 
@@ -142,6 +156,15 @@ class SubmitResponse(Message):
 class PublishRequest(Message):
     kind: Literal["publish"] = "publish"
     info: VersionInfo
+    public_key_hex: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """The learner's signing key, relayed to workers that do not pin one."""
+
+
+class BadPeerRequest(Message):
+    """A worker reporting a source that sent bytes no honest relay sends."""
+
+    kind: Literal["bad_peer_report"] = "bad_peer_report"
+    report: BadPeerReport
 
 
 class TrainGroup(BaseModel):

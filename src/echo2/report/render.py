@@ -27,6 +27,11 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
+    cast = summary.get("broadcast") or {}
+    if cast.get("mode"):
+        copies = cast.get("learner_copies_per_version")
+        table.add_row("weight broadcast", f"{cast['mode']}; learner sent {_fmt(copies)} copies per version "
+                      f"of {cast['payload_bytes'] or 0:,} bytes")
     if summary.get("cost_total") is not None:
         table.add_row("cost total ($/step)", f"${summary['cost_total']:.4f} (${_fmt(summary['cost_per_step'])})")
     console.print(table)
@@ -38,16 +43,22 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         for d in decisions:
             changes.add_row(f"{d['t_s']:.1f}", ", ".join(d["active"]), d["reason"])
         console.print(changes)
-    workers = Table(title="workers")
-    for column in ("worker", "tokens/s", "publish->loaded s p50/p95/max", "versions", "$/h", "active s", "$"):
+    workers = Table(title="workers (dissemination = publish -> verified / -> loaded, seconds)")
+    for column in ("worker", "tokens/s", "verified p50/p95/max", "loaded p50/p95/max", "versions",
+                   "relayed MB", "$/h", "active s", "$"):
         workers.add_column(column)
-    latency, cost = summary["publish_to_loaded_s"], summary.get("cost_by_worker", {})
-    for worker in sorted(set(summary["tokens_per_s"]) | set(latency) | set(cost)):
-        lat = latency.get(worker, {"p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0})
+    loaded, verified = summary["publish_to_loaded_s"], summary.get("publish_to_verified_s", {})
+    relayed, cost = cast.get("bytes_relayed", {}), summary.get("cost_by_worker", {})
+    for worker in sorted(set(summary["tokens_per_s"]) | set(loaded) | set(cost)):
         bill = cost.get(worker, {"price_per_hour": None, "active_s": None, "cost": None})
         workers.add_row(
-            worker, f"{summary['tokens_per_s'].get(worker, 0):.0f}",
-            f"{lat['p50']:.2f}/{lat['p95']:.2f}/{lat['max']:.2f}", str(lat["n"]),
-            f"{bill['price_per_hour'] or 0:.2f}", f"{bill['active_s'] or 0:.0f}", f"{bill['cost'] or 0:.4f}",
+            worker, f"{summary['tokens_per_s'].get(worker, 0):.0f}", _spread(verified.get(worker)),
+            _spread(loaded.get(worker)), str((loaded.get(worker) or {}).get("n", 0)),
+            f"{relayed.get(worker, 0) / 1e6:.1f}", f"{bill['price_per_hour'] or 0:.2f}",
+            f"{bill['active_s'] or 0:.0f}", f"{bill['cost'] or 0:.4f}",
         )
     console.print(workers)
+
+
+def _spread(lat: dict | None) -> str:
+    return "-" if not lat or not lat.get("n") else f"{lat['p50']:.2f}/{lat['p95']:.2f}/{lat['max']:.2f}"

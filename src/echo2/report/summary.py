@@ -5,8 +5,9 @@ weight publish-to-loaded latency."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from statistics import quantiles
 from typing import Any
+
+from echo2.broadcast.metrics import latency_summary
 
 
 def _of(records: list[dict], kind: str, role: str | None = None) -> list[dict]:
@@ -14,24 +15,31 @@ def _of(records: list[dict], kind: str, role: str | None = None) -> list[dict]:
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0}
-    if len(values) == 1:
-        return {"p50": values[0], "p95": values[0], "max": values[0], "n": 1}
-    cuts = quantiles(values, n=100, method="inclusive")
-    return {"p50": cuts[49], "p95": cuts[94], "max": max(values), "n": len(values)}
+    summary = latency_summary(values)  # nearest rank: always a value that was measured
+    return {"p50": summary.p50_s or 0.0, "p95": summary.p95_s or 0.0, "max": summary.max_s or 0.0, "n": summary.count}
 
 
-def utilization(steps: list[dict]) -> float:
+def train_steps(records: list[dict]) -> list[dict]:
+    """The learner's step records in step order; a resumed learner re-logs the steps it replays
+    from its checkpoint, and the last record of each step wins."""
+    return sorted({r["step"]: r for r in _of(records, "train_step", "learner")}.values(), key=lambda r: r["step"])
+
+
+def step_busy_s(records: list[dict]) -> dict[int, float]:
+    """Learner busy seconds per step: training, publishing, and the checkpoint it wrote after."""
+    checkpoint_s = {r["step"] - 1: r["checkpoint_s"] for r in _of(records, "checkpoint", "learner")}
+    return {s["step"]: s["train_s"] + s["publish_s"] + checkpoint_s.get(s["step"], 0.0) for s in train_steps(records)}
+
+
+def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
     """Share of the learner's step-loop time not spent waiting for data."""
-    busy = sum(s["train_s"] + s["publish_s"] + s.get("checkpoint_s", 0.0) for s in steps)
+    busy = sum(busy_s[s["step"]] for s in steps)
     wait = sum(s["wait_s"] for s in steps)
     return busy / (busy + wait) if busy + wait > 0 else 0.0
 
 
 def summarize(records: list[dict]) -> dict[str, Any]:
-    # a resumed learner re-logs the steps it replays from its checkpoint: the last record wins
-    steps = sorted({r["step"]: r for r in _of(records, "train_step", "learner")}.values(), key=lambda r: r["step"])
+    steps, busy_s = train_steps(records), step_busy_s(records)
     evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
     hist: Counter[int] = Counter()
     for s in steps:
@@ -43,9 +51,9 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "steps": len(steps),
         "accuracy_before": evals[0]["accuracy"] if evals else None,
         "accuracy_after": evals[-1]["accuracy"] if evals else None,
-        "learner_utilization": utilization(steps),
+        "learner_utilization": utilization(steps, busy_s),
         # the first step also waits for workers to load the model: report steady state apart
-        "learner_utilization_steady": utilization(steps[1:]),
+        "learner_utilization_steady": utilization(steps[1:], busy_s),
         "learner_wall_s": (steps[-1]["time"] - steps[0]["time"] + steps[0]["wait_s"]) if steps else 0.0,
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
@@ -53,7 +61,9 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "leases_requeued": counters.get("leases_expired", 0),
         "workers_lost": counters.get("workers_lost", 0),
         "tokens_per_s": {w: round(v["tokens_per_s"], 1) for w, v in sorted(workers.items())},
-        "publish_to_loaded_s": _latency_by_worker(records),
+        "publish_to_loaded_s": _latency_by_worker(records, "publish_to_loaded_s"),
+        "publish_to_verified_s": _latency_by_worker(records, "publish_to_verified_s"),
+        "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
         "activation_decisions": _decisions(records),
     }
@@ -84,8 +94,24 @@ def _cost(cost: dict | None, steps: int) -> dict[str, Any]:
     }
 
 
-def _latency_by_worker(records: list[dict]) -> dict[str, dict[str, float]]:
+def _latency_by_worker(records: list[dict], field: str) -> dict[str, dict[str, float]]:
     by_worker: dict[str, list[float]] = defaultdict(list)
     for r in _of(records, "weights_loaded"):
-        by_worker[r["worker_id"]].append(r["publish_to_loaded_s"])
+        by_worker[r["worker_id"]].append(r[field])
     return {w: percentiles(v) for w, v in sorted(by_worker.items())}
+
+
+def _broadcast(records: list[dict]) -> dict[str, Any]:
+    """What the learner's uplink paid per version (copies of the payload) and what workers relayed."""
+    published = _of(records, "version_published", "coordinator")
+    origin = _of(records, "origin_bytes", "learner")
+    copies = [r["bytes_sent"] / r["total_bytes"] for r in origin if r["total_bytes"]]
+    relayed: dict[str, int] = defaultdict(int)
+    for r in _of(records, "weights_loaded"):
+        relayed[r["worker_id"]] += r.get("bytes_relayed_previous", 0)
+    return {
+        "mode": published[-1].get("broadcast_mode") if published else None,
+        "payload_bytes": origin[-1]["total_bytes"] if origin else None,
+        "learner_copies_per_version": sum(copies) / len(copies) if copies else None,
+        "bytes_relayed": dict(sorted(relayed.items())),
+    }

@@ -1,56 +1,69 @@
-"""How a worker obtains the bytes of a published version. The interface is one coroutine,
-`fetch(info) -> verified payload`; the direct fetcher pulls from the URL in the announcement and
-verifies every chunk against the manifest as it streams in."""
+"""How a worker receives policy versions: through the peer-assisted broadcast. It runs a relay
+server (peers pull verified chunks from it while it is still receiving), verifies each version's
+signed manifest against the learner's key, pulls from the sources the coordinator assigned with
+failover, and reports peers that send bad bytes."""
 
 from __future__ import annotations
 
-import asyncio
-from abc import ABC, abstractmethod
-
 import aiohttp
 
-from echo2.broadcast.manifest import Manifest, verify_chunk
-from echo2.protocol.http import RefusedError, TransientError
-from echo2.protocol.messages import VersionInfo
-
-# a stalled sender is cut off after this long without a byte; a healthy loopback or WAN stream
-# delivers something far more often
-STALL_TIMEOUT_S = 30.0
-
-
-class WeightFetcher(ABC):
-    @abstractmethod
-    async def fetch(self, info: VersionInfo) -> bytes:
-        """The complete payload of `info.version`, every chunk verified. Raises on failure."""
+from echo2.broadcast.fetch import fetch_version, new_session
+from echo2.broadcast.metrics import BadPeerReport, FetchResult
+from echo2.broadcast.relay import RelayServer
+from echo2.broadcast.signing import load_public_key, public_key_from_hex
+from echo2.broadcast.throttle import Throttle
+from echo2.broadcast.topology import Assignment
+from echo2.config.broadcast import BroadcastConfig
+from echo2.config.worker import WorkerConfig
+from echo2.protocol.http import call
+from echo2.protocol.messages import BadPeerRequest, VersionInfo
 
 
-class DirectFetcher(WeightFetcher):
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+class WeightReceiver:
+    def __init__(self, cfg: WorkerConfig, broadcast: BroadcastConfig, token: str, coordinator_url: str,
+                 control: aiohttp.ClientSession) -> None:
+        self.cfg, self.broadcast, self.token = cfg, broadcast, token
+        self.coordinator_url, self.control = coordinator_url, control
+        # one shared link for downloads and relay uploads, like an access line (emulation only)
+        self.throttle = Throttle(cfg.bandwidth_bps / 8) if cfg.emulate_bandwidth else None
+        self.relay: RelayServer | None = None
+        self.pinned_key = load_public_key(cfg.learner_public_key) if cfg.learner_public_key else None
+        self.worker_id = ""
 
-    async def fetch(self, info: VersionInfo) -> bytes:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=STALL_TIMEOUT_S)
-        try:
-            async with self.session.get(info.weights_url, timeout=timeout) as resp:
-                if resp.status in (401, 403):
-                    raise RefusedError(resp.status, (await resp.text())[:300])
-                if resp.status != 200:
-                    # 404: the learner no longer (or not yet) holds it; a newer version will come
-                    raise TransientError(f"version {info.version}: HTTP {resp.status}")
-                return await _read_verified(resp.content, info.manifest)
-        except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            raise TransientError(f"fetch version {info.version}: {exc!r}") from exc
+    async def start(self) -> str:
+        """Start the relay (unless behind NAT) and return the address peers should pull from."""
+        self.session = new_session(self.broadcast)
+        if not self.cfg.accepts_incoming:
+            return ""
+        self.relay = RelayServer(self.broadcast, auth_token=self.token, host=self.cfg.relay_host,
+                                 port=self.cfg.relay_port, throttle=self.throttle)
+        await self.relay.start()
+        return f"http://{self.cfg.relay_advertise_host or self.cfg.relay_host}:{self.relay.port}"
+
+    async def stop(self) -> None:
+        await self.session.close()
+        if self.relay is not None:
+            await self.relay.stop()
+
+    async def fetch(self, info: VersionInfo, assignment: Assignment, held: int, announced_key: str) -> FetchResult:
+        """The verified payload of `info.version`. Raises ManifestRejected (bad signature or not
+        newer: never retried), BroadcastFailed (every source failed) or FetchAborted."""
+        key = self.pinned_key or _announced(announced_key)
+        return await fetch_version(
+            info.signed, assignment, public_key=key, held_version=held if held >= 0 else None,
+            config=self.broadcast, relay=self.relay, auth_token=self.token, worker_id=self.worker_id,
+            report_bad_peer=self._report, session=self.session, throttle=self.throttle,
+        )
+
+    def bytes_relayed(self, version: int) -> int:
+        return self.relay.bytes_sent(version) if self.relay is not None else 0
+
+    async def _report(self, report: BadPeerReport) -> None:
+        await call(self.control, "POST", self.coordinator_url + "/v1/bad_peer", BadPeerRequest(report=report),
+                   self.broadcast.report_timeout_s)
 
 
-async def _read_verified(stream: aiohttp.StreamReader, manifest: Manifest) -> bytes:
-    """Read exactly the manifest's chunks, verifying each; refuse anything extra."""
-    out = bytearray()
-    for index in range(manifest.num_chunks):
-        start, end = manifest.chunk_span(index)
-        chunk = await stream.readexactly(end - start)
-        if not verify_chunk(manifest, index, chunk):
-            raise TransientError(f"chunk {index} of version {manifest.version} failed sha256")
-        out += chunk
-    if await stream.read(1):
-        raise TransientError(f"version {manifest.version}: sender sent more than {manifest.total_bytes} bytes")
-    return bytes(out)
+def _announced(key_hex: str):
+    if not key_hex:
+        raise ValueError("no learner public key yet: the coordinator has not seen a publish")
+    return public_key_from_hex(key_hex)

@@ -1,15 +1,18 @@
 """The rollout worker: register, load the base model, then lease prompts, generate groups and
-return them, while a background task fetches newer policy versions so generation never waits
-for bytes in flight. Weights are swapped only between generations."""
+return them, while the version follower pulls newer policy versions through the broadcast in
+the background so generation never waits for bytes in flight. Weights are swapped only between
+generations."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from dataclasses import dataclass
 
 import aiohttp
 
+from echo2.config.base import validate
+from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
 from echo2.protocol.http import RefusedError, TransientError, call
 from echo2.protocol.messages import (
@@ -24,28 +27,18 @@ from echo2.protocol.messages import (
     RolloutSubmission,
     SubmitResponse,
     Task,
-    VersionInfo,
 )
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.engine import GenRequest, make_engine
-from echo2.rollout.weights import DirectFetcher, WeightFetcher
+from echo2.rollout.follower import VersionFollower, _wait_either
+from echo2.rollout.weights import WeightReceiver
 
 # a heartbeat slower than this is as good as lost (the coordinator evicts after a few missed)
 HEARTBEAT_TIMEOUT_S = 5.0
-# pause between failed weight fetches (learner restarting, version evicted): short enough that
-# a worker catches up within a step or two
-FETCH_RETRY_S = 0.5
 
 
 class Stopping(Exception):
     """Raised out of a retry loop when the worker has been asked to stop."""
-
-
-@dataclass
-class Staged:
-    info: VersionInfo
-    tensors: dict
-    fetch_s: float
 
 
 class Worker:
@@ -54,17 +47,16 @@ class Worker:
         self.url = coordinator_url.rstrip("/")
         self.token = token
         self.metrics = metrics
-        self.version = -1  # version the engine holds
-        self.latest: VersionInfo | None = None
-        self.staged: Staged | None = None
-        self.announced = asyncio.Event()  # a newer version was announced: the fetcher wakes
+        self.worker_id = cfg.worker_id
         self.beat_now = asyncio.Event()  # a reply mentioned a newer version: heartbeat at once
-        self.weights_ready = asyncio.Event()  # a fetched version is staged: the work loop wakes
         self.registration = asyncio.Lock()
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
-        self.swap_s: float | None = None
         self.registered_at = 0.0
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
+
+    @property
+    def version(self) -> int:
+        return self.follower.version
 
     async def run(self, stop: asyncio.Event) -> None:
         self.stop = stop
@@ -76,26 +68,31 @@ class Worker:
     async def _run(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(headers=headers) as self.session:
+            broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
+            receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
+            self.relay_address = await receiver.start()
+            self.follower = VersionFollower(receiver, self.metrics)
             reg = await self._register()
             # beat while the model loads: a slow load must not look like a dead worker
             background = [asyncio.create_task(self._heartbeats(stop))]
             try:
                 source = self.cfg.model_source or reg.model_source
                 self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device)
-                background.append(asyncio.create_task(self._fetch_versions(DirectFetcher(self.session), stop)))
+                background.append(asyncio.create_task(self.follower.run(stop)))
                 await self._work(stop)
             finally:
                 for task in background:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 await self._leave()
+                await receiver.stop()
                 self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
 
     async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self._swap_if_staged()
+            await self.follower.swap_into(self.engine)
             if self.version < 0 or self._too_stale():
-                await _wait_either(self.weights_ready, stop, timeout_s=1.0)
+                await _wait_either(self.follower.ready, stop, timeout_s=1.0)
                 continue
             if not self.active:  # told to idle: no leases until a heartbeat says otherwise
                 await _wait_either(stop, stop, timeout_s=self.heartbeat_interval_s)
@@ -109,34 +106,42 @@ class Worker:
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
             self.stats["busy_s"] += time.perf_counter() - cycle_started
 
-    async def _leave(self) -> None:
-        try:
-            await call(self.session, "POST", self.url + "/v1/leave", LeaveRequest(worker_id=self.worker_id),
-                       HEARTBEAT_TIMEOUT_S)
-        except (TransientError, RefusedError):
-            pass  # the coordinator will time us out instead
-
     def _too_stale(self) -> bool:
-        return self.latest is not None and self.latest.version - self.version > self.max_staleness
+        latest = self.follower.latest
+        return latest is not None and latest.version - self.version > self.max_staleness
 
     # ---- control plane ----
+    async def _broadcast_config(self) -> dict:
+        return json.loads(await self._retrying("GET", "/v1/broadcast_config", None))
+
+    async def _register(self) -> RegisterResponse:
+        cfg = self.cfg
+        req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
+                              relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
+                              download_bps=cfg.bandwidth_bps)
+        reg = RegisterResponse.model_validate_json(await self._retrying("POST", "/v1/register", req))
+        self.worker_id, self.max_staleness = reg.worker_id, reg.max_staleness
+        self.follower.receiver.worker_id = reg.worker_id
+        self.heartbeat_interval_s = reg.heartbeat_interval_s
+        self.registered_at = time.monotonic()
+        self.follower.note(reg.latest, None, reg.learner_public_key)
+        self.beat_now.set()  # the first heartbeat brings this worker's broadcast assignment
+        self.metrics.write("worker_registered", worker_id=self.worker_id, engine=cfg.engine,
+                           relay_address=self.relay_address)
+        return reg
+
     async def _reregister(self, seen_at: float) -> None:
         """Join again after an eviction, once, however many loops noticed it."""
         async with self.registration:
             if self.registered_at == seen_at:
                 await self._register()
 
-    async def _register(self) -> RegisterResponse:
-        req = RegisterRequest(worker_id=self.cfg.worker_id, engine=self.cfg.engine,
-                              price_per_hour=self.cfg.price_per_hour)
-        text = await self._retrying("POST", "/v1/register", req)
-        reg = RegisterResponse.model_validate_json(text)
-        self.worker_id, self.max_staleness = reg.worker_id, reg.max_staleness
-        self.heartbeat_interval_s = reg.heartbeat_interval_s
-        self.registered_at = time.monotonic()
-        self._note_latest(reg.latest)
-        self.metrics.write("worker_registered", worker_id=self.worker_id, engine=self.cfg.engine)
-        return reg
+    async def _leave(self) -> None:
+        try:
+            await call(self.session, "POST", self.url + "/v1/leave", LeaveRequest(worker_id=self.worker_id),
+                       HEARTBEAT_TIMEOUT_S)
+        except (TransientError, RefusedError):
+            pass  # the coordinator will time us out instead
 
     async def _retrying(self, method: str, path: str, body) -> str:
         """Transient failures are retried with backoff until the worker is told to stop;
@@ -154,13 +159,13 @@ class Worker:
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await _wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
-            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.swap_s,
+            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.follower.swap_s,
                              rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
             seen_at = self.registered_at
             try:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
                 reply = HeartbeatResponse.model_validate_json(text)
-                self._note_latest(reply.latest)
+                self.follower.note(reply.latest, reply.assignment, reply.learner_public_key)
                 self.active = reply.active
             except RefusedError as exc:
                 if exc.status == 404:  # evicted (or the coordinator restarted): join again
@@ -169,16 +174,9 @@ class Worker:
                 pass  # the next beat will try again; eviction takes several missed beats
 
     def _note_version_number(self, version: int) -> None:
-        if version > (self.latest.version if self.latest else -1):
-            self.beat_now.set()  # the heartbeat reply carries the full announcement
-
-    def _note_latest(self, info: VersionInfo | None) -> None:
-        if info is None or info == self.latest:
-            return
-        # same version, new source: a restarted learner serves it again from a new address
-        if self.latest is None or info.version >= self.latest.version:
-            self.latest = info
-            self.announced.set()
+        latest = self.follower.latest
+        if version > (latest.version if latest else -1):
+            self.beat_now.set()  # the heartbeat reply carries the announcement and assignment
 
     async def _lease(self) -> LeaseResponse | None:
         body = LeaseRequest(worker_id=self.worker_id, version=self.version, max_tasks=self.cfg.tasks_per_lease)
@@ -225,53 +223,3 @@ class Worker:
             # 409: our lease expired and the prompt went to someone else; the group is discarded
             self.stats["dropped"] += 1
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="rollout", error=exc.message)
-
-    # ---- weights ----
-    async def _fetch_versions(self, fetcher: WeightFetcher, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            target = self.latest
-            have = max(self.version, self.staged.info.version if self.staged else -1)
-            if target is None or target.version <= have:
-                await _wait_either(self.announced, stop, timeout_s=1.0)
-                continue
-            try:
-                started = time.perf_counter()
-                payload = await fetcher.fetch(target)
-                tensors = await asyncio.to_thread(_deserialize, payload)
-            except TransientError as exc:
-                self.metrics.write("weights_fetch_failed", worker_id=self.worker_id, version=target.version,
-                                   error=str(exc)[:300])
-                await asyncio.sleep(FETCH_RETRY_S)
-                continue
-            self.staged = Staged(target, tensors, time.perf_counter() - started)
-            self.weights_ready.set()
-
-    async def _swap_if_staged(self) -> None:
-        staged, self.staged = self.staged, None
-        if staged is None or staged.info.version <= self.version:
-            return
-        started = time.perf_counter()
-        await asyncio.to_thread(self.engine.load_state_dict, staged.tensors)
-        self.swap_s = time.perf_counter() - started
-        self.version = staged.info.version
-        self.metrics.write(
-            "weights_loaded", worker_id=self.worker_id, version=self.version,
-            bytes=staged.info.manifest.total_bytes, fetch_s=staged.fetch_s, swap_s=self.swap_s,
-            publish_to_loaded_s=time.time() - staged.info.manifest.published_at,
-        )
-
-
-async def _wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
-    """Sleep until `event` or `stop` is set or the timeout passes; consume `event`."""
-    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())}
-    _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    for waiter in pending:
-        waiter.cancel()
-    if event is not stop:
-        event.clear()
-
-
-def _deserialize(payload: bytes) -> dict:
-    from echo2.models.weights import bytes_to_state_dict
-
-    return bytes_to_state_dict(payload)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import CHUNK, FAST, payload, run, start_cluster
 
+from conftest import CHUNK, FAST, payload, run, start_cluster
 from echo2.broadcast import (
     ManifestRejected,
     build_manifest,

@@ -7,8 +7,8 @@ import asyncio
 import threading
 
 import pytest
-from conftest import FAST, TOKEN, payload, run, start_cluster
 
+from conftest import FAST, TOKEN, payload, run, start_cluster
 from echo2.broadcast import (
     FetchAborted,
     OriginInfo,
@@ -265,6 +265,32 @@ def test_parent_that_never_hears_of_the_version_sends_its_child_elsewhere() -> N
             result = await cluster.fetch("w1", cluster.origin.publish(1, data), cluster.plan(1))
             assert result.payload == data and result.metrics.bytes_by_source == {"origin": len(data)}
             assert "never announced" in result.metrics.source_failures[0]
+        finally:
+            await cluster.stop()
+
+    run(scenario())
+
+
+def test_parent_that_skipped_the_version_sends_its_child_elsewhere_at_once() -> None:
+    """Versions can come faster than a parent fetches them: a child waiting at its parent for v1
+    is sent on to its next source as soon as the parent starts v2 instead, not after
+    announce_wait_s."""
+
+    async def scenario() -> None:
+        cluster = await start_cluster(2)
+        try:
+            first, second = payload(), payload(seed=1)
+            signed1, plan1 = cluster.origin.publish(1, first), cluster.plan(1)
+            signed2, plan2 = cluster.origin.publish(2, second), cluster.plan(2)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            child = asyncio.ensure_future(cluster.fetch("w1", signed1, plan1))  # waits at w0 for v1
+            await asyncio.sleep(FAST.keepalive_interval_s)
+            assert (await cluster.fetch("w0", signed2, plan2)).payload == second  # w0 skips v1
+            result = await child
+            assert result.payload == first and result.metrics.bytes_by_source == {"origin": len(first)}
+            assert "skipped here" in result.metrics.source_failures[0]
+            assert loop.time() - started < FAST.announce_wait_s
         finally:
             await cluster.stop()
 

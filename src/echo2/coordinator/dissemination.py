@@ -1,0 +1,73 @@
+"""The coordinator's side of the weight broadcast: for each published version, a relay tree over
+the live workers (echo2.broadcast.topology) built from what they declared (link speeds, whether
+they accept connections); late joiners get the fastest holders of the version; workers reported
+for sending bad bytes are never used as a source again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo2.broadcast.topology import (
+    Assignment,
+    BroadcastPlan,
+    OriginInfo,
+    PeerInfo,
+    late_joiner_assignment,
+    plan_broadcast,
+)
+from echo2.config.broadcast import BroadcastConfig
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What the coordinator knows of one live worker, for the broadcast."""
+
+    worker_id: str
+    relay_address: str
+    upload_bps: float
+    download_bps: float
+    version: int
+    """Version the worker holds (from its heartbeats)."""
+
+
+class Dissemination:
+    def __init__(self, config: BroadcastConfig, learner_upload_bps: float) -> None:
+        self.config = config
+        self.learner_upload_bps = learner_upload_bps
+        self.plan: BroadcastPlan | None = None
+        self.suspects: set[str] = set()
+
+    def plan_version(self, version: int, origin_url: str, peers: list[Peer]) -> BroadcastPlan:
+        """The tree for a newly published version, over the workers live at publish time."""
+        self.plan = plan_broadcast(version, self._origin(origin_url), [self._info(p) for p in peers], self.config)
+        return self.plan
+
+    def assignment(self, worker_id: str, version: int, origin_url: str, peers: list[Peer]) -> Assignment:
+        """Where `worker_id` pulls `version` from: its place in the plan, or, for a worker that
+        joined after the plan was made, any holder of the version (the learner last)."""
+        if self.plan is not None and self.plan.version == version:
+            try:
+                return self._without_suspects(self.plan.for_worker(worker_id))
+            except ValueError:
+                pass  # not in the plan: a late joiner
+        joiner = next((p for p in peers if p.worker_id == worker_id), None)
+        if joiner is None:
+            raise ValueError(f"worker {worker_id!r} is not live")
+        holders = [self._info(p) for p in peers if p.version >= version and p.worker_id not in self.suspects]
+        return late_joiner_assignment(version, self._info(joiner), holders, self._origin(origin_url), self.config)
+
+    def report(self, peer_id: str) -> None:
+        self.suspects.add(peer_id)
+
+    def _without_suspects(self, assignment: Assignment) -> Assignment:
+        sources = [s for s in assignment.sources if s.peer_id not in self.suspects]
+        return assignment if len(sources) == len(assignment.sources) else assignment.model_copy(update={"sources": sources})
+
+    def _origin(self, url: str) -> OriginInfo:
+        return OriginInfo(url=url, upload_bytes_per_s=self.learner_upload_bps / 8)
+
+    def _info(self, peer: Peer) -> PeerInfo:
+        reachable = bool(peer.relay_address) and peer.worker_id not in self.suspects
+        return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
+                        upload_bytes_per_s=peer.upload_bps / 8, download_bytes_per_s=peer.download_bps / 8,
+                        reachable=reachable)

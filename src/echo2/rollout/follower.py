@@ -1,0 +1,124 @@
+"""Keeping a worker's engine on the newest policy version without pausing generation: the
+coordinator announces versions (and where to pull each from); this fetches them through the
+broadcast in the background, deserializes them off the event loop, and the worker swaps the
+staged weights in between two generations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from echo2.broadcast.metrics import FetchMetrics
+from echo2.broadcast.signing import ManifestRejected
+from echo2.broadcast.topology import Assignment
+from echo2.broadcast.wire import BroadcastFailed, FetchAborted
+from echo2.protocol.messages import VersionInfo
+from echo2.report.metrics import MetricsWriter
+from echo2.rollout.weights import WeightReceiver
+
+# pause after a failed fetch (every source failed): short enough to catch up within a step or
+# two, long enough not to hammer sources that are restarting
+FETCH_RETRY_S = 0.5
+
+
+@dataclass
+class Staged:
+    info: VersionInfo
+    tensors: dict
+    fetch: FetchMetrics
+
+
+class VersionFollower:
+    def __init__(self, receiver: WeightReceiver, metrics: MetricsWriter) -> None:
+        self.receiver, self.metrics = receiver, metrics
+        self.version = -1  # held by the engine
+        self.latest: VersionInfo | None = None
+        self.assignment: Assignment | None = None
+        self.learner_key = ""
+        self.staged: Staged | None = None
+        self.rejected: set[int] = set()
+        self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
+        self.ready = asyncio.Event()  # a version is staged: the work loop wakes
+        self.swap_s: float | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.receiver.worker_id
+
+    def note(self, info: VersionInfo | None, assignment: Assignment | None, learner_key: str) -> None:
+        """What a coordinator reply said: the newest version and where to pull it from."""
+        self.learner_key = learner_key or self.learner_key
+        if info is None or (self.latest is not None and info.version < self.latest.version):
+            return
+        if info != self.latest or (assignment is not None and assignment != self.assignment):
+            self.latest = info
+            self.assignment = assignment if assignment is not None and assignment.version == info.version else None
+            self.announced.set()
+
+    def holding(self) -> int:
+        return max(self.version, self.staged.info.version if self.staged else -1)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            target, assignment = self.latest, self.assignment
+            if target is None or assignment is None or target.version <= self.holding() or target.version in self.rejected:
+                await _wait_either(self.announced, stop, timeout_s=1.0)
+                continue
+            staged = await self._fetch(target, assignment)
+            if staged is None:
+                await _wait_either(stop, stop, timeout_s=FETCH_RETRY_S)
+            else:
+                self.staged = staged
+                self.ready.set()
+
+    async def _fetch(self, target: VersionInfo, assignment: Assignment) -> Staged | None:
+        try:
+            result = await self.receiver.fetch(target, assignment, self.holding(), self.learner_key)
+            tensors = await asyncio.to_thread(_deserialize, result.payload)
+        except ManifestRejected as exc:  # forged, replayed or oversized: never retried
+            self.rejected.add(target.version)
+            self._failed(target, f"manifest rejected: {exc}")
+        except (BroadcastFailed, FetchAborted, ValueError) as exc:
+            self._failed(target, str(exc))
+        else:
+            return Staged(target, tensors, result.metrics)
+        return None
+
+    def _failed(self, target: VersionInfo, error: str) -> None:
+        self.metrics.write("weights_fetch_failed", worker_id=self.worker_id, version=target.version, error=error[:300])
+
+    async def swap_into(self, engine) -> None:
+        """Load the staged version, if any, into the engine (between generations only)."""
+        staged, self.staged = self.staged, None
+        if staged is None or staged.info.version <= self.version:
+            return
+        started = time.perf_counter()
+        await asyncio.to_thread(engine.load_state_dict, staged.tensors)
+        self.swap_s = time.perf_counter() - started
+        previous, self.version = self.version, staged.info.version
+        fetch = staged.fetch.loaded(at=time.time())
+        self.metrics.write(
+            "weights_loaded", worker_id=self.worker_id, version=self.version, bytes=fetch.total_bytes,
+            swap_s=self.swap_s, fetch_s=fetch.verified_at - fetch.started_at,
+            publish_to_verified_s=fetch.publish_to_verified_s,
+            publish_to_loaded_s=fetch.publish_to_loaded_s, bytes_by_source=fetch.bytes_by_source,
+            resumed_at_chunks=fetch.resumed_at_chunks, bad_peers=fetch.bad_peers,
+            bytes_relayed_previous=self.receiver.bytes_relayed(previous) if previous >= 0 else 0,
+        )
+
+
+async def _wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
+    """Sleep until `event` or `stop` is set or the timeout passes; consume `event`."""
+    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())}
+    _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in pending:
+        waiter.cancel()
+    if event is not stop:
+        event.clear()
+
+
+def _deserialize(payload: memoryview) -> dict:
+    from echo2.models.weights import bytes_to_state_dict
+
+    return bytes_to_state_dict(bytes(payload))
