@@ -81,7 +81,8 @@ def real_run(name: str, overrides: dict, steps: int, reuse: bool) -> Path:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     shutil.copytree(BASE / "base", run_dir / "base")
-    sets = {"run_dir": str(run_dir), "train.steps": steps, **overrides}
+    # every offered worker runs (the simulator replays a fixed fleet, not the controller)
+    sets = {"run_dir": str(run_dir), "train.steps": steps, "activation.enabled": "false", **overrides}
     echo2("run", "--config", str(CONFIG), *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")])
     return run_dir
 

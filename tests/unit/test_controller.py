@@ -122,3 +122,24 @@ def test_no_live_workers_is_not_an_error():
         ctl.vanish(worker_id)
     decision = ctl.decide(now=1.0)
     assert decision.active == set() and decision.reason == "no live workers"
+
+
+def test_a_worker_whose_groups_go_stale_is_priced_at_its_admitted_share():
+    ctl = make()
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    # cheap1 is cheap and fast but far behind: three of its four groups arrive too stale
+    for admitted in (True, False, False, False) * 5:
+        ctl.observe_outcome("cheap1", admitted)
+        ctl.observe_outcome("cheap2", True)
+    decision = ctl.decide(now=1.0)
+    assert decision.estimates["cheap1"] < 40 and decision.estimates["cheap2"] == pytest.approx(100.0)
+    assert "cheap1" not in decision.active and "cheap2" in decision.active
+
+
+def test_measured_latencies_give_s_min():
+    ctl = make()
+    feed(ctl, dict.fromkeys(PRICES, 100.0), step_time_s=1.0)
+    assert ctl.s_min() is None
+    for worker_id in PRICES:
+        ctl.observe_latencies(worker_id, dissemination_s=1.5, generation_s=1.2)
+    assert ctl.s_min() == 3  # ceil((1.5 + 1.2) / 1.0)

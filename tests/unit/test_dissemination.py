@@ -3,11 +3,12 @@ joiners pointed at holders, reported peers never used as a source again."""
 
 from __future__ import annotations
 
+from tests.unit.coordinator_helpers import FakeClock, make_state, publish
+
 from echo2.broadcast.metrics import BadPeerReport
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
-from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
 ORIGIN = "http://learner:1"
 

@@ -1,10 +1,15 @@
 """Online cost-aware activation: keep the learner fed by the cheapest set of live workers.
 
-Every control period (and at once when a worker vanishes) it re-estimates what the learner
-needs, R_required = f(B, measured step time, S, measured swap stall) from echo2.planner, with
-headroom for noisy estimates; asks the planner's activation rule for the cheapest set of live
-workers whose measured rollouts/s cover it; and applies the planner's hysteresis so the set
-does not flap. It also integrates cost: price x active time per worker, plus the learner.
+Every control period (and at once when a worker vanishes) it prices each live worker at its
+admissible rate: measured rollouts per busy second, times the share of its groups that were
+admitted rather than dropped as stale, less the time it loses swapping in each version. It asks
+the planner's activation rule for the cheapest set covering what the learner consumes
+(B / measured step time) with headroom for noisy estimates, and applies the planner's
+hysteresis so the set does not flap. The admitted share is measured rather than predicted from
+the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
+worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
+measured latencies feed the reported S_min. It also integrates cost: price x active time per
+worker, plus the learner.
 """
 
 from __future__ import annotations
@@ -13,7 +18,15 @@ import math
 from dataclasses import dataclass, field
 
 from echo2.config.run import ActivationConfig
-from echo2.planner import Offer, activate, covers, fleet_totals, keep_or_switch, required_throughput_rps
+from echo2.planner import (
+    Offer,
+    activate,
+    base_throughput_rps,
+    covers,
+    fleet_totals,
+    keep_or_switch,
+    min_staleness,
+)
 
 # a rate sample needs this much busy time behind it; shorter ones are mostly round-trip noise
 MIN_SAMPLE_BUSY_S = 0.05
@@ -37,6 +50,10 @@ class WorkerView:
     active: bool
     rollouts_per_s: Ewma
     tokens_per_s: Ewma
+    dissemination_s: Ewma
+    generation_s: Ewma
+    admitted: Ewma
+    """Share of its groups admitted (1) rather than dropped as stale (0)."""
     active_s: float = 0.0
     cost: float = 0.0
     last_counters: tuple[int, float] = (0, 0.0)
@@ -66,9 +83,12 @@ class ActivationController:
     # ---- observations ----
     def join(self, worker_id: str, price_per_hour: float) -> None:
         old = self.workers.get(worker_id)
-        view = WorkerView(price_per_hour, True, True, Ewma(self.cfg.ewma_alpha), Ewma(self.cfg.ewma_alpha))
+        alpha = self.cfg.ewma_alpha
+        view = WorkerView(price_per_hour, True, True, *(Ewma(alpha) for _ in range(5)))
         if old is not None:  # a returning worker keeps its history and its bill
             view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
+            view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s
+            view.admitted = old.admitted
             view.active_s, view.cost = old.active_s, old.cost
         self.workers[worker_id] = view
 
@@ -88,6 +108,22 @@ class ActivationController:
         elif busy_s >= MIN_SAMPLE_BUSY_S:
             view.rollouts_per_s.add(rollouts / busy_s)
             view.last_counters = (rollouts_total, busy_s_total)
+
+    def observe_latencies(self, worker_id: str, dissemination_s: float | None, generation_s: float | None) -> None:
+        """T_dis (publish until it could generate with the version) and T_gen (one lease)."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return
+        if dissemination_s is not None:
+            view.dissemination_s.add(dissemination_s)
+        if generation_s is not None:
+            view.generation_s.add(generation_s)
+
+    def observe_outcome(self, worker_id: str, admitted: bool) -> None:
+        """One of the worker's groups was admitted to the buffer, or dropped as stale."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.admitted.add(1.0 if admitted else 0.0)
 
     def observe_tokens(self, worker_id: str, tokens: int, gen_s: float) -> None:
         view = self.workers.get(worker_id)
@@ -122,12 +158,14 @@ class ActivationController:
 
     # ---- decisions ----
     def required_rps(self) -> float:
-        """R_required (echo2.planner); infinite (run everything) until the learner's step time
-        is known, and for S = 0, where generation never overlaps training."""
+        """What the learner consumes, B / T_train, which the workers' admissible rates must cover
+        (their swap stall and the overlap condition are priced into each offer, so this is
+        R_required in the planner's sum-of-admissible-rates form). Infinite (run everything)
+        until the learner's step time is known, and for S = 0, where generation never overlaps
+        training."""
         if self.step_time_s.samples == 0 or self.max_staleness == 0:
             return math.inf
-        stall = self.swap_s.value if self.swap_s.samples else 0.0
-        return required_throughput_rps(self.batch_rollouts, self.step_time_s.value, self.max_staleness, stall)
+        return base_throughput_rps(self.batch_rollouts, self.step_time_s.value)
 
     def decide(self, now: float) -> ControlDecision:
         self.account(now)
@@ -166,21 +204,42 @@ class ActivationController:
         return covers(rate, required) and now - self.last_change < self.cfg.scale_down_after_s
 
     def _offers(self) -> list[Offer]:
-        """One offer per live worker at its measured rate; a worker not yet measured is priced at
-        the average measured rate (it is activated to be measured if that makes it worth it)."""
+        """One offer per live worker at its admissible rate; a worker not yet measured is priced
+        at the average measured rate."""
         measured = [v.rollouts_per_s.value for v in self.workers.values()
                     if v.alive and v.rollouts_per_s.samples >= self.cfg.min_samples]
         prior = sum(measured) / len(measured) if measured else math.nan
-        return [
-            Offer(worker_id, v.price_per_hour,
-                  v.rollouts_per_s.value if v.rollouts_per_s.samples >= self.cfg.min_samples else prior)
-            for worker_id, v in sorted(self.workers.items()) if v.alive
-        ]
+        offers = []
+        for worker_id, v in sorted(self.workers.items()):
+            if v.alive:
+                rate = v.rollouts_per_s.value if v.rollouts_per_s.samples >= self.cfg.min_samples else prior
+                offers.append(Offer(worker_id, v.price_per_hour, self._admissible(rate, v)))
+        return offers
+
+    def _admissible(self, rate: float, view: WorkerView) -> float:
+        admitted = view.admitted.value if view.admitted.samples else 1.0
+        if math.isnan(rate) or self.step_time_s.samples == 0:
+            return rate * admitted
+        # workers swap in every version, so each step costs them one swap of generation time
+        stall = min(1.0, _value(self.swap_s) / self.step_time_s.value)
+        return rate * admitted * (1.0 - stall)
+
+    def s_min(self) -> int | None:
+        """Smallest S whose window hides the fleet's mean dissemination + generation latency
+        (the overlap condition), from measurements; None until they exist."""
+        latencies = [(v.dissemination_s.value, v.generation_s.value) for v in self.workers.values()
+                     if v.alive and v.dissemination_s.samples and v.generation_s.samples]
+        if not latencies or self.step_time_s.samples == 0:
+            return None
+        dis = sum(d for d, _ in latencies) / len(latencies)
+        gen = sum(g for _, g in latencies) / len(latencies)
+        return min_staleness(dis, gen, self.step_time_s.value)
 
     def snapshot(self) -> dict:
         return {
             "required_rps": self.required_rps(),
             "step_time_s": self.step_time_s.value if self.step_time_s.samples else None,
+            "s_min_measured": self.s_min(),
             "cost_total": self.total_cost(),
             "cost_learner": self.learner_cost,
             "workers": {
@@ -190,3 +249,7 @@ class ActivationController:
                 for worker_id, v in sorted(self.workers.items())
             },
         }
+
+
+def _value(ewma: Ewma) -> float:
+    return ewma.value if ewma.samples else 0.0

@@ -188,6 +188,7 @@ class CoordinatorState:
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
         self.controller.observe_busy(req.worker_id, req.rollouts_total, req.busy_s_total)
+        self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
         return HeartbeatResponse(latest=self.latest, assignment=self._assignment(record),
                                  active=self.controller.is_active(req.worker_id),
                                  learner_public_key=self.public_key_hex)
@@ -320,7 +321,9 @@ class CoordinatorState:
         rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
         self._account(record, req)
         self.controller.observe_tokens(req.worker_id, sum(len(c.token_ids) for c in req.completions), req.gen_time_s)
-        if admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness):
+        fresh = admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness)
+        self.controller.observe_outcome(req.worker_id, admitted=fresh)
+        if fresh:
             self._accept(lease, req, rewards)
             return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.current_version)
         with self.store.tx():
@@ -410,6 +413,8 @@ class CoordinatorState:
         for group in self.buffer:
             fresh = admission.is_admissible(step, group["version"], self.settings.max_staleness)
             (keep if fresh else stale).append(group)
+        for group in stale:
+            self.controller.observe_outcome(group["worker_id"], admitted=False)
         if stale:
             with self.store.tx():
                 self.store.set_group_state([g["group_id"] for g in stale], "dropped", step)

@@ -78,6 +78,10 @@ class Heartbeat(Message):
     """Version the worker's engine holds (-1: none loaded yet)."""
     swap_s: float | None = Field(None, ge=0)
     """How long the last weight swap paused generation (the per-version stall)."""
+    dissemination_s: float | None = Field(None, ge=0)
+    """Last version: publish until verified here plus the swap (when it could first generate)."""
+    generation_s: float | None = Field(None, ge=0)
+    """Last lease: seconds from lease to submitted results (T_gen of the capacity model)."""
     rollouts_total: int = Field(0, ge=0)
     busy_s_total: float = Field(0.0, ge=0)
     """Cumulative rollouts and seconds spent in lease-generate-submit cycles: their ratio is the

@@ -25,6 +25,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_row("held-out accuracy before -> after", f"{_fmt(before)} -> {_fmt(after)}")
     table.add_row("learner utilization (steady)", f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
+    if summary.get("s_min_measured") is not None:
+        table.add_row("S_min from measured latencies", _fmt(summary["s_min_measured"]))
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
     cast = summary.get("broadcast") or {}

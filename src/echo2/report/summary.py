@@ -86,6 +86,7 @@ def _cost(cost: dict | None, steps: int) -> dict[str, Any]:
     if not cost:
         return {"cost_total": None, "cost_per_step": None, "cost_by_worker": {}}
     return {
+        "s_min_measured": cost.get("s_min_measured"),
         "cost_total": cost["cost_total"],
         "cost_learner": cost["cost_learner"],
         "cost_per_step": cost["cost_total"] / steps if steps else None,

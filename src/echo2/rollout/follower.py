@@ -41,6 +41,7 @@ class VersionFollower:
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
         self.swap_s: float | None = None
+        self.dissemination_s: float | None = None  # last version: publish -> verified + swap
 
     @property
     def worker_id(self) -> str:
@@ -98,6 +99,7 @@ class VersionFollower:
         self.swap_s = time.perf_counter() - started
         previous, self.version = self.version, staged.info.version
         fetch = staged.fetch.loaded(at=time.time())
+        self.dissemination_s = fetch.publish_to_verified_s + self.swap_s
         self.metrics.write(
             "weights_loaded", worker_id=self.worker_id, version=self.version, bytes=fetch.total_bytes,
             swap_s=self.swap_s, fetch_s=fetch.verified_at - fetch.started_at,

@@ -52,6 +52,7 @@ class Worker:
         self.registration = asyncio.Lock()
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
+        self.generation_s: float | None = None  # last lease-generate-submit cycle
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
 
     @property
@@ -94,8 +95,8 @@ class Worker:
             if self.version < 0 or self._too_stale():
                 await _wait_either(self.follower.ready, stop, timeout_s=1.0)
                 continue
-            if not self.active:  # told to idle: no leases until a heartbeat says otherwise
-                await _wait_either(stop, stop, timeout_s=self.heartbeat_interval_s)
+            if not self.active:  # told to idle: no leases, but keep the weights current
+                await _wait_either(self.follower.ready, stop, timeout_s=self.heartbeat_interval_s)
                 continue
             cycle_started = time.perf_counter()
             lease = await self._lease()
@@ -104,7 +105,8 @@ class Worker:
                 continue
             await self._generate_and_submit(lease.tasks)
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
-            self.stats["busy_s"] += time.perf_counter() - cycle_started
+            self.generation_s = time.perf_counter() - cycle_started
+            self.stats["busy_s"] += self.generation_s
 
     def _too_stale(self) -> bool:
         latest = self.follower.latest
@@ -160,6 +162,7 @@ class Worker:
         while not stop.is_set():
             await _wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
             body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.follower.swap_s,
+                             dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
                              rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
             seen_at = self.registered_at
             try:
