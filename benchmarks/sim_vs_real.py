@@ -8,10 +8,11 @@ Inputs taken from each validation run itself (CPU contention on a 2-core box dif
 to run, so nothing is borrowed across runs except the request cost below):
   - learner step time: mean and spread of train_s + publish_s + checkpoint_s (steps >= 1);
   - per-worker generation rate: rollouts / gen_s (pure engine time, worker_done);
-  - dissemination: fetch bandwidth (bytes / fetch_s), the heartbeat interval that announces
-    versions (config), and each worker's measured publish->loaded latency, matched by giving
-    the simulated worker the swap time that reproduces it (the real system does not record its
-    load time apart from the wait for a free moment);
+  - dissemination: fetch bandwidth (bytes / fetch_s) and each worker's measured
+    publish->loaded latency, matched by giving the simulated worker the swap time that
+    reproduces it (the real system does not record its load time apart from the wait for a
+    free moment). Versions are announced in every lease and submit reply, so a busy worker
+    hears of one within a lease cycle: modelled as pushed (announce_interval_s = 0);
   - worker startup: the simulated workers join when step 0's wait says the real ones did.
 The one calibrated input: the cost of one control request (lease or submit, both ends), which
 the real system does not record. It is measured once, in a worker-bound run (one worker, S = 4:
@@ -183,7 +184,7 @@ def scenario_for(
                 "lease_retry_s": WINDOW_RETRY_S,
                 "stale_retry_s": STALE_RETRY_S,
                 "swap": "between_generations",
-                "announce_interval_s": cfg["coordinator"]["heartbeat_interval_s"],
+                "announce_interval_s": 0.0,  # lease/submit replies carry the newest version
                 "step_time_cv": st.pstdev(m.step_s) / st.mean(m.step_s),
             },
         }
