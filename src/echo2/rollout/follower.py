@@ -64,11 +64,11 @@ class VersionFollower:
         while not stop.is_set():
             target, assignment = self.latest, self.assignment
             if target is None or assignment is None or target.version <= self.holding() or target.version in self.rejected:
-                await _wait_either(self.announced, stop, timeout_s=1.0)
+                await wait_either(self.announced, stop, timeout_s=1.0)
                 continue
             staged = await self._fetch(target, assignment)
             if staged is None:
-                await _wait_either(stop, stop, timeout_s=FETCH_RETRY_S)
+                await wait_either(stop, stop, timeout_s=FETCH_RETRY_S)
             else:
                 self.staged = staged
                 self.ready.set()
@@ -110,7 +110,7 @@ class VersionFollower:
         )
 
 
-async def _wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
+async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
     """Sleep until `event` or `stop` is set or the timeout passes; consume `event`."""
     waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())}
     _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)

@@ -30,7 +30,7 @@ from echo2.protocol.messages import (
 )
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.engine import GenRequest, make_engine
-from echo2.rollout.follower import VersionFollower, _wait_either
+from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver
 
 # a heartbeat slower than this is as good as lost (the coordinator evicts after a few missed)
@@ -93,15 +93,15 @@ class Worker:
         while not stop.is_set():
             await self.follower.swap_into(self.engine)
             if self.version < 0 or self._too_stale():
-                await _wait_either(self.follower.ready, stop, timeout_s=1.0)
+                await wait_either(self.follower.ready, stop, timeout_s=1.0)
                 continue
             if not self.active:  # told to idle: no leases, but keep the weights current
-                await _wait_either(self.follower.ready, stop, timeout_s=self.heartbeat_interval_s)
+                await wait_either(self.follower.ready, stop, timeout_s=self.heartbeat_interval_s)
                 continue
             cycle_started = time.perf_counter()
             lease = await self._lease()
             if lease is None or not lease.tasks:
-                await _wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
+                await wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
                 continue
             await self._generate_and_submit(lease.tasks)
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
@@ -155,12 +155,12 @@ class Worker:
             except TransientError:
                 if self.stop.is_set():
                     raise Stopping from None
-                await _wait_either(self.stop, self.stop, timeout_s=delay_s)
+                await wait_either(self.stop, self.stop, timeout_s=delay_s)
                 delay_s = min(2 * delay_s, 5.0)
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await _wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
+            await wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
             body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.follower.swap_s,
                              dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
                              rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
