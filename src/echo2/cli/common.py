@@ -14,10 +14,12 @@ RESOLVED_CONFIG = "config.json"
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
     parser.add_argument("--config", required=required, help="TOML config file (defaults when omitted)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override one field, e.g. --set train.steps=50 (repeatable)",
-    )
+    add_set_arg(parser, "override one field, e.g. --set train.steps=50 (repeatable)")
+
+
+def add_set_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    """The repeatable `--set KEY=VALUE` every command takes (applied by config.apply_overrides)."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

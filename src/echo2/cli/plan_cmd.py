@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from echo2.cli.common import add_set_arg
+
 # Non-terminal output (pipes, docs, tests) gets a fixed width so the worker table never wraps.
 PIPE_WIDTH = 118
 
@@ -25,14 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--catalog", required=True, help="TOML with [learner], [workers.NAME] (and [workload], [broadcast])"
     )
     parser.add_argument("--workload", help="TOML whose [workload]/[broadcast] tables replace the catalog's")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. workload.max_staleness=6 or workers.a100_spot.count=4",
-    )
+    add_set_arg(parser, "override a field, e.g. workload.max_staleness=6 or workers.a100_spot.count=4")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(handler=run)
 

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from echo2.cli.common import add_set_arg
+
 # Non-terminal output (pipes, docs, tests) gets a fixed width so the table never wraps.
 PIPE_WIDTH = 118
 
@@ -23,14 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sim", help="simulate a deployment at internet scale: latency, utilization, cost", description=__doc__
     )
     parser.add_argument("--scenario", required=True, help="scenario TOML (see configs/sim/)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. sim.steps=500, workload.max_staleness=6, broadcast.topology=tree",
-    )
+    add_set_arg(parser, "override a field, e.g. sim.steps=500, workload.max_staleness=6, broadcast.topology=tree")
     parser.add_argument("--out", help="output directory (default runs/sim/<scenario name>)")
     parser.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     parser.add_argument("--no-sweeps", action="store_true", help="main run only: skip plots (a) and (b)")

@@ -7,6 +7,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from echo2.cli.common import add_set_arg
 from echo2.config.base import apply_overrides, read_toml, validate
 from echo2.config.worker import WorkerConfig
 
@@ -15,7 +16,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("worker", help="run a rollout worker")
     parser.add_argument("--coordinator", required=True, help="coordinator URL, e.g. http://10.0.0.5:8470")
     parser.add_argument("--config", help="worker TOML (fields of WorkerConfig)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_arg(parser, "override a worker field, e.g. --set price_per_hour=0.34 (repeatable)")
     parser.add_argument("--metrics", help="append metrics JSON lines to this file")
     parser.set_defaults(handler=run)
 

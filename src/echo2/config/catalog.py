@@ -85,6 +85,16 @@ class Workload(Frozen):
     """Workers keep generating while a version downloads and stall only load_time_s per
     version; false: they stall for the whole dissemination latency."""
 
+    @property
+    def batch_rollouts(self) -> int:
+        """B: rollouts consumed per learner step."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def snapshot_bytes(self) -> float:
+        """M: bytes of one full version."""
+        return self.params * self.bytes_per_param
+
 
 class BroadcastPlan(Frozen):
     topology: Literal["chain", "tree", "one_to_many", "ideal"] = "chain"
@@ -116,11 +126,11 @@ class PlanConfig(Frozen):
 
     @property
     def batch_rollouts(self) -> int:
-        return self.workload.prompts_per_step * self.workload.group_size
+        return self.workload.batch_rollouts
 
     @property
     def snapshot_bytes(self) -> float:
-        return self.workload.params * self.workload.bytes_per_param
+        return self.workload.snapshot_bytes
 
     def worker_rps(self, worker: WorkerClass) -> float:
         rate = worker.rollout_rate(self.workload.tokens_per_rollout)

@@ -139,11 +139,11 @@ class ScenarioConfig(Frozen):
 
     @property
     def batch_rollouts(self) -> int:
-        return self.workload.prompts_per_step * self.workload.group_size
+        return self.workload.batch_rollouts
 
     @property
     def snapshot_bytes(self) -> float:
-        return self.workload.params * self.workload.bytes_per_param
+        return self.workload.snapshot_bytes
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> ScenarioConfig:

@@ -4,8 +4,6 @@ coordinator. The torch training loop calls the blocking wrappers and never touch
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from echo2.broadcast.origin import Origin
+from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
 from echo2.protocol.http import TransientError, call
@@ -44,22 +42,22 @@ class LearnerIO:
         self.token = token
         self.request_timeout_s = cfg.learner.request_timeout_s
         self.key = learner_key(cfg)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="learner-io", daemon=True)
+        self.io_loop: LoopThread | None = None
 
     # ---- lifecycle ----
     def start(self) -> None:
-        self.thread.start()
+        self.io_loop = LoopThread("learner-io")
         self._call(self._setup(), timeout_s=30)
 
     def close(self) -> None:
-        if self.thread.is_alive():
+        if self.io_loop is not None:
             self._call(self._teardown(), timeout_s=30)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=10)
+            self.io_loop.close(timeout_s=10)
+            self.io_loop = None
 
     def _call(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout_s)
+        assert self.io_loop is not None, "LearnerIO.start() first"
+        return self.io_loop.call(coro, timeout_s)
 
     async def _setup(self) -> None:
         self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})

@@ -35,9 +35,9 @@ class HFEngine(Engine):
         for index, req in enumerate(requests):
             by_setting.setdefault((req.temperature, req.max_new_tokens), []).append(index)
         for (temperature, max_new), indices in by_setting.items():
-            flat = self._sample([requests[i] for i in indices], temperature, max_new)
+            flat = iter(self._sample([requests[i] for i in indices], temperature, max_new))
             for i in indices:
-                out[i] = [flat.pop(0) for _ in range(requests[i].n)]
+                out[i] = [next(flat) for _ in range(requests[i].n)]
         return out
 
     def _sample(self, requests: list[GenRequest], temperature: float, max_new: int) -> list[Completion]:
