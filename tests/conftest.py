@@ -3,6 +3,7 @@ session, in code, no downloads) and small run configs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,20 @@ import pytest
 from echo2.config.run import ModelConfig, RunConfig
 
 TINY_MODEL = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+# One warm-start cache for the session: runs with the same model/task/warm-start settings
+# prepare once, as a user's second run does (prepare's own cache logic is what is exercised).
+# An environment variable, not a module global: test modules import this file as
+# `tests.conftest`, a second module object next to the one pytest loaded.
+_CACHE_ENV = "ECHO2_TEST_WARMSTART_CACHE"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_warmstart_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("warmstart_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(_CACHE_ENV, str(path))
+        yield path
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +41,7 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
     """A run that prepares in seconds: tiny model, a short warm start, few steps."""
     data = {
         "run_dir": str(run_dir),
-        "cache_dir": str(run_dir.parent / "cache"),
+        "cache_dir": os.environ.get(_CACHE_ENV) or str(run_dir.parent / "cache"),
         "model": TINY_MODEL.model_dump(),
         # 1-digit addition after 200 warm-start steps: right about a third of the time, so
         # groups carry reward variance and every step really changes the weights

@@ -11,9 +11,10 @@ import signal
 import urllib.request
 
 import pytest
-from echo2.planner.activation import covers
 from tests.conftest import small_run_config
 from tests.integration.runs import TOKEN, last_step, processes, records, wait_for, write_config
+
+from echo2.planner.activation import covers
 
 pytestmark = pytest.mark.integration
 
