@@ -37,6 +37,7 @@ class VersionFollower:
         self.assignment: Assignment | None = None
         self.learner_key = ""
         self.staged: Staged | None = None
+        self.loading = -1  # being swapped into the engine (no longer staged, not yet `version`)
         self.rejected: set[int] = set()
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
@@ -58,7 +59,9 @@ class VersionFollower:
             self.announced.set()
 
     def holding(self) -> int:
-        return max(self.version, self.staged.info.version if self.staged else -1)
+        """The newest version this worker has: loaded, being loaded, or staged. The fetch loop
+        only goes after newer ones (the relay refuses a version it already completed)."""
+        return max(self.version, self.loading, self.staged.info.version if self.staged else -1)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -94,8 +97,11 @@ class VersionFollower:
         staged, self.staged = self.staged, None
         if staged is None or staged.info.version <= self.version:
             return
-        started = time.perf_counter()
-        await asyncio.to_thread(engine.load_state_dict, staged.tensors)
+        started, self.loading = time.perf_counter(), staged.info.version
+        try:
+            await asyncio.to_thread(engine.load_state_dict, staged.tensors)
+        finally:
+            self.loading = -1
         self.swap_s = time.perf_counter() - started
         previous, self.version = self.version, staged.info.version
         fetch = staged.fetch.loaded(at=time.time())

@@ -1,0 +1,73 @@
+"""The version follower while a staged version is being swapped into the engine: the weights
+are no longer staged and not yet loaded, and the fetch loop must not go after them again (the
+relay already completed that version and refuses it, which was logged as a failed fetch)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from types import SimpleNamespace
+
+from echo2.broadcast.metrics import FetchMetrics
+from echo2.report.metrics import MetricsWriter
+from echo2.rollout.follower import Staged, VersionFollower
+
+
+class BlockingEngine:
+    """load_state_dict waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.loaded: dict | None = None
+
+    def load_state_dict(self, tensors: dict) -> None:
+        self.entered.set()
+        assert self.release.wait(timeout=10)
+        self.loaded = tensors
+
+
+def _staged(version: int) -> Staged:
+    fetch = FetchMetrics(version=version, worker_id="w0", total_bytes=8, published_at=100.0, started_at=100.1,
+                         first_chunk_at=100.2, verified_at=100.3, bytes_by_source={"learner": 8})
+    return Staged(SimpleNamespace(version=version), {"w": version}, fetch)
+
+
+def test_a_version_being_swapped_in_counts_as_held(tmp_path):
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0), MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower.version = 13
+    follower.staged = _staged(14)
+    engine = BlockingEngine()
+
+    async def main() -> list[int]:
+        seen = [follower.holding()]
+        swap = asyncio.create_task(follower.swap_into(engine))
+        assert await asyncio.to_thread(engine.entered.wait, 10)
+        seen.append(follower.holding())  # mid-swap: staged is empty, version still 13
+        engine.release.set()
+        await swap
+        seen.append(follower.holding())
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=30)) == [14, 14, 14]
+    assert follower.version == 14 and follower.loading == -1 and engine.loaded == {"w": 14}
+    (record,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert record["kind"] == "weights_loaded" and record["version"] == 14
+
+
+def test_a_failed_swap_leaves_the_old_version_held(tmp_path):
+    follower = VersionFollower(SimpleNamespace(worker_id="w0"), MetricsWriter(None, "worker"))
+    follower.version = 13
+    follower.staged = _staged(14)
+
+    class BrokenEngine:
+        def load_state_dict(self, tensors: dict) -> None:
+            raise RuntimeError("shape mismatch")
+
+    try:
+        asyncio.run(follower.swap_into(BrokenEngine()))
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the engine's error was swallowed")
+    assert follower.version == 13 and follower.holding() == 13  # version 14 can be fetched again
