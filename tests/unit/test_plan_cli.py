@@ -20,8 +20,8 @@ EXAMPLE = str(ROOT / "configs" / "catalog" / "example.toml")
 def test_example_catalog_parses():
     cfg = load_plan_config(EXAMPLE)
     assert isinstance(cfg, PlanConfig)
-    assert cfg.batch_rollouts == 512
-    assert cfg.snapshot_bytes == pytest.approx(16.38e9)
+    assert cfg.workload.batch_rollouts == 512
+    assert cfg.workload.snapshot_bytes == pytest.approx(16.38e9)
     assert {"rtx4090_dc", "rtx4090_home", "a100_spot", "h100_spot"} <= set(cfg.workers)
     assert cfg.worker_rps(cfg.workers["a100_spot"]) == pytest.approx(3500 / 3000)
 

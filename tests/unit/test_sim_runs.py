@@ -23,7 +23,7 @@ def test_there_are_scenarios_for_4b_8b_and_32b():
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_parses_and_runs(path):
     scenario = load_scenario(path, ["sim.steps=8"])
-    assert scenario.plan_config().batch_rollouts == scenario.batch_rollouts
+    assert scenario.plan_config().workload.batch_rollouts == scenario.workload.batch_rollouts
     result = simulate(scenario)
     assert result.finished and result.steps_done == 8
     assert result.fleet and result.total_cost > 0

@@ -124,14 +124,6 @@ class PlanConfig(Frozen):
             raise ValueError("workload.tokens_per_rollout is required when a class gives tokens_per_s")
         return self
 
-    @property
-    def batch_rollouts(self) -> int:
-        return self.workload.batch_rollouts
-
-    @property
-    def snapshot_bytes(self) -> float:
-        return self.workload.snapshot_bytes
-
     def worker_rps(self, worker: WorkerClass) -> float:
         rate = worker.rollout_rate(self.workload.tokens_per_rollout)
         assert rate is not None  # guaranteed by the validators above

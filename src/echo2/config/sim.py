@@ -137,14 +137,6 @@ class ScenarioConfig(Frozen):
             broadcast=self.broadcast,
         )
 
-    @property
-    def batch_rollouts(self) -> int:
-        return self.workload.batch_rollouts
-
-    @property
-    def snapshot_bytes(self) -> float:
-        return self.workload.snapshot_bytes
-
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> ScenarioConfig:
     """Read a scenario TOML, apply `--set a.b=value` overrides, validate."""

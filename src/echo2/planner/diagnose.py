@@ -57,9 +57,9 @@ def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
         fixes.append(f"a learner step of at least {math.ceil(step_s)} s (a larger batch per step)")
     budget_s = work.max_staleness * work.step_time_s - best.generation_s - work.load_time_s
     if budget_s > 0:
-        gbit = cfg.snapshot_bytes * BITS_PER_BYTE / budget_s / 1e9
+        gbit = cfg.workload.snapshot_bytes * BITS_PER_BYTE / budget_s / 1e9
         fixes.append(
-            f"move {cfg.snapshot_bytes / 1e9:.1f} GB per version in {budget_s:.0f} s: "
+            f"move {cfg.workload.snapshot_bytes / 1e9:.1f} GB per version in {budget_s:.0f} s: "
             f"about {gbit:.2f} Gbit/s per worker and learner uplink, or smaller (delta) updates"
         )
     else:
@@ -68,7 +68,7 @@ def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
 
 
 def _capacity(cfg: PlanConfig) -> tuple[list[str], list[str]]:
-    base = capacity.base_throughput_rps(cfg.batch_rollouts, cfg.workload.step_time_s)
+    base = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
     counts = fastest_fleet(cfg)
     n = sum(counts.values())
     classes = class_plans(cfg, n)

@@ -110,7 +110,7 @@ def _class_plan(cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int)
     work, net = cfg.workload, cfg.broadcast
     transfer_s = dissemination_s(
         net.topology,
-        cfg.snapshot_bytes,
+        cfg.workload.snapshot_bytes,
         n_workers,
         cfg.learner.uplink_bps,
         worker.bandwidth_bps,
@@ -177,7 +177,7 @@ def offers_for(classes: list[ClassPlan]) -> list[Offer]:
 
 def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
     """The cheapest self-consistent activation over the fleet-size grid, or None."""
-    base_rps = capacity.base_throughput_rps(cfg.batch_rollouts, cfg.workload.step_time_s)
+    base_rps = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
     best: Activation | None = None
     for cap in fleet_size_caps(total_workers(cfg)):
         found = activate(
@@ -241,7 +241,7 @@ def assemble(
     gross = sum(c.rollouts_per_s * c.chosen for c in chosen)
     admissible = sum(c.admissible_rps * c.chosen for c in chosen)
     stall = max((c.stall_s for c in chosen), default=work.load_time_s)
-    step_s = capacity.step_wall_s(admissible, cfg.batch_rollouts, work.step_time_s)
+    step_s = capacity.step_wall_s(admissible, cfg.workload.batch_rollouts, work.step_time_s)
     fleet_price = sum(c.price_per_hour * c.chosen for c in chosen)
     total_price = fleet_price + cfg.learner.price_per_hour
     step_cost = cost.cost_per_step(total_price, step_s) if math.isfinite(step_s) else math.inf
@@ -249,28 +249,28 @@ def assemble(
     return Plan(
         feasible=not reasons,
         model=work.model,
-        batch_rollouts=cfg.batch_rollouts,
+        batch_rollouts=cfg.workload.batch_rollouts,
         step_time_s=work.step_time_s,
         max_staleness=work.max_staleness,
         topology=cfg.broadcast.topology,
-        snapshot_bytes=cfg.snapshot_bytes,
-        base_rps=capacity.base_throughput_rps(cfg.batch_rollouts, work.step_time_s),
+        snapshot_bytes=cfg.workload.snapshot_bytes,
+        base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s),
         required_rps=capacity.required_throughput_rps(
-            cfg.batch_rollouts, work.step_time_s, work.max_staleness, stall
+            cfg.workload.batch_rollouts, work.step_time_s, work.max_staleness, stall
         ),
         s_min=_s_min(classes, chosen),
         n_workers=n,
         classes=classes,
         rollouts_per_s=gross,
         admissible_rps=admissible,
-        utilization=capacity.learner_utilization(admissible, cfg.batch_rollouts, work.step_time_s),
+        utilization=capacity.learner_utilization(admissible, cfg.workload.batch_rollouts, work.step_time_s),
         dissemination_s=max((c.dissemination_s for c in chosen), default=0.0),
         step_wall_s=step_s,
         learner_price_per_hour=cfg.learner.price_per_hour,
         fleet_price_per_hour=fleet_price,
         total_price_per_hour=total_price,
         cost_per_step=step_cost,
-        cost_per_rollout=cost.cost_per_rollout(step_cost, cfg.batch_rollouts),
+        cost_per_rollout=cost.cost_per_rollout(step_cost, cfg.workload.batch_rollouts),
         baseline=baseline,
         saving_fraction=_saving(step_cost, baseline),
         method=method,
@@ -293,10 +293,10 @@ def centralized_baseline(cfg: PlanConfig) -> Baseline | None:
     if rate is None:
         return None
     work = cfg.workload
-    step_s = cost.centralized_step_s(work.step_time_s, cfg.batch_rollouts, rate, work.generation_time_s)
+    step_s = cost.centralized_step_s(work.step_time_s, cfg.workload.batch_rollouts, rate, work.generation_time_s)
     step_cost = cost.cost_per_step(cfg.learner.price_per_hour, step_s)
     return Baseline(
-        step_s, cfg.learner.price_per_hour, step_cost, cost.cost_per_rollout(step_cost, cfg.batch_rollouts)
+        step_s, cfg.learner.price_per_hour, step_cost, cost.cost_per_rollout(step_cost, cfg.workload.batch_rollouts)
     )
 
 

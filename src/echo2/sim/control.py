@@ -37,7 +37,7 @@ class Controller:
     def __init__(self, scenario: ScenarioConfig, fleet: Fleet, loop: EventLoop, mode: str) -> None:
         self.scenario, self.fleet, self.loop, self.mode = scenario, fleet, loop, mode
         self.plan_config = scenario.plan_config()
-        self.required_rps = base_throughput_rps(scenario.batch_rollouts, scenario.workload.step_time_s)
+        self.required_rps = base_throughput_rps(scenario.workload.batch_rollouts, scenario.workload.step_time_s)
         self.margin = scenario.sim.hysteresis_margin
         self.period_s = scenario.sim.control_period_s
         self.decision_pending = False

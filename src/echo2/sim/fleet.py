@@ -125,7 +125,7 @@ class Fleet:
         self.generation_cv = sim.generation_cv
         self.swap_between = sim.swap == "between_generations"
         self.lazy_refresh = sim.refresh == "when_behind"
-        self.snapshot_bits = scenario.snapshot_bytes * 8
+        self.snapshot_bits = scenario.workload.snapshot_bytes * 8
         self.hop_s = scenario.broadcast.hop_latency_s
         self.waiting: dict[SimWorker, None] = {}  # refused for a full window, in refusal order
         self.polling: dict[SimWorker, str] = {}

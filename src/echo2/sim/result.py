@@ -104,7 +104,7 @@ def centralized_baseline(scenario: ScenarioConfig, steps: int) -> Baseline | Non
     if rate is None:
         return None
     work = scenario.workload
-    step_s = centralized_step_s(work.step_time_s, scenario.batch_rollouts, rate, work.generation_time_s)
+    step_s = centralized_step_s(work.step_time_s, scenario.workload.batch_rollouts, rate, work.generation_time_s)
     wall_s = step_s * steps
     return Baseline(step_s, wall_s, scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR)
 

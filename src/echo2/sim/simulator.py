@@ -85,7 +85,7 @@ class Simulator:
         net, s = self.scenario.broadcast, self.scenario
         return Network(
             net.topology,
-            s.snapshot_bytes,
+            s.workload.snapshot_bytes,
             s.learner.uplink_bps,
             net.chunk_bytes,
             net.fanout,

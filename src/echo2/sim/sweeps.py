@@ -26,13 +26,13 @@ def dissemination_vs_workers(scenario: ScenarioConfig) -> dict:
         "worker_counts": list(sweep.worker_counts),
         "learner_uplink_bps": uplink_bps,
         "worker_bandwidth_bps": worker_bps,
-        "snapshot_bytes": scenario.snapshot_bytes,
+        "snapshot_bytes": scenario.workload.snapshot_bytes,
         "load_time_s": work.load_time_s,
         "topologies": {},
     }
     for topology in closed_form.TOPOLOGIES:
         network = Network(
-            topology, scenario.snapshot_bytes, uplink_bps, net.chunk_bytes, net.fanout, net.hop_latency_s
+            topology, scenario.workload.snapshot_bytes, uplink_bps, net.chunk_bytes, net.fanout, net.hop_latency_s
         )
         simulated = [
             simulate_round(network, [worker_bps] * n).last_s + work.load_time_s for n in sweep.worker_counts
@@ -40,7 +40,7 @@ def dissemination_vs_workers(scenario: ScenarioConfig) -> dict:
         formula = [
             closed_form.dissemination_s(
                 topology,
-                scenario.snapshot_bytes,
+                scenario.workload.snapshot_bytes,
                 n,
                 uplink_bps,
                 worker_bps,
