@@ -169,7 +169,8 @@ def scenario_for(
             "learner": {"price_per_hour": 1.0, "uplink_bps": 1e12},
             "workers": workers,
             "workload": {
-                "params": m.version_bytes / 2,
+                "params": m.version_bytes / 2,  # only a label here: the measured bytes are used
+                "bytes_per_version": m.version_bytes,
                 "prompts_per_step": cfg["grpo"]["prompts_per_step"],
                 "group_size": cfg["sampling"]["group_size"],
                 "step_time_s": st.mean(m.step_s),

@@ -42,6 +42,11 @@ def test_overrides_are_toml_values_or_bare_strings():
         ("grpo.loss=ppo", "grpo.loss: Input should be 'clip' or 'tis' (got 'ppo')"),
         ("coordinator.worker_timeout_s=1.5", "must exceed 2 x heartbeat_interval_s"),
         ("workers.per_worker=[{slowdown = 0.5}]", "workers.per_worker[0]"),
+        ("learner.device=gpu", "learner.device: String should match pattern"),
+        ("workers.worker.device=cuda:x", "workers.worker.device: String should match pattern"),
+        ("learner.precision=fp16", "learner.precision: Input should be 'auto', 'fp32' or 'bf16-mixed'"),
+        ("broadcast.wire_dtype=int8", "broadcast.wire_dtype: Input should be"),
+        ("grpo.micro_batch_tokens=-5", "grpo.micro_batch_tokens: Input should be greater than or equal to 0"),
     ],
 )
 def test_errors_name_field_value_and_fix(override, expected):
@@ -63,3 +68,19 @@ def test_per_worker_overrides_merge_onto_shared_settings():
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_run_config(tmp_path / "nope.toml")
+
+
+def test_cuda_without_a_cuda_build_is_a_clear_error(monkeypatch):
+    import torch
+
+    from echo2.learner.precision import resolve_precision
+    from echo2.models.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on CI, also on a GPU box
+    cfg = load_run_config(None, ["learner.device=cuda:0"])
+    with pytest.raises(ValueError, match=r"learner.device='cuda:0' but this torch build sees no CUDA GPU"):
+        resolve_precision(cfg.learner)
+    auto = resolve_precision(load_run_config(None).learner)
+    assert (auto.device.type, auto.name) == ("cpu", "fp32")  # auto on a CPU box
+    assert resolve_precision(load_run_config(None, ["learner.precision=bf16-mixed"]).learner).name == "bf16-mixed"
+    assert resolve_device("cpu", "worker.device").type == "cpu"

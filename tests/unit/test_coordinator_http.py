@@ -129,3 +129,28 @@ def test_batch_long_poll_returns_when_the_batch_fills(state):
     batch, waited_s, bad = run_with_server(state, scenario)
     assert len(batch["groups"]) == 2 and 0.2 < waited_s < 5
     assert bad == 400
+
+
+def test_learner_hands_a_batch_back(state):
+    async def scenario(session, url):
+        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
+        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2})
+        for task in lease["tasks"]:
+            body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+                    "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
+            await _post(session, url, "/v1/rollout", body)
+        async with session.get(url + "/v1/batch?step=0&wait_s=1", headers=AUTH) as resp:
+            batch = await resp.json()
+        wrong_step = await _post(session, url, "/v1/batch/reject", {"step": 3, "reason": "x"})
+        malformed = await _post(session, url, "/v1/batch/reject", {"step": -1})
+        ok = await _post(session, url, "/v1/batch/reject", {"step": 0, "reason": "loss is nan"})
+        async with session.get(url + "/v1/batch?step=0&wait_s=0.2", headers=AUTH) as resp:
+            after = await resp.json()
+        return batch, wrong_step, malformed, ok, after
+
+    batch, wrong_step, malformed, ok, after = run_with_server(state, scenario)
+    assert len(batch["groups"]) == 2
+    assert wrong_step[0] == 409 and "newest assigned batch is step 0" in wrong_step[1]["error"]
+    assert malformed[0] == 400
+    assert ok == (200, {"ok": True, "groups_rejected": 2})
+    assert after["groups"] == [] and state.counters.rejected_by_learner == 2

@@ -234,3 +234,25 @@ def _check_invariants(state: CoordinatorState, trained: list) -> None:
     assert len(indices) == len(set(indices)), places  # never handed out or trained twice
     for step, group in trained:
         assert step - group["version"] <= state.settings.max_staleness
+
+
+def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_model_dir, clock):
+    state = make_state(tmp_path, tiny_model_dir, clock)
+    register(state, "a")
+    publish(state, 0)
+    for task in lease(state, "a", 0, max_tasks=2).tasks:
+        state.submit(submission(state, "a", task.task_id, 0))
+    first = state.take_batch(0)
+    with pytest.raises(RequestError, match="newest assigned batch is step 0"):
+        state.reject_batch(1, "not assigned yet")
+    assert state.reject_batch(0, "gradient norm is nan") == 2
+    assert state.reject_batch(0, "a retry whose answer was lost") == 0  # idempotent
+    assert state.counters.rejected_by_learner == 2 and state.counters.trained == 0
+    assert state.take_batch(0) is None  # never the poisoned groups again
+    for task in lease(state, "a", 0, max_tasks=2).tasks:
+        state.submit(submission(state, "a", task.task_id, 0))
+    second = state.take_batch(0)
+    assert second and not {g["group_id"] for g in second} & {g["group_id"] for g in first}
+    state.store.close()
+    revived = make_state(tmp_path, tiny_model_dir, clock)  # the new batch is the step's for good
+    assert revived.take_batch(0) == second and revived.counters.rejected_by_learner == 2

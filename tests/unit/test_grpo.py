@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from echo2.config.run import GRPOConfig
-from echo2.learner.grpo import group_advantages, grpo_loss
+from echo2.learner.grpo import MAX_LOG_RATIO, group_advantages, grpo_loss, reduce_stats
 
 
 def test_group_advantages_hand_computed():
@@ -79,8 +79,48 @@ def test_tis_weight_truncated():
 def test_on_policy_metrics_and_kl_penalty():
     logp = torch.full((2, 3), -1.0)
     out = grpo_loss(logp, logp.clone(), torch.tensor([1.0, -1.0]), torch.ones(2, 3), GRPOConfig())
-    assert out.metrics["mismatch_kl"] == pytest.approx(0.0)
-    assert out.metrics["clip_frac"] == 0.0
+    metrics = reduce_stats([out.sums])
+    assert metrics["mismatch_kl"] == pytest.approx(0.0)
+    assert metrics["clip_frac"] == 0.0
+    assert metrics["log_ratio_outliers"] == 0
     ref = logp - 0.5
     with_kl = grpo_loss(logp, logp.clone(), torch.zeros(2), torch.ones(2, 3), GRPOConfig(kl_coef=0.1), ref)
     assert float(with_kl.loss) == pytest.approx(0.1 * (math.exp(-0.5) - 1 + 0.5), rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["clip", "tis"])
+@pytest.mark.parametrize("behaviour", [-100.0, -1e4])
+def test_fabricated_behaviour_logprob_is_left_out_and_gradients_stay_finite(mode, behaviour):
+    """A behaviour log-prob no sampler produces (the current policy gives the token about e^-1)
+    overflowed exp() before the clamp; now its token drops out of the loss and is counted."""
+    cfg = GRPOConfig(loss=mode)
+    logp = torch.full((2, 3), -1.0, requires_grad=True)
+    behav = torch.full((2, 3), -1.2)
+    behav[0, 1] = behaviour
+    out = grpo_loss(logp, behav, torch.tensor([1.0, -1.0]), torch.ones(2, 3), cfg)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(logp.grad).all()
+    assert float(logp.grad[0, 1]) == 0.0  # the fabricated token pushes nothing
+    assert reduce_stats([out.sums])["log_ratio_outliers"] == 1
+    honest = grpo_loss(logp.detach()[1:], behav[1:], torch.tensor([-1.0]), torch.ones(1, 3), cfg, num_tokens=6)
+    # the other tokens are unaffected: row 1's share of the loss is what it is alone
+    assert float(out.loss.detach()) == pytest.approx(float(honest.loss) + float(
+        grpo_loss(logp.detach()[:1, [0, 2]], behav[:1, [0, 2]], torch.tensor([1.0]), torch.ones(1, 2), cfg,
+                  num_tokens=6).loss), rel=1e-6)
+    assert MAX_LOG_RATIO < abs(behaviour) - 1
+
+
+def test_loss_normaliser_makes_parts_add_up():
+    """Token-sum / num_tokens: the losses of row subsets normalised by the whole batch's token
+    count add up to the whole batch's loss (what gradient accumulation relies on)."""
+    gen = torch.Generator().manual_seed(1)
+    logp = -torch.rand(6, 4, generator=gen)
+    behav = logp + torch.randn(6, 4, generator=gen) * 0.3
+    adv = torch.randn(6, generator=gen)
+    mask = (torch.rand(6, 4, generator=gen) > 0.2).float()
+    whole = grpo_loss(logp, behav, adv, mask, GRPOConfig())
+    total = float(mask.sum())
+    parts = [grpo_loss(logp[s], behav[s], adv[s], mask[s], GRPOConfig(), num_tokens=total) for s in (slice(0, 2), slice(2, 6))]
+    assert float(whole.loss) == pytest.approx(sum(float(p.loss) for p in parts), rel=1e-6)
+    merged = reduce_stats([p.sums for p in parts])
+    assert merged == pytest.approx(reduce_stats([whole.sums]), rel=1e-6)

@@ -17,7 +17,7 @@ from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
 from echo2.learner.io import LearnerIO
 from echo2.models.loading import load_model
-from echo2.models.weights import state_dict_to_bytes
+from echo2.models.weights import model_payload
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter, read_metrics
 from echo2.rollout.worker import Worker
@@ -44,14 +44,14 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
                    for w in ("w1", "w2")]
         stop = asyncio.Event()
         try:
-            await asyncio.to_thread(io.publish, 0, state_dict_to_bytes(model))
+            await asyncio.to_thread(io.publish, 0, model_payload(model))
             running = [asyncio.create_task(w.run(stop)) for w in workers]
             batch0 = await asyncio.to_thread(io.fetch_batch, 0, 20.0)
             await _until(lambda: all(w.version == 0 for w in workers))
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(0.5)
-            await asyncio.to_thread(io.publish, 1, state_dict_to_bytes(model))
+            await asyncio.to_thread(io.publish, 1, model_payload(model))
             await _until(lambda: all(w.version == 1 for w in workers))
             loaded = [{k: v.clone() for k, v in w.engine.model.state_dict().items()} for w in workers]
             batch1 = await asyncio.to_thread(io.fetch_batch, 1, 20.0)

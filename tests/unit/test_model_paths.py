@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from echo2.learner.logprobs import completion_logprobs, pack
+from echo2.learner.logprobs import collate, token_logprobs
 from echo2.models.loading import load_model, load_tokenizer
-from echo2.models.weights import bytes_to_state_dict, load_into, state_dict_to_bytes
+from echo2.models.weights import load_into, model_payload, payload_tensors
 from echo2.rollout.engine import GenRequest
 from echo2.rollout.hf_engine import HFEngine
 
@@ -35,14 +35,14 @@ def test_engine_logprobs_match_learner(engine, tiny_model_dir, temperature):
     groups = engine.generate(requests)
     assert [len(g) for g in groups] == [3, 3]
     rows = [(p, c) for p, g in zip(prompts, groups, strict=True) for c in g]
-    batch = pack([p for p, _ in rows], [c.token_ids for _, c in rows], tokenizer.pad_token_id)
+    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], list(range(len(rows))),
+                    tokenizer.pad_token_id)
     learner_model = load_model(str(tiny_model_dir))
     with torch.no_grad():
-        logp = completion_logprobs(learner_model, batch, temperature)
+        logp, _ = token_logprobs(learner_model, batch, temperature, chunk_tokens=4)
     for i, (_, completion) in enumerate(rows):
         assert 1 <= len(completion.token_ids) <= 5
-        n = len(completion.token_ids)
-        assert logp[i, :n].tolist() == pytest.approx(completion.logprobs, abs=1e-4)
+        assert logp[batch.sample_N == i].tolist() == pytest.approx(completion.logprobs, abs=1e-4)
 
 
 def test_weights_round_trip_into_another_model(engine, tiny_model_dir):
@@ -50,15 +50,15 @@ def test_weights_round_trip_into_another_model(engine, tiny_model_dir):
     with torch.no_grad():
         for p in source.parameters():
             p.add_(0.01)
-    payload = state_dict_to_bytes(source)
-    engine.load_state_dict(bytes_to_state_dict(payload))
+    payload = model_payload(source)
+    engine.load_state_dict(payload_tensors(payload))
     for name, tensor in source.state_dict().items():
         assert torch.equal(engine.model.state_dict()[name], tensor), name
 
 
 def test_load_into_refuses_mismatched_weights(tiny_model_dir):
     model = load_model(str(tiny_model_dir))
-    tensors = bytes_to_state_dict(state_dict_to_bytes(model))
+    tensors = payload_tensors(model_payload(model))
     name = next(iter(tensors))
     with pytest.raises(ValueError, match="unexpected"):
         load_into(model, {**tensors, "extra.weight": torch.zeros(1)})

@@ -131,3 +131,13 @@ def test_fleet_size_grid():
     assert fleet_size_caps(0) == []
     assert fleet_size_caps(1) == [1]
     assert fleet_size_caps(10) == [1, 2, 4, 8, 10]
+
+
+def test_measured_bytes_per_version_replace_the_parameter_estimate():
+    # a run measured 1.5 GB per version: the chain takes 12 s, not 8 s
+    plan = make_plan(_config(workload__bytes_per_version=1.5e9))
+    assert plan.snapshot_bytes == 1.5e9
+    assert plan.dissemination_s == pytest.approx(12 + 2 * 0.008 + 2)
+    assert make_plan(_config()).snapshot_bytes == 1e9
+    # twice the bytes (fp32 on the wire) no longer fits S = 2: (16 + 2 + 5) / 10 needs S = 3
+    assert make_plan(_config(workload__bytes_per_version=2e9)).s_min == 3

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "worker": "echo2.cli.worker_cmd",
     "plan": "echo2.cli.plan_cmd",
     "sim": "echo2.cli.sim_cmd",
+    "export": "echo2.cli.export_cmd",
 }
 
 

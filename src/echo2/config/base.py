@@ -8,9 +8,13 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+DEVICE_FIELD = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
+"""A torch device by name: "auto" (the first CUDA GPU when torch sees one, else the CPU), "cpu",
+"cuda" or "cuda:N". Resolved where torch is imported (echo2.models.device)."""
 
 
 class Frozen(BaseModel):

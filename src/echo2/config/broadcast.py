@@ -27,6 +27,11 @@ class BroadcastConfig(Frozen):
     """Workers: the pinned learner public key, 64 hex digits or a file holding them; a manifest
     signed by any other key is refused. Empty: taken from the coordinator at registration, over
     the run's authenticated control channel."""
+    wire_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Floating-point dtype of published versions (integer tensors travel as they are). "auto":
+    the dtype the base checkpoint is stored in (bfloat16 for real Qwen3 and Llama checkpoints, as
+    `echo2 plan` assumes; float32 when its config names none). Workers cast what they receive
+    into their own engine dtype. float32 doubles the bytes per version against bfloat16."""
     chunk_bytes: int = Field(1 << 20, ge=4 << 10, le=64 << 20)
     """Unit of hashing, verification and forwarding. Each relay hop adds about chunk_bytes / b of
     pipeline fill (1 MiB at 100 Mbit/s: 84 ms), and the manifest carries one sha256 per chunk

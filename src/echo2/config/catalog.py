@@ -68,6 +68,9 @@ class Workload(Frozen):
     """Model parameters (8.2e9 for Qwen3-8B)."""
     bytes_per_param: float = Field(2.0, gt=0)
     """Bytes per parameter on the wire: 2 for bf16, 1 for fp8."""
+    bytes_per_version: float | None = Field(None, gt=0)
+    """Measured bytes of one published version (the run summary's `bytes_per_version`, header
+    included); when given it replaces params x bytes_per_param."""
     prompts_per_step: int = Field(ge=1)
     group_size: int = Field(ge=1)
     """B = prompts_per_step x group_size rollouts per learner step."""
@@ -92,7 +95,9 @@ class Workload(Frozen):
 
     @property
     def snapshot_bytes(self) -> float:
-        """M: bytes of one full version."""
+        """M: bytes of one full version, measured if the workload gives them."""
+        if self.bytes_per_version is not None:
+            return self.bytes_per_version
         return self.params * self.bytes_per_param
 
 

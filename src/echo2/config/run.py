@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from echo2.config.base import Frozen, apply_overrides, read_toml, validate
+from echo2.config.base import DEVICE_FIELD, Frozen, apply_overrides, read_toml, validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
 
@@ -73,6 +73,16 @@ class GRPOConfig(Frozen):
     """Upper bound on the importance weight of stale tokens; bounds each token's gradient."""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to the frozen starting policy (k3 estimator); 0 disables the reference model."""
+    micro_batch_tokens: int = Field(16_384, ge=0)
+    """Token budget of one forward/backward pass: sequences are sorted by length and packed into
+    micro-batches of at most this many (padded) prompt+completion tokens, and their gradients
+    accumulate into one optimizer step equal to the full-batch step. Activation memory follows
+    this budget, not the batch size. A sequence longer than the budget gets a pass of its own.
+    0: the whole batch in one pass."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """Completion tokens whose full-vocabulary logits exist at once while token log-probs are
+    computed (and recomputed in the backward pass): 1024 x 151,936 (Qwen3's vocabulary) x 4 B is
+    622 MB per fp32 buffer. The [B, T, V] logits of the batch are never held."""
 
 
 class TrainConfig(Frozen):
@@ -86,6 +96,11 @@ class TrainConfig(Frozen):
     """Learner threads; on a small CPU box leave cores to the workers."""
     batch_wait_s: float = Field(20.0, gt=0)
     """Long-poll window for one batch request; the learner re-asks until the batch is ready."""
+    max_consecutive_skips: int = Field(8, ge=1)
+    """A step whose loss or gradient is not finite is skipped (no optimizer update, nothing
+    published) and its batch is handed back for a fresh one. This many skips in a row stop the
+    learner with an error: something systematic (learning rate, data, numerics) is wrong, and
+    retrying forever would only burn rollouts."""
 
 
 class CoordinatorConfig(Frozen):
@@ -138,6 +153,16 @@ class ActivationConfig(Frozen):
 
 
 class LearnerConfig(Frozen):
+    device: str = DEVICE_FIELD
+    """Where the learner trains: "auto" (the first CUDA GPU if torch sees one, else the CPU),
+    "cpu", "cuda" or "cuda:N". Asking for CUDA without a CUDA build of torch is an error."""
+    precision: Literal["auto", "fp32", "bf16-mixed"] = "auto"
+    """"bf16-mixed": fp32 master weights and fp32 AdamW states, forward and backward under bf16
+    autocast (token log-probs are taken in fp32 from bf16 logits). "fp32": everything in fp32.
+    "auto": bf16-mixed on CUDA, fp32 on the CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of keeping
+    them: about a third more compute for activation memory of one block per micro-batch."""
     host: str = "127.0.0.1"
     """Address the learner's broadcast origin binds; workers pull versions from it."""
     advertise_host: str = ""

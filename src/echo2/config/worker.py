@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from echo2.config.base import Frozen
+from echo2.config.base import DEVICE_FIELD, Frozen
 
 
 class WorkerConfig(Frozen):
@@ -18,7 +18,12 @@ class WorkerConfig(Frozen):
     """Stable id; empty: the coordinator assigns one."""
     engine: Literal["hf"] = "hf"
     """Generation engine: "hf" (transformers generate, CPU or GPU)."""
-    device: str = "cpu"
+    device: str = DEVICE_FIELD
+    """Where the HF engine generates: "auto" (the first CUDA GPU if torch sees one, else the
+    CPU), "cpu", "cuda" or "cuda:N"."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The engine's weight dtype; received versions are cast into it whatever their wire dtype.
+    "auto": bfloat16 on CUDA, float32 on the CPU."""
     torch_threads: int = Field(1, ge=1)
     """Threads per worker on CPU; several 1-thread workers beat one multi-thread worker."""
     tasks_per_lease: int = Field(2, ge=1, le=256)

@@ -21,6 +21,7 @@ from echo2.protocol.messages import (
     LeaveRequest,
     PublishRequest,
     RegisterRequest,
+    RejectBatchRequest,
     RolloutSubmission,
     TrainGroup,
 )
@@ -142,6 +143,12 @@ async def handle_batch(request: web.Request) -> web.Response:
     return _reply(BatchResponse(step=step, groups=batch))
 
 
+async def handle_reject_batch(request: web.Request) -> web.Response:
+    req = await _parse(request, RejectBatchRequest)
+    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason)
+    return web.json_response({"ok": True, "groups_rejected": rejected})
+
+
 def _int_query(request: web.Request, name: str, minimum: int) -> int:
     raw = request.query.get(name)
     try:
@@ -222,6 +229,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, token: str, max_r
             web.post("/v1/rollout", handle_rollout),
             web.post("/v1/publish", handle_publish),
             web.get("/v1/batch", handle_batch),
+            web.post("/v1/batch/reject", handle_reject_batch),
             web.get("/v1/state", handle_state),
             web.get("/v1/broadcast_config", handle_broadcast_config),
             web.get("/healthz", handle_health),

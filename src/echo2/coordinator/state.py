@@ -97,6 +97,8 @@ class Counters:
     dropped_stale: int = 0
     leases_expired: int = 0
     workers_lost: int = 0
+    rejected_by_learner: int = 0
+    """Groups of batches the learner could not train on (non-finite loss or gradient)."""
 
 
 class CoordinatorState:
@@ -403,6 +405,26 @@ class CoordinatorState:
         self.steps_taken = max(self.steps_taken, step + 1)
         self.events.append(self._batch_event(step, batch))
         return batch
+
+    def reject_batch(self, step: int, reason: str) -> int:
+        """The learner skipped `step` without training: its groups are retired as rejected (not
+        retrained: a poisoned group would poison every batch it joined) and the step gets a fresh
+        batch when asked again. Only the newest assigned step can be rejected."""
+        if step == self.steps_taken and self.store.batch(step) is None and self.store.has_groups("rejected", step):
+            return 0  # already rejected: a retried request whose first answer was lost
+        if step != self.steps_taken - 1:
+            raise RequestError(409, f"step {step} cannot be rejected: the newest assigned batch is step {self.steps_taken - 1}")
+        groups = self.store.batch(step) or []
+        ids = [g["group_id"] for g in groups]
+        with self.store.tx():
+            self.store.set_group_state(ids, "rejected", step)
+            self.store.delete_batch(step)
+            self.counters.trained -= len(ids)
+            self.counters.rejected_by_learner += len(ids)
+            self._save_counters()
+        self.steps_taken = step
+        self.events.append({"kind": "batch_rejected", "step": step, "groups": len(ids), "reason": reason[:500]})
+        return len(ids)
 
     def _advance(self, step: int) -> None:
         """Move the learner step forward and drop buffered groups that became too stale."""

@@ -71,6 +71,10 @@ class Store:
         rows = self.db.execute("SELECT payload FROM groups WHERE state=? ORDER BY seq", (state,))
         return [json.loads(r[0]) for r in rows]
 
+    def has_groups(self, state: str, step: int) -> bool:
+        row = self.db.execute("SELECT 1 FROM groups WHERE state=? AND step=? LIMIT 1", (state, step)).fetchone()
+        return row is not None
+
     def max_seq(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(seq), -1) FROM groups").fetchone()[0]
 
@@ -87,6 +91,9 @@ class Store:
         rows = self.db.execute(f"SELECT group_id, payload FROM groups WHERE group_id IN ({placeholders})", ids)
         by_id = {gid: json.loads(payload) for gid, payload in rows}
         return [by_id[g] for g in ids]
+
+    def delete_batch(self, step: int) -> None:
+        self.db.execute("DELETE FROM batches WHERE step=?", (step,))
 
     def last_batch_step(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(step), -1) FROM batches").fetchone()[0]

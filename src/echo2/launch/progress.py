@@ -55,3 +55,6 @@ class RunProgress:
         elif record["kind"] == "eval":
             self.fields["acc"] = f"{record['accuracy']:.3f}"
             self.progress.update(self.task, **self.fields)
+        elif record["kind"] == "step_skipped":
+            self.progress.console.print(f"learner step {record['step']} skipped ({record['reason']}): nothing "
+                                        f"applied or published, batch handed back ({record['in_a_row']} in a row)")

@@ -1,6 +1,7 @@
-"""Checkpoints for exact resume: model weights (safetensors), optimizer state, RNG states and the
-step, written to a temporary directory and renamed into place so a crash never leaves a
-half-written checkpoint that looks complete."""
+"""Checkpoints for exact resume: model weights (safetensors, fp32 master weights), optimizer
+state, RNG states and the step, written to a temporary directory and renamed into place so a
+crash never leaves a half-written checkpoint that looks complete. Nothing non-finite is ever
+written: a NaN checkpoint would poison every resume from it."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from echo2.models.weights import bytes_to_state_dict, load_into, state_dict_to_bytes
+from echo2.models.weights import load_into, require_finite, save_model_file, unique_tensors
 
 KEEP_CHECKPOINTS = 2
+MODEL_FILE = "model.safetensors"
 
 
 def _name(step: int) -> str:
@@ -22,13 +25,18 @@ def _name(step: int) -> str:
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Path:
+    require_finite(unique_tensors(model), f"checkpoint step {step}: model")
+    require_finite(_optimizer_tensors(optimizer), f"checkpoint step {step}: optimizer state")
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / _name(step), root / f".{_name(step)}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    (tmp / "model.safetensors").write_bytes(state_dict_to_bytes(model))
+    save_model_file(model, tmp / MODEL_FILE)
     # optimizer and RNG state are our own local files, read back with weights_only=True
-    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "state.pt")
+    state = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, tmp / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step, "python_rng": _py_rng_to_json()}))
     _fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
@@ -42,15 +50,37 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def checkpoint_at(root: Path, step: int | None) -> Path:
+    """The complete checkpoint of `step` (None: the newest); ValueError naming what exists."""
+    path = latest_checkpoint(root) if step is None else root / _name(step)
+    if path is None or not (path / "meta.json").is_file():
+        have = sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "meta.json").is_file()) if root.is_dir() else []
+        raise ValueError(f"no checkpoint {'at all' if step is None else f'for step {step}'} in {root} "
+                         f"(complete checkpoints: {have or 'none'})")
+    return path
+
+
+def load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    load_into(model, load_file(path / MODEL_FILE))
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Restore everything saved at `path`; returns the step to continue from."""
-    load_into(model, bytes_to_state_dict((path / "model.safetensors").read_bytes()))
-    state = torch.load(path / "state.pt", weights_only=True)
+    load_model_weights(path, model)
+    # optimizer.load_state_dict moves each state tensor to its parameter's device
+    state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     meta = json.loads((path / "meta.json").read_text())
     random.setstate(_py_rng_from_json(meta["python_rng"]))
     return int(meta["step"])
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    return {f"{index}.{key}": value for index, state in enumerate(optimizer.state.values())
+            for key, value in state.items() if isinstance(value, torch.Tensor)}
 
 
 def _py_rng_to_json() -> list:

@@ -4,6 +4,7 @@ coordinator. The torch training loop calls the blocking wrappers and never touch
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -15,7 +16,7 @@ from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
 from echo2.protocol.http import TransientError, call
-from echo2.protocol.messages import BatchResponse, PublishRequest, TrainGroup, VersionInfo
+from echo2.protocol.messages import BatchResponse, PublishRequest, RejectBatchRequest, TrainGroup, VersionInfo
 
 # transient failures (coordinator restarting, connection reset) are retried for this long
 # before the learner gives up; long enough to ride out a coordinator restart
@@ -71,9 +72,9 @@ class LearnerIO:
         await self.origin.stop()
 
     # ---- publishing ----
-    def publish(self, version: int, payload: bytes) -> VersionInfo:
+    def publish(self, version: int, payload: bytes | mmap.mmap) -> VersionInfo:
         """Sign `version` (hashing here, in the training thread), serve it from the origin and
-        announce it to the coordinator."""
+        announce it to the coordinator. The origin serves `payload` itself (no copy)."""
         signed = self.origin.prepare(version, payload)
         self._call(_run(self.origin.install, signed, payload), timeout_s=30)
         info = VersionInfo(version=version, signed=signed, origin_url=self.origin_url,
@@ -96,6 +97,11 @@ class LearnerIO:
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 
+    def reject_batch(self, step: int, reason: str) -> None:
+        """Hand back the batch of a skipped step; the next `fetch_batch(step)` gets new groups."""
+        body = RejectBatchRequest(step=step, reason=reason[:500])
+        self._with_retries(lambda: self._post("/v1/batch/reject", body), self.request_timeout_s)
+
     def _with_retries(self, make_call, timeout_s: float) -> str:
         deadline = time.monotonic() + RETRY_WINDOW_S
         delay_s = 0.2
@@ -109,7 +115,7 @@ class LearnerIO:
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 
-    async def _post(self, path: str, body: PublishRequest) -> str:
+    async def _post(self, path: str, body: PublishRequest | RejectBatchRequest) -> str:
         return await call(self.session, "POST", self.coordinator_url + path, body, self.request_timeout_s)
 
     async def _get(self, path: str, extra_timeout_s: float) -> str:

@@ -1,5 +1,13 @@
 """Per-token log-probs of completions under the current model, aligned with the behaviour
-log-probs the workers returned."""
+log-probs the workers returned, without ever holding full-vocabulary logits for the batch.
+
+A micro-batch's rows run through the transformer body once; only the hidden states that predict
+a completion token are kept ([N, H], N completion tokens), and the LM head turns them into
+log-probs `logprob_chunk_tokens` at a time inside one autograd function that recomputes each
+chunk's logits in the backward pass. Peak logit memory is one chunk's [n, V], whatever B and T
+are: B = 128 completions of 1,024 tokens with Qwen3's 151,936-token vocabulary would otherwise
+be 80 GB of fp32 logits.
+"""
 
 from __future__ import annotations
 
@@ -9,38 +17,146 @@ import torch
 
 
 @dataclass
-class PackedBatch:
-    """Right-padded prompt+completion rows and where each completion starts."""
+class MicroBatch:
+    """Right-padded prompt+completion rows and, flattened over every completion token, which
+    row and position predicts it and which sample of the step it belongs to."""
 
     input_ids_BL: torch.Tensor
     attention_mask_BL: torch.Tensor
-    prompt_lens_B: torch.Tensor
-    completion_mask_BT: torch.Tensor
-    completion_ids_BT: torch.Tensor
+    rows_N: torch.Tensor
+    cols_N: torch.Tensor
+    """Position whose output predicts the token: the token at position p is predicted at p - 1."""
+    targets_N: torch.Tensor
+    sample_N: torch.Tensor
+    """Index of the token's sample in the step's flat list of samples."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.targets_N.numel())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(*(t.to(device, non_blocking=True) for t in (
+            self.input_ids_BL, self.attention_mask_BL, self.rows_N, self.cols_N, self.targets_N, self.sample_N)))
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
+def collate(prompts: list[list[int]], completions: list[list[int]], sample_ids: list[int], pad_id: int) -> MicroBatch:
     rows = [p + c for p, c in zip(prompts, completions, strict=True)]
     width = max(len(r) for r in rows)
-    horizon = max(1, max(len(c) for c in completions))
     lens = torch.tensor([len(r) for r in rows])
-    return PackedBatch(
+    where_rows, where_cols, targets, samples = [], [], [], []
+    for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        n = len(completion)
+        where_rows += [row] * n
+        where_cols += range(len(prompt) - 1, len(prompt) - 1 + n)
+        targets += completion
+        samples += [sample_ids[row]] * n
+    return MicroBatch(
         input_ids_BL=torch.tensor([r + [pad_id] * (width - len(r)) for r in rows]),
         attention_mask_BL=(torch.arange(width)[None, :] < lens[:, None]).long(),
-        prompt_lens_B=torch.tensor([len(p) for p in prompts]),
-        completion_mask_BT=torch.tensor([[1.0] * len(c) + [0.0] * (horizon - len(c)) for c in completions]),
-        completion_ids_BT=torch.tensor([c + [pad_id] * (horizon - len(c)) for c in completions]),
+        rows_N=torch.tensor(where_rows, dtype=torch.long),
+        cols_N=torch.tensor(where_cols, dtype=torch.long),
+        targets_N=torch.tensor(targets, dtype=torch.long),
+        sample_N=torch.tensor(samples, dtype=torch.long),
     )
 
 
-def completion_logprobs(model, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """log pi(completion token j | prefix) for every row, shape [B, T] (padding positions hold
-    finite junk; callers mask them)."""
-    logits_BLV = model(input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL).logits
-    horizon = batch.completion_ids_BT.shape[1]
-    # the token at position p is predicted by the logits at p - 1
-    offsets_T = torch.arange(horizon)
-    positions_BT = (batch.prompt_lens_B[:, None] - 1 + offsets_T[None, :]).clamp(max=logits_BLV.shape[1] - 1)
-    logits_BTV = logits_BLV.gather(1, positions_BT[..., None].expand(-1, -1, logits_BLV.shape[-1]))
-    logp_BTV = torch.log_softmax(logits_BTV.float() / temperature, dim=-1)
-    return logp_BTV.gather(-1, batch.completion_ids_BT[..., None]).squeeze(-1)
+def lean_head_supported(model) -> bool:
+    """The chunked head needs logits = hidden @ W^T from a plain bias-free linear head; models
+    that scale or soft-cap their logits (Gemma 2, Cohere, Granite) take the full-logits path."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = getattr(model, "config", None)
+    scaled = any(getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    return (isinstance(head, torch.nn.Linear) and head.bias is None and not scaled
+            and getattr(model, "base_model", model) is not model)
+
+
+def token_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(token | prefix) of every completion token of the micro-batch ([N], fp32, with
+    gradients) and the entropy of the distribution it was drawn from ([N], fp32, none)."""
+    if lean_head_supported(model):
+        out = model.base_model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False)
+        hidden_NH = out.last_hidden_state[mb.rows_N, mb.cols_N]
+        return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
+    logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False).logits
+    return logits_logprobs(logits[mb.rows_N, mb.cols_N], mb.targets_N, temperature, chunk_tokens)
+
+
+def logits_logprobs(logits_NV: torch.Tensor, targets_N: torch.Tensor, temperature: float,
+                    chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same from logits the model already produced (plain autograd, chunked in fp32)."""
+    logp, entropy = [], []
+    for start in range(0, logits_NV.shape[0], chunk_tokens):
+        z = logits_NV[start:start + chunk_tokens].float() / temperature
+        lse = torch.logsumexp(z, dim=-1)
+        logp.append(z.gather(1, targets_N[start:start + chunk_tokens, None]).squeeze(1) - lse)
+        with torch.no_grad():
+            entropy.append(_entropy(z.detach(), lse.detach()))
+    if not logp:
+        empty = logits_NV.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(logp), torch.cat(entropy)
+
+
+def head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor, temperature: float,
+                  chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token log-probs through the LM head weight, chunk by chunk, logits never stored."""
+    device_type = hidden_NH.device.type
+    # under autocast the head runs in the autocast dtype, as the model's own head would
+    compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight_VH.dtype
+    return _HeadLogprob.apply(hidden_NH, weight_VH, targets_N, float(temperature), int(chunk_tokens), compute)
+
+
+def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    logp = z - lse[:, None]
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    z = (hidden.to(weight.dtype) @ weight.T).float()
+    return z.div_(temperature)
+
+
+class _HeadLogprob(torch.autograd.Function):
+    """logp_i = z_i[target_i] - logsumexp(z_i), z = h W^T / temperature, in chunks of tokens.
+    Backward recomputes each chunk's logits: d logp_i / d z_i = (onehot(target_i) - softmax(z_i)),
+    so grad_h = dz W / T and grad_W = dz^T h / T (accumulated in fp32)."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_tokens, compute_dtype):
+        n = hidden_NH.shape[0]
+        logp = hidden_NH.new_empty(n, dtype=torch.float32)
+        entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
+        with torch.autocast(hidden_NH.device.type, enabled=False), torch.no_grad():
+            weight = weight_VH.to(compute_dtype)
+            for start in range(0, n, chunk_tokens):
+                end = min(start + chunk_tokens, n)
+                z = _logits(hidden_NH[start:end], weight, temperature)
+                lse[start:end] = torch.logsumexp(z, dim=-1)
+                logp[start:end] = z.gather(1, targets_N[start:end, None]).squeeze(1) - lse[start:end]
+                entropy[start:end] = _entropy(z, lse[start:end])
+        ctx.save_for_backward(hidden_NH, weight_VH, targets_N, lse)
+        ctx.temperature, ctx.chunk_tokens, ctx.compute_dtype = temperature, chunk_tokens, compute_dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp_N, _grad_entropy):
+        hidden_NH, weight_VH, targets_N, lse = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_NH) if want_h else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if want_w else None
+        temperature = ctx.temperature
+        with torch.autocast(hidden_NH.device.type, enabled=False):
+            weight = weight_VH.to(ctx.compute_dtype)
+            for start in range(0, hidden_NH.shape[0], ctx.chunk_tokens):
+                end = min(start + ctx.chunk_tokens, hidden_NH.shape[0])
+                g = grad_logp_N[start:end].float()
+                z = _logits(hidden_NH[start:end], weight, temperature)
+                dz = z.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])  # -g * softmax, in z's memory
+                dz[torch.arange(end - start, device=dz.device), targets_N[start:end]] += g
+                dz = dz.div_(temperature).to(ctx.compute_dtype)
+                if want_h:
+                    grad_h[start:end] = (dz @ weight).to(hidden_NH.dtype)
+                if want_w:
+                    grad_w.add_(dz.T @ hidden_NH[start:end].to(ctx.compute_dtype))
+        return grad_h, grad_w.to(weight_VH.dtype) if want_w else None, None, None, None, None

@@ -1,28 +1,21 @@
-"""One GRPO optimizer step on a batch of rollout groups from the coordinator."""
+"""One GRPO optimizer step on a batch of rollout groups from the coordinator: micro-batches by
+token budget with gradient accumulation (the step equals the full-batch step), and a step whose
+loss or gradient is not finite is skipped with the optimizer untouched."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
 import torch
 
 from echo2.config.run import GRPOConfig
-from echo2.learner.grpo import group_advantages, grpo_loss
-from echo2.learner.logprobs import completion_logprobs, pack
+from echo2.learner.batching import Samples, flatten, plan_micro_batches
+from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
+from echo2.learner.logprobs import collate, token_logprobs
+from echo2.learner.precision import CPU_FP32, Precision, peak_memory_bytes
 from echo2.protocol.messages import TrainGroup
-
-
-def _flatten(groups: list[TrainGroup]):
-    prompts, completions, behav, rewards, group_ids = [], [], [], [], []
-    for gi, group in enumerate(groups):
-        for completion, reward in zip(group.completions, group.rewards, strict=True):
-            prompts.append(group.prompt_ids)
-            completions.append(completion.token_ids)
-            behav.append(completion.logprobs)
-            rewards.append(reward)
-            group_ids.append(gi)
-    return prompts, completions, behav, rewards, group_ids
 
 
 def train_step(
@@ -34,34 +27,68 @@ def train_step(
     temperature: float,
     pad_id: int,
     ref_model: torch.nn.Module | None = None,
+    precision: Precision = CPU_FP32,
 ) -> dict:
+    """Returns the step's metrics; `skipped` is True when nothing was applied."""
     started = time.perf_counter()
-    prompts, completions, behav, rewards, group_ids = _flatten(groups)
-    batch = pack(prompts, completions, pad_id)
-    horizon = batch.completion_ids_BT.shape[1]
-    behav_BT = torch.tensor([b + [0.0] * (horizon - len(b)) for b in behav])
-    rewards_B = torch.tensor(rewards)
-    adv_B = group_advantages(rewards_B, torch.tensor(group_ids))
+    samples = flatten(groups)
+    adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
+    total_tokens = sum(len(c) for c in samples.completions)
+    plan = plan_micro_batches([samples.length(i) for i in range(len(samples))], cfg.micro_batch_tokens)
     model.train()
-    logp_BT = completion_logprobs(model, batch, temperature)
-    ref_BT = None
-    if ref_model is not None:
-        with torch.no_grad():
-            ref_BT = completion_logprobs(ref_model, batch, temperature)
-    out = grpo_loss(logp_BT, behav_BT, adv_B, batch.completion_mask_BT, cfg, ref_BT)
     optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    optimizer.step()
+    parts, loss, entropy_sum, problem = [], 0.0, 0.0, ""
+    for indices in plan:
+        part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision)
+        parts.append(part)
+        loss += part["loss"]
+        entropy_sum += part["entropy_sum"]
+        if not math.isfinite(part["loss"]):
+            problem = f"loss is {part['loss']} in micro-batch {len(parts)} of {len(plan)}"
+            break
+    grad_norm = float("nan")
+    if not problem:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            problem = f"gradient norm is {grad_norm}"
+    if not problem:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
     stale = Counter(step - g.version for g in groups)
     return {
-        "loss": float(out.loss.detach()),
-        "grad_norm": float(grad_norm),
-        "reward_mean": float(rewards_B.mean()),
-        "tokens": int(batch.completion_mask_BT.sum()),
+        "skipped": bool(problem),
+        "skip_reason": problem,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "reward_mean": sum(samples.rewards) / len(samples),
+        "tokens": total_tokens,
+        "entropy": entropy_sum / max(1, total_tokens),
+        "micro_batches": len(plan),
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
         "prompt_indices": [g.prompt_index for g in groups],
         "train_s": time.perf_counter() - started,
-        **out.metrics,
+        "peak_memory_bytes": peak_memory_bytes(precision.device),
+        **reduce_stats(parts),
     }
+
+
+def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: torch.Tensor, total_tokens: int,
+                cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision) -> dict:
+    """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
+    so the accumulated gradients are those of the full batch."""
+    device = precision.device
+    mb = collate([samples.prompts[i] for i in indices], [samples.completions[i] for i in indices], indices,
+                 pad_id).to(device)
+    behav_N = torch.tensor([x for i in indices for x in samples.behaviour_logprobs[i]], device=device)
+    with precision.autocast():
+        logp_N, entropy_N = token_logprobs(model, mb, temperature, cfg.logprob_chunk_tokens)
+        ref_N = None
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_N, _ = token_logprobs(ref_model, mb, temperature, cfg.logprob_chunk_tokens)
+    out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], torch.ones_like(logp_N), cfg, ref_N, num_tokens=total_tokens)
+    loss = float(out.loss.detach())
+    if math.isfinite(loss):
+        out.loss.backward()
+    return {"loss": loss, "entropy_sum": float(entropy_N.sum()), **out.sums}

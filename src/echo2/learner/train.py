@@ -1,5 +1,8 @@
 """The learner's main loop: fetch the batch for step t, take one GRPO step, publish version
-t+1, checkpoint and evaluate on schedule. Resumes from the newest checkpoint in the run dir."""
+t+1, checkpoint and evaluate on schedule. Resumes from the newest checkpoint in the run dir.
+
+A step whose loss or gradient is not finite changes nothing: its batch goes back to the
+coordinator and step t is tried again on fresh groups."""
 
 from __future__ import annotations
 
@@ -13,21 +16,27 @@ import torch
 from echo2.config.run import RunConfig
 from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from echo2.learner.io import LearnerIO
+from echo2.learner.precision import resolve_precision
 from echo2.learner.step import train_step
+from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.generation import greedy_accuracy
-from echo2.models.loading import load_model, load_tokenizer
-from echo2.models.weights import state_dict_to_bytes
+from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
+from echo2.models.weights import model_payload, require_finite, unique_tensors
 from echo2.protocol.messages import TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
 
 
 class Learner:
-    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str) -> None:
+    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str, io: LearnerIO | None = None) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.torch_threads)
+        self.precision = resolve_precision(cfg.learner)
         self.tokenizer = load_tokenizer(cfg.base_model_path)
-        self.model = load_model(cfg.base_model_path)
+        self.model = load_model(cfg.base_model_path, self.precision.device)  # fp32 master weights
+        self.wire_dtype = wire_dtype(cfg.broadcast.wire_dtype, cfg.base_model_path)
+        if cfg.learner.gradient_checkpointing:
+            enable_activation_checkpointing(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay
         )
@@ -36,30 +45,36 @@ class Learner:
         self.eval_set = self.task.eval_problems()
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
-        self.io = LearnerIO(cfg, coordinator_url, token)
+        self.io = io or LearnerIO(cfg, coordinator_url, token)
         self.published: set[int] = set()  # versions this process served
+        self.skips_in_a_row = 0
 
     def train(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        start = self._restore()
+        step = self._restore()
         self.io.start()
         try:
-            self._publish(start)
-            if start == 0:
+            self._publish(step)
+            if step == 0:
                 self._evaluate(0)
             busy_s = None
-            for step in range(start, cfg.train.steps):
+            while step < cfg.train.steps:
                 groups, wait_s = self._wait_for_batch(step, busy_s)
-                stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo,
-                                   cfg.sampling.temperature, self.tokenizer.pad_token_id, self.ref_model)
+                stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo, cfg.sampling.temperature,
+                                   self.tokenizer.pad_token_id, self.ref_model, self.precision)
+                if stats["skipped"]:
+                    busy_s = self._skip(step, wait_s, stats)
+                    continue  # the same step again, on a fresh batch
+                self.skips_in_a_row = 0
                 publish_s = self._publish(step + 1)
                 # logged before the checkpoint: a crash in between re-logs the step on resume
                 # instead of losing its record
                 self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats)
                 busy_s = stats["train_s"] + publish_s + self._maybe_checkpoint(step + 1)
-                if (step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps:
-                    self._evaluate(step + 1)
+                step += 1
+                if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                    self._evaluate(step)
             self.metrics.write("learner_done", steps=cfg.train.steps)
         finally:
             self.io.close()
@@ -80,15 +95,33 @@ class Learner:
             if groups:
                 return groups, time.perf_counter() - started
 
+    def _skip(self, step: int, wait_s: float, stats: dict) -> float:
+        """Nothing was applied: record why, hand the batch back, and stop on a run of skips."""
+        self.skips_in_a_row += 1
+        self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
+                           in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
+                           prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
+        self.io.reject_batch(step, stats["skip_reason"])
+        limit = self.cfg.train.max_consecutive_skips
+        if self.skips_in_a_row >= limit:
+            raise RuntimeError(
+                f"learner: {self.skips_in_a_row} steps in a row had a non-finite loss or gradient (last: "
+                f"{stats['skip_reason']}); train.max_consecutive_skips={limit}. Lower grpo.lr, or check the "
+                "task's rewards and the workers' log-probs (the step_skipped records in metrics.jsonl name the prompts)"
+            )
+        return stats["train_s"]
+
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        info = self.io.publish(version, state_dict_to_bytes(self.model))
+        require_finite(unique_tensors(self.model), f"version {version}")  # never sign a broken model
+        info = self.io.publish(version, model_payload(self.model, self.wire_dtype))
         elapsed = time.perf_counter() - started
         manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
         digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()
         self.metrics.write("version_published", version=version, bytes=manifest.total_bytes,
-                           manifest_digest=digest, publish_s=elapsed)
+                           wire_dtype=str(self.wire_dtype).removeprefix("torch."), manifest_digest=digest,
+                           publish_s=elapsed)
         if version - 1 in self.published:  # its broadcast is (nearly) done: the uplink it cost
             self.metrics.write("origin_bytes", version=version - 1, total_bytes=manifest.total_bytes,
                                bytes_sent=self.io.origin_bytes_sent(version - 1))
@@ -107,6 +140,16 @@ class Learner:
 
     def _evaluate(self, step: int) -> None:
         started = time.perf_counter()
-        accuracy = greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_set,
-                                   self.cfg.sampling.max_new_tokens)
+        with self.precision.autocast():
+            accuracy = greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_set,
+                                       self.cfg.sampling.max_new_tokens)
         self.metrics.write("eval", step=step, accuracy=accuracy, eval_s=time.perf_counter() - started)
+
+
+def wire_dtype(name: str, base_model_path: str) -> torch.dtype:
+    """broadcast.wire_dtype resolved: "auto" is the dtype the base checkpoint is stored in."""
+    if name != "auto":
+        return DTYPES[name]
+    from transformers import AutoConfig
+
+    return checkpoint_dtype(AutoConfig.from_pretrained(base_model_path))

@@ -28,7 +28,8 @@ def load_tokenizer(source: str):
     return tokenizer
 
 
-def load_model(source: str, device: str = "cpu", dtype: str = "float32"):
+def load_model(source: str, device="cpu", dtype: str = "float32"):
+    """`device`: a name or torch.device; `dtype`: the weights' dtype by name ("float32", "bfloat16", ...)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -36,3 +37,13 @@ def load_model(source: str, device: str = "cpu", dtype: str = "float32"):
     with _LOAD_LOCK:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     return model.to(device)
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each decoder block in the backward pass (non-reentrant torch checkpointing).
+    transformers 5 names it activation checkpointing; older releases gradient checkpointing."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

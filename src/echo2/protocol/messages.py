@@ -164,6 +164,15 @@ class PublishRequest(Message):
     """The learner's signing key, relayed to workers that do not pin one."""
 
 
+class RejectBatchRequest(Message):
+    """The learner could not use the batch of `step` (its loss or gradient was not finite): the
+    step was skipped, nothing was published, and the next request for `step` needs new groups."""
+
+    kind: Literal["reject_batch"] = "reject_batch"
+    step: int = Field(ge=0)
+    reason: str = Field("", max_length=500)
+
+
 class BadPeerRequest(Message):
     """A worker reporting a source that sent bytes no honest relay sends."""
 

@@ -29,6 +29,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row("S_min from measured latencies", _fmt(summary["s_min_measured"]))
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
+    if summary.get("steps_skipped") or summary.get("log_ratio_outlier_tokens"):
+        table.add_row("steps skipped (non-finite) / outlier tokens left out",
+                      f"{summary['steps_skipped']} / {summary['log_ratio_outlier_tokens']}")
+    if summary.get("bytes_per_version"):
+        table.add_row("bytes per version (wire dtype)", f"{summary['bytes_per_version']:,} ({summary['wire_dtype']})")
+    if summary.get("learner_peak_memory_bytes"):
+        table.add_row("learner peak memory", f"{summary['learner_peak_memory_bytes'] / 2**30:.2f} GiB")
     cast = summary.get("broadcast") or {}
     if cast.get("mode"):
         copies = cast.get("learner_copies_per_version")

@@ -58,6 +58,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),
+        **_learner_health(records, steps),
         "leases_requeued": counters.get("leases_expired", 0),
         "workers_lost": counters.get("workers_lost", 0),
         "tokens_per_s": {w: round(v["tokens_per_s"], 1) for w, v in sorted(workers.items())},
@@ -66,6 +67,19 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
         "activation_decisions": _decisions(records),
+    }
+
+
+def _learner_health(records: list[dict], steps: list[dict]) -> dict[str, Any]:
+    """What the learner refused (skipped steps, outlier tokens), what it published, its memory."""
+    published = _of(records, "version_published", "learner")
+    return {
+        "steps_skipped": len(_of(records, "step_skipped", "learner")),
+        "log_ratio_outlier_tokens": sum(s.get("log_ratio_outliers", 0) for s in steps),
+        # measured: what the manifest of the newest version says, not params x bytes_per_param
+        "bytes_per_version": published[-1]["bytes"] if published else None,
+        "wire_dtype": published[-1].get("wire_dtype") if published else None,
+        "learner_peak_memory_bytes": max((s.get("peak_memory_bytes", 0) for s in steps), default=None),
     }
 
 

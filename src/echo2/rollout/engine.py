@@ -30,12 +30,14 @@ class Engine(ABC):
 
     @abstractmethod
     def load_state_dict(self, tensors: dict) -> None:
-        """Swap in new policy weights (all tensors of the model, by name)."""
+        """Swap in new policy weights (all tensors of the model, by name), cast to the engine's
+        own dtype whatever dtype they travelled in."""
 
 
-def make_engine(kind: str, model_source: str, device: str):
+def make_engine(kind: str, model_source: str, device: str = "auto", dtype: str = "auto"):
+    """`device` and `dtype` as named in the worker config ("auto" resolves on this machine)."""
     if kind == "hf":
         from echo2.rollout.hf_engine import HFEngine
 
-        return HFEngine.from_pretrained(model_source, device)
+        return HFEngine.from_pretrained(model_source, device, dtype)
     raise ValueError(f"worker.engine: unknown engine {kind!r} (allowed: 'hf')")

@@ -127,6 +127,8 @@ async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: floa
 
 
 def _deserialize(payload: memoryview) -> dict:
-    from echo2.models.weights import bytes_to_state_dict
+    """Tensors viewing the verified payload in place (no copy); the swap casts them into the
+    engine's own dtype and device."""
+    from echo2.models.weights import payload_tensors
 
-    return bytes_to_state_dict(bytes(payload))
+    return payload_tensors(payload)

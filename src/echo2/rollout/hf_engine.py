@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from echo2.models.device import resolve_device, resolve_dtype
 from echo2.models.generation import strip_completion
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import load_into
@@ -18,8 +19,12 @@ class HFEngine(Engine):
         self.device = next(model.parameters()).device
 
     @classmethod
-    def from_pretrained(cls, source: str, device: str) -> HFEngine:
-        return cls(load_model(source, device), load_tokenizer(source))
+    def from_pretrained(cls, source: str, device: str = "auto", dtype: str = "auto") -> HFEngine:
+        """`device` and `dtype` as in the worker config: "auto" is the first CUDA GPU in bfloat16
+        when torch sees one, else the CPU in float32."""
+        where = resolve_device(device, "worker.device")
+        weights = str(resolve_dtype(dtype, where)).removeprefix("torch.")
+        return cls(load_model(source, where, weights), load_tokenizer(source))
 
     def load_state_dict(self, tensors: dict) -> None:
         # refuses a payload that does not match this model's tensors (another model's weights)

@@ -78,7 +78,8 @@ class Worker:
             background = [asyncio.create_task(self._heartbeats(stop))]
             try:
                 source = self.cfg.model_source or reg.model_source
-                self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device)
+                self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device,
+                                                  self.cfg.dtype)
                 background.append(asyncio.create_task(self.follower.run(stop)))
                 await self._work(stop)
             finally:

@@ -1,0 +1,80 @@
+"""A hand-written stand-in for the learner's network side (LearnerIO): batches come from a list,
+publishes are signed for real and recorded, rejected batches are recorded. The learner itself
+(model, step, checkpoints, metrics) is the real one."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.signing import generate_private_key, sign_manifest
+from echo2.config.run import RunConfig
+from echo2.protocol.messages import RolloutCompletion, TrainGroup, VersionInfo
+
+
+class FakeIO:
+    def __init__(self, batches: list[list[TrainGroup]]) -> None:
+        self.batches = list(batches)  # handed out in order: a rejected step gets the next one
+        self.key = generate_private_key()
+        self.published: list[tuple[int, bytes]] = []
+        self.rejected: list[tuple[int, str]] = []
+        self.asked: list[int] = []
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def publish(self, version: int, payload) -> VersionInfo:
+        data = bytes(payload)
+        self.published.append((version, data))
+        signed = sign_manifest(build_manifest(version, data, 1 << 16, published_at=time.time()), self.key)
+        return VersionInfo(version=version, signed=signed, origin_url="http://fake", published_at=time.time())
+
+    def origin_bytes_sent(self, version: int) -> int:
+        return 0
+
+    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None) -> list[TrainGroup]:
+        self.asked.append(step)
+        return self.batches.pop(0)
+
+    def reject_batch(self, step: int, reason: str) -> None:
+        self.rejected.append((step, reason))
+
+
+def learner_config(run_dir: Path, model_dir: Path, **sections) -> RunConfig:
+    data = {
+        "run_dir": str(run_dir),
+        "model": {"source": str(model_dir)},
+        "warmstart": {"steps": 0},
+        "task": {"digits": 1, "eval_size": 4},
+        "sampling": {"max_new_tokens": 4, "group_size": 4},
+        "grpo": {"prompts_per_step": 2, "lr": 1e-2},
+        "train": {"steps": 2, "checkpoint_every": 1, "eval_every": 1000},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return RunConfig.model_validate(data)
+
+
+def addition_batch(tokenizer, seed: int, groups: int = 2, group_size: int = 4, behaviour: float | None = None):
+    """Groups of a 1-digit addition prompt with random completions, mixed rewards; `behaviour`
+    overrides one token's behaviour log-prob (a fabricated value)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(groups):
+        prompt = tokenizer.encode(f"{rng.randint(0, 9)}+{rng.randint(0, 9)}=", add_special_tokens=False)
+        completions = []
+        for _ in range(group_size):
+            ids = [rng.randint(4, 40) for _ in range(rng.randint(1, 3))] + [tokenizer.eos_token_id]
+            completions.append(RolloutCompletion(token_ids=ids, logprobs=[-rng.random() * 3 - 1 for _ in ids]))
+        if behaviour is not None:
+            first = completions[0]
+            completions[0] = RolloutCompletion(token_ids=first.token_ids, logprobs=[behaviour] + first.logprobs[1:])
+        out.append(TrainGroup(group_id=f"{seed}-{g}", prompt_index=seed * 10 + g, prompt_ids=prompt, version=0,
+                              worker_id="w", rewards=[float(i % 2) for i in range(group_size)],
+                              completions=completions))
+    return out
