@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One prepared learner check for a GPU machine, run from a checkout; finishes in well under
+# 10 minutes on one H100/H200-class GPU.
+#
+#   bash benchmarks/gpu_smoke.sh                 # on the GPU machine
+#   ECHO2_SMOKE_CPU=1 bash benchmarks/gpu_smoke.sh   # the same script on a CPU box, tiny sizes
+#
+# What it runs: benchmarks/learner_memory.py with the Qwen3-0.6B architecture (random init, no
+# download), B = 128 completions of 1,024 tokens (plus 64 prompt tokens), bf16-mixed precision,
+# 16,384-token micro-batches; and B = 32 beside it, so the JSON shows peak memory does not grow
+# with B on the GPU either. Writes learner_gpu_smoke.json to $OUT (the device tool's output
+# folder) or to benchmarks/results/.
+#
+# Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
+# from PyPI, a CUDA build), and echo2's pure-Python dependencies. On a machine with no network,
+# bring them as wheels for its Python in ./.whl (`pip download --only-binary=:all: --no-deps
+# --python-version 3.12 --platform manylinux2014_x86_64 -d .whl NAME` for pydantic pydantic-core
+# annotated-types typing-inspection cryptography cffi pycparser).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT_DIR=${OUT:-benchmarks/results}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  ARGS=(--arch tiny-wide-vocab --device cpu --precision fp32 --batches 8,32 --completion-tokens 64
+        --prompt-tokens 16 --micro-batch-tokens 1024 --logprob-chunk-tokens 256 --modes micro)
+  OUT_FILE="$OUT_DIR/learner_gpu_smoke_cpu_path.json"
+else
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_smoke: no CUDA torch here; installing one from PyPI" >&2
+    "$PY" -m pip install -q torch
+  fi
+  ARGS=(--arch qwen3-0.6b --device cuda --precision bf16-mixed --batches 32,128 --completion-tokens 1024
+        --prompt-tokens 64 --micro-batch-tokens 16384 --modes micro)
+  OUT_FILE="$OUT_DIR/learner_gpu_smoke.json"
+fi
+
+# echo2's own imports: what is missing comes from ./.whl (offline) or PyPI
+NEED="pydantic cryptography safetensors transformers aiohttp"
+if ! "$PY" -c "import $(echo $NEED | tr ' ' ',')" 2>/dev/null; then
+  if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/echo2-site .whl/*.whl
+    export PYTHONPATH="/tmp/echo2-site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    "$PY" -m pip install -q "pydantic>=2.7,<3" "cryptography>=42" "safetensors>=0.4" "transformers>=4.51,<6" "aiohttp>=3.9,<4"
+  fi
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+"$PY" - <<'EOF'
+import torch
+print(f"gpu_smoke: torch {torch.__version__}, cuda available: {torch.cuda.is_available()}",
+      f"({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "", flush=True)
+EOF
+started=$(date +%s)
+"$PY" benchmarks/learner_memory.py "${ARGS[@]}" --out "$OUT_FILE"
+echo "gpu_smoke: wrote $OUT_FILE in $(( $(date +%s) - started )) s" >&2
