@@ -112,8 +112,10 @@ class _Fetch:
         self.throttle: Throttle | None = None
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        banned: set[str] = set()
+        banned: set[str] = set()  # misbehaved or gone: never asked again for this version
         for round_index in range(self.config.source_rounds):
+            if all(s.peer_id in banned for s in self.assignment.sources):
+                break  # nobody left to ask: fail now, not after a backoff
             if round_index and not self.buffer.done:
                 await asyncio.sleep(self.config.retry_backoff_s)
             for source in self.assignment.sources:
@@ -137,6 +139,9 @@ class _Fetch:
             self._note_failure(source, exc)
             self.bad_peers.append(source.peer_id)
             await self._report(source, exc)
+        except wire.SourceGone as exc:
+            banned.add(source.peer_id)
+            self._note_failure(source, exc)
         except wire.SourceError as exc:
             self._note_failure(source, exc)
         if self.buffer.state == "failed":
@@ -200,7 +205,8 @@ class _SourceStream:
     async def _check_status(self, response: aiohttp.ClientResponse) -> None:
         if response.status != 200:
             text = (await response.content.read(512)).decode(errors="replace")
-            raise wire.SourceError(f"HTTP {response.status}: {text.strip()}")
+            error = wire.SourceGone if response.status == 410 else wire.SourceError
+            raise error(f"HTTP {response.status}: {text.strip()}")
 
     async def _read_frames(self, content: aiohttp.StreamReader) -> None:
         while not self.buffer.done:
@@ -212,7 +218,7 @@ class _SourceStream:
             elif kind == wire.KEEPALIVE:
                 self._check_keepalive(index)
             elif kind == wire.ERROR:
-                await self._raise_error_frame(content, length)
+                await self._raise_error_frame(content, length, gone=index == wire.GONE)
             else:
                 raise self._violation(f"unknown frame kind {kind!r}")
 
@@ -257,11 +263,11 @@ class _SourceStream:
         if waited_s > self.config.progress_timeout_s:
             raise wire.SourceError(f"no new chunk for {waited_s:.0f}s, only keepalives")
 
-    async def _raise_error_frame(self, content: aiohttp.StreamReader, length: int) -> None:
+    async def _raise_error_frame(self, content: aiohttp.StreamReader, length: int, gone: bool) -> None:
         if length > wire.MAX_ERROR_BYTES:
             raise self._violation(f"error frame of {length} bytes (limit {wire.MAX_ERROR_BYTES})")
         reason = (await content.readexactly(length)).decode(errors="replace")
-        raise wire.SourceError(f"source gave up: {reason}")
+        raise (wire.SourceGone if gone else wire.SourceError)(f"source gave up: {reason}")
 
     def _violation(self, message: str) -> wire.SourceMisbehaved:
         return wire.SourceMisbehaved(message, reason="protocol_violation", chunk_index=self.buffer.verified_chunks)

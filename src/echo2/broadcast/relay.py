@@ -115,7 +115,7 @@ class RelayServer:
         if incoming is not None and incoming.version > manifest.version:
             raise ValueError(f"version {manifest.version} is older than incoming version {incoming.version}")
         if incoming is not None:
-            incoming.fail(f"superseded by version {manifest.version}")
+            incoming.fail(f"superseded by version {manifest.version}", gone=True)
         self._incoming = VersionBuffer(manifest)
         self._announce()
         return self._incoming
@@ -212,7 +212,8 @@ class RelayServer:
             if self._newest_known() > version:
                 # this relay skipped `version` (a newer one came first): the child should move on
                 # to its next source now, not wait out announce_wait_s
-                await self._write(response, wire.error_frame(f"version {version} skipped here (newest {self._newest_known()})"))
+                await self._write(response, wire.error_frame(f"version {version} skipped here (newest {self._newest_known()})",
+                                                                gone=True))
                 return None
             if loop.time() >= deadline:
                 await self._write(response, wire.error_frame(f"version {version} was never announced here"))
@@ -266,7 +267,7 @@ class _Stream:
                 _abort(self.request)
                 raise ConnectionResetError("fault: relay died")
             if buffer.state == "failed":
-                await self.relay._write(self.response, wire.error_frame(buffer.failure))
+                await self.relay._write(self.response, wire.error_frame(buffer.failure, gone=buffer.gone))
                 return
             if index < buffer.verified_chunks:
                 await self._send_chunk(index)

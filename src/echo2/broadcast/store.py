@@ -37,6 +37,7 @@ class VersionBuffer:
         self.verified_chunks = manifest.num_chunks if payload is not None else 0
         self.state: State = "complete" if payload is not None or manifest.num_chunks == 0 else "receiving"
         self.failure = ""
+        self.gone = False
         self._changed = asyncio.Event()
 
     @property
@@ -74,16 +75,17 @@ class VersionBuffer:
         self._notify()
         return self._view.toreadonly()
 
-    def fail(self, reason: str) -> None:
-        """Give up on this version: streams to children end with an error frame naming `reason`."""
+    def fail(self, reason: str, gone: bool = False) -> None:
+        """Give up on this version: streams to children end with an error frame naming `reason`
+        (`gone`: superseded here, so they should not ask again)."""
         if self.state == "receiving" and not self.done:  # a fully verified version cannot fail
-            self.state, self.failure = "failed", reason
+            self.state, self.failure, self.gone = "failed", reason, gone
             self._notify()
 
     def restart(self) -> None:
         """Receive again after a failure, keeping the verified prefix (resume, not from zero)."""
         if self.state == "failed":
-            self.state, self.failure = "receiving", ""
+            self.state, self.failure, self.gone = "receiving", "", False
 
     async def wait_beyond(self, held: int, timeout_s: float) -> bool:
         """Wait until more than `held` chunks are verified or the state changes; False on timeout."""

@@ -6,7 +6,8 @@ frames, each a 9-byte header (kind, chunk index, length; little-endian) and a bo
 - `D` data: chunk `index`, `length` bytes (must equal the manifest's size for that chunk);
 - `K` keepalive: the sender is alive but has nothing new; `index` is how many chunks it holds;
 - `E` error: the sender gives up on this version (superseded, its own fetch failed); the body is
-  a UTF-8 reason of at most MAX_ERROR_BYTES.
+  a UTF-8 reason of at most MAX_ERROR_BYTES, and `index` is GONE when the sender will never
+  have this version (it skipped it, or a newer one superseded it there), 0 otherwise.
 
 Frames make a live-but-waiting relay (keepalives) distinguishable from a dead one (silence), and
 let a child refuse an oversized chunk from its header alone, before reading its body.
@@ -25,6 +26,8 @@ CONTENT_TYPE = "application/x-echo2-chunks"
 FRAME = struct.Struct("<cII")
 DATA, KEEPALIVE, ERROR = b"D", b"K", b"E"
 MAX_ERROR_BYTES = 4096
+GONE = 1
+"""Error-frame code: the version is obsolete at this sender; asking it again cannot help."""
 
 
 def data_header(index: int, length: int) -> bytes:
@@ -35,9 +38,9 @@ def keepalive_frame(held_chunks: int) -> bytes:
     return FRAME.pack(KEEPALIVE, held_chunks, 0)
 
 
-def error_frame(reason: str) -> bytes:
+def error_frame(reason: str, gone: bool = False) -> bytes:
     body = reason.encode()[:MAX_ERROR_BYTES]
-    return FRAME.pack(ERROR, 0, len(body)) + body
+    return FRAME.pack(ERROR, GONE if gone else 0, len(body)) + body
 
 
 def bearer_headers(auth_token: str, peer_id: str) -> dict[str, str]:
@@ -50,6 +53,12 @@ def bearer_headers(auth_token: str, peer_id: str) -> dict[str, str]:
 class SourceError(Exception):
     """A source could not deliver (unreachable, HTTP error, stalled, truncated, too slow): the
     child moves to its next source. Not evidence of malice, so the source is not reported."""
+
+
+class SourceGone(SourceError):
+    """The source will never serve this version: it no longer holds it (HTTP 410) or skipped it
+    because a newer one came first. Not asked again in later rounds; when every source is gone
+    the fetch ends at once, so the worker moves on to the newest version instead of waiting."""
 
 
 class SourceMisbehaved(SourceError):

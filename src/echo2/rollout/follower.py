@@ -17,8 +17,8 @@ from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.weights import WeightReceiver
 
-# pause after a failed fetch (every source failed): short enough to catch up within a step or
-# two, long enough not to hammer sources that are restarting
+# pause after a failed fetch (every source failed) when nothing newer is out: short enough to
+# catch up within a step or two, long enough not to hammer sources that are restarting
 FETCH_RETRY_S = 0.5
 
 
@@ -71,6 +71,8 @@ class VersionFollower:
                 continue
             staged = await self._fetch(target, assignment)
             if staged is None:
+                if self.latest is not None and self.latest.version > target.version:
+                    continue  # a newer version is out: go after it now (the failed one is obsolete)
                 await wait_either(stop, stop, timeout_s=FETCH_RETRY_S)
             else:
                 self.staged = staged

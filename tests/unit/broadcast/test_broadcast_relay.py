@@ -295,3 +295,28 @@ def test_parent_that_skipped_the_version_sends_its_child_elsewhere_at_once() -> 
             await cluster.stop()
 
     run(scenario())
+
+
+def test_a_version_every_source_has_moved_past_fails_at_once() -> None:
+    """Versions can come faster than a late worker's fetch: when every source answers that the
+    version is gone (410, or skipped), asking again after a backoff cannot help, so the fetch
+    ends after one pass and the worker goes after the newest version instead."""
+    slow_backoff = FAST.model_copy(update={"retry_backoff_s": 5.0, "keep_versions": 1})
+
+    async def scenario() -> None:
+        cluster = await start_cluster(2, config=slow_backoff)
+        try:
+            signed1, plan1 = cluster.origin.publish(1, payload()), cluster.plan(1)
+            signed2, plan2 = cluster.origin.publish(2, payload(seed=1)), cluster.plan(2)
+            assert (await cluster.fetch("w0", signed2, plan2)).manifest.version == 2
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(BroadcastFailed, match="410") as failed:
+                await cluster.fetch("w1", signed1, plan1)  # w1's sources: w0, then the origin
+            assert loop.time() - started < slow_backoff.retry_backoff_s  # no second round
+            assert str(failed.value).count("410") == 2  # each source asked once
+            assert cluster.reports == []  # an obsolete version is nobody's misbehaviour
+        finally:
+            await cluster.stop()
+
+    run(scenario())
