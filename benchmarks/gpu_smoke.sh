@@ -5,11 +5,15 @@
 #   bash benchmarks/gpu_smoke.sh                 # on the GPU machine
 #   ECHO2_SMOKE_CPU=1 bash benchmarks/gpu_smoke.sh   # the same script on a CPU box, tiny sizes
 #
-# What it runs: benchmarks/learner_memory.py with the Qwen3-0.6B architecture (random init, no
-# download), B = 128 completions of 1,024 tokens (plus 64 prompt tokens), bf16-mixed precision,
-# 16,384-token micro-batches; and B = 32 beside it, so the JSON shows peak memory does not grow
-# with B on the GPU either. Writes learner_gpu_smoke.json to $OUT (the device tool's output
-# folder) or to benchmarks/results/.
+# What it runs, with the Qwen3-0.6B architecture (random init, no download):
+# 1. benchmarks/learner_memory.py: B = 128 completions of 1,024 tokens (plus 64 prompt tokens),
+#    bf16-mixed precision, 16,384-token micro-batches; and B = 32 beside it, so the JSON shows
+#    peak memory does not grow with B on the GPU either -> learner_gpu_smoke.json
+# 2. benchmarks/engines.py: tokens/s of the hf and vllm engines on 64 prompts x G = 8, 256 new
+#    tokens, and the weight-swap time (goal: vllm >= 10x hf) -> engines_gpu.json. vLLM goes in a
+#    venv of its own ($VLLM_PYTHON, default /tmp/echo2-vllm: `pip install -e '.[vllm]'`, which
+#    brings vLLM's own CUDA torch).
+# Files go to $OUT (the device tool's output folder) or to benchmarks/results/.
 #
 # Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
 # from PyPI, a CUDA build), and echo2's pure-Python dependencies. On a machine with no network,
@@ -57,3 +61,30 @@ EOF
 started=$(date +%s)
 "$PY" benchmarks/learner_memory.py "${ARGS[@]}" --out "$OUT_FILE"
 echo "gpu_smoke: wrote $OUT_FILE in $(( $(date +%s) - started )) s" >&2
+
+# 2. the engines, in a venv with vLLM
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  VPY=${VLLM_PYTHON:-.venv-vllm/bin/python}
+  ENGINE_ARGS=(--arch tiny --device cpu --prompts 8 --new-tokens 16 --repeats 1)
+  ENGINE_OUT="$OUT_DIR/engines_gpu_smoke_cpu_path.json"
+  if ! "$VPY" -c "import vllm" 2>/dev/null; then
+    echo "gpu_smoke: no vLLM at $VPY (make test-vllm builds .venv-vllm); engines step skipped" >&2
+    exit 0
+  fi
+else
+  VPY=${VLLM_PYTHON:-/tmp/echo2-vllm/bin/python}
+  ENGINE_ARGS=(--arch qwen3-0.6b --device cuda --prompts 64 --group-size 8 --new-tokens 256)
+  ENGINE_OUT="$OUT_DIR/engines_gpu.json"
+  if ! "$VPY" -c "import vllm" 2>/dev/null; then
+    echo "gpu_smoke: installing vLLM into $(dirname "$(dirname "$VPY")")" >&2
+    "$PY" -m venv "$(dirname "$(dirname "$VPY")")"
+    if [ -d .whl ]; then
+      "$VPY" -m pip install -q --no-index --find-links .whl -e '.[vllm]'
+    else
+      "$VPY" -m pip install -q -e '.[vllm]'
+    fi
+  fi
+fi
+started=$(date +%s)
+"$VPY" benchmarks/engines.py "${ENGINE_ARGS[@]}" --out "$ENGINE_OUT"
+echo "gpu_smoke: wrote $ENGINE_OUT in $(( $(date +%s) - started )) s" >&2

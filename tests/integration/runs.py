@@ -22,9 +22,10 @@ def _is_table_list(value) -> bool:
 
 
 def to_toml(data: dict, prefix: str = "") -> str:
-    """Enough TOML for our configs: scalars, scalar lists, tables and arrays of tables."""
+    """Enough TOML for our configs: scalars, scalar lists, tables and arrays of tables. None (TOML
+    has no null) is every optional field's default and is left out."""
     scalars = [f"{k} = {json.dumps(v)}" for k, v in data.items()
-               if not isinstance(v, dict) and not _is_table_list(v) and v != []]
+               if not isinstance(v, dict) and not _is_table_list(v) and v != [] and v is not None]
     out = "\n".join(scalars) + "\n"
     for key, value in data.items():
         if isinstance(value, dict):

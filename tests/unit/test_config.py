@@ -84,3 +84,19 @@ def test_cuda_without_a_cuda_build_is_a_clear_error(monkeypatch):
     assert (auto.device.type, auto.name) == ("cpu", "fp32")  # auto on a CPU box
     assert resolve_precision(load_run_config(None, ["learner.precision=bf16-mixed"]).learner).name == "bf16-mixed"
     assert resolve_device("cpu", "worker.device").type == "cpu"
+
+
+def test_the_launchers_worker_arguments_rebuild_the_worker_config():
+    """`echo2 run` hands each local worker its settings as --set arguments: nested vLLM
+    settings and unset optional ones must come back as they were."""
+    from echo2.config.base import apply_overrides, validate
+    from echo2.config.worker import WorkerConfig
+    from echo2.launch.local import _worker_overrides
+
+    cfg = load_run_config(None, ["workers.worker.engine=vllm", "workers.worker.vllm.max_num_seqs=32",
+                                 "workers.worker.vllm.seed=7", "workers.per_worker=[{price_per_hour = 0.5}]"])
+    args = _worker_overrides(cfg, 0)
+    overrides = [args[i + 1] for i in range(0, len(args), 2)]
+    rebuilt = validate(WorkerConfig, apply_overrides({}, overrides))
+    assert rebuilt == cfg.workers.worker_config(0)
+    assert rebuilt.vllm.max_model_len is None and rebuilt.vllm.seed == 7 and rebuilt.price_per_hour == 0.5

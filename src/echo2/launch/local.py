@@ -83,10 +83,19 @@ def _start_roles(cfg: RunConfig, env: dict[str, str], children: list[Child]) -> 
 
 def _worker_overrides(cfg: RunConfig, index: int) -> list[str]:
     fields = cfg.workers.worker_config(index).model_dump()
-    out: list[str] = []
+    fields.pop("auth_token")  # secrets travel in the environment
+    return [arg for key, value in _flatten(fields) for arg in ("--set", f"{key}={json.dumps(value)}")]
+
+
+def _flatten(fields: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """Dotted keys for nested tables (`vllm.max_num_seqs`); JSON scalars are valid TOML values,
+    and None (TOML has no null) is every optional field's default, so it is left out."""
+    out: list[tuple[str, object]] = []
     for key, value in fields.items():
-        if key != "auth_token":
-            out += ["--set", f"{key}={json.dumps(value)}"]  # JSON scalars are valid TOML values
+        if isinstance(value, dict):
+            out += _flatten(value, f"{prefix}{key}.")
+        elif value is not None:
+            out.append((f"{prefix}{key}", value))
     return out
 
 

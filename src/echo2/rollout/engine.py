@@ -1,10 +1,12 @@
 """Generation engine interface and its factory: a worker hands prompts in, gets completions
-with per-token behaviour log-probs out. Implemented: HF transformers (CPU/GPU)."""
+with per-token behaviour log-probs out. Implemented: HF transformers (CPU/GPU) and vLLM."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
+from echo2.config.worker import WorkerConfig
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,14 @@ class Engine(ABC):
         own dtype whatever dtype they travelled in."""
 
 
-def make_engine(kind: str, model_source: str, device: str = "auto", dtype: str = "auto"):
-    """`device` and `dtype` as named in the worker config ("auto" resolves on this machine)."""
-    if kind == "hf":
+def make_engine(cfg: WorkerConfig, model_source: str) -> Engine:
+    """The engine `cfg.engine` names, on `cfg.device` ("auto" resolves on this machine)."""
+    if cfg.engine == "hf":
         from echo2.rollout.hf_engine import HFEngine
 
-        return HFEngine.from_pretrained(model_source, device, dtype)
-    raise ValueError(f"worker.engine: unknown engine {kind!r} (allowed: 'hf')")
+        return HFEngine.from_pretrained(model_source, cfg.device, cfg.dtype)
+    if cfg.engine == "vllm":
+        from echo2.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_source, cfg.device, cfg.vllm)
+    raise ValueError(f"worker.engine: unknown engine {cfg.engine!r} (allowed: 'hf', 'vllm')")

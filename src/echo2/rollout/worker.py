@@ -78,8 +78,7 @@ class Worker:
             background = [asyncio.create_task(self._heartbeats(stop))]
             try:
                 source = self.cfg.model_source or reg.model_source
-                self.engine = await asyncio.to_thread(make_engine, self.cfg.engine, source, self.cfg.device,
-                                                  self.cfg.dtype)
+                self.engine = await asyncio.to_thread(make_engine, self.cfg, source)
                 background.append(asyncio.create_task(self.follower.run(stop)))
                 await self._work(stop)
             finally:

