@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from fresh_process import child_main, machine, run_point  # noqa: E402  (benchmarks/, beside this file)
 
 ARCHS = {
     # the demo's model (configs/demo.toml), with the character tokenizer
@@ -60,8 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
-        return 0
+        return child_main(args.child, measure)
     with tempfile.TemporaryDirectory(prefix="echo2-engines-") as tmp:
         model_dir = Path(tmp) / "model"
         build_model(args.arch, model_dir)
@@ -104,24 +103,10 @@ def build_model(arch: str, out: Path) -> None:
 
 
 def run_child(point: dict) -> dict:
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(point)], capture_output=True, text=True,
-                          timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        return {"error": " | ".join(proc.stderr.strip().splitlines()[-3:]), "wall_s": time.perf_counter() - started}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({"engine": point["engine"], **{k: result.get(k) for k in ("tokens_per_s", "swap_s")}}),
-          file=sys.stderr, flush=True)
-    return {**result, "wall_s": time.perf_counter() - started}
-
-
-def machine(device: str) -> dict:
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
+    result = run_point(__file__, point, timeout_s=1800)
+    print(json.dumps({k: result.get(k) for k in ("engine", "tokens_per_s", "swap_s", "error")}), file=sys.stderr,
+          flush=True)
+    return {k: v for k, v in result.items() if k not in point or k == "engine"}
 
 
 # ---- the child: one engine, measured ----------------------------------------------------------

@@ -25,15 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from fresh_process import child_main, machine  # noqa: E402  (benchmarks/, beside this file)
+from fresh_process import run_point as run_point_in_fresh_process  # noqa: E402
 
 VOCAB = 151_936  # Qwen3's tokenizer
 ARCHS = {
@@ -69,8 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        print(json.dumps(measure(json.loads(args.child))))
-        return 0
+        return child_main(args.child, measure)
     points = []
     for mode in args.modes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
@@ -98,13 +97,7 @@ def run_point(point: dict) -> dict:
     have = available_bytes(point["device"])
     if need and need > 0.7 * have:
         return {**point, "skipped": f"needs ~{need / 2**30:.1f} GiB of logits alone; {have / 2**30:.1f} GiB available"}
-    started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(point)], capture_output=True, text=True,
-                          timeout=3600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
-        return {**point, "error": " | ".join(tail), "wall_s": time.perf_counter() - started}
-    return {**point, **json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": time.perf_counter() - started}
+    return run_point_in_fresh_process(__file__, point)
 
 
 def predicted_full_logits_bytes(point: dict) -> int:
@@ -127,16 +120,6 @@ def available_bytes(device: str) -> int:
     with open("/proc/meminfo") as handle:
         info = dict(line.split(":", 1) for line in handle)
     return int(info["MemAvailable"].split()[0]) * 1024
-
-
-def machine(device: str) -> dict:
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-           "platform": platform.platform()}
-    if torch.cuda.is_available() and device != "cpu":
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
 
 
 def checks(points: list[dict]) -> dict:
