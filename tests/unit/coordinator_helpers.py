@@ -10,7 +10,6 @@ from safetensors.numpy import save
 
 from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
-from echo2.config.run import TaskConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.state import CoordinatorState, Settings
 from echo2.coordinator.store import Store
@@ -23,6 +22,7 @@ from echo2.protocol.messages import (
     VersionInfo,
 )
 from echo2.tasks import make_task
+from echo2.tasks.addition import AdditionConfig
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2)
 
@@ -40,7 +40,7 @@ def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int 
         max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=SAMPLING,
         model_source=str(model_dir), heartbeat_interval_s=1.0, worker_timeout_s=5.0, lease_timeout_s=60.0,
     )
-    scorer = Scorer(make_task(TaskConfig(), seed=0), str(model_dir))
+    scorer = Scorer(make_task(AdditionConfig(), seed=0), str(model_dir))
     return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)
 
 

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "echo2.cli.plan_cmd",
     "sim": "echo2.cli.sim_cmd",
     "export": "echo2.cli.export_cmd",
+    "eval": "echo2.cli.eval_cmd",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,21 +78,47 @@ def validate(schema: type[M], data: dict[str, Any], source: str = "config") -> M
 
 
 def _describe(schema: type[BaseModel], err: dict[str, Any]) -> str:
-    loc = [str(p) for p in err["loc"]]
+    loc, parent = _resolve(schema, [str(p) for p in err["loc"]])
     field = ".".join(loc) or "<root>"
     if err["type"] == "extra_forbidden":
-        allowed = _fields_at(schema, loc[:-1])
+        allowed = list(getattr(parent, "model_fields", {}))
         close = difflib.get_close_matches(loc[-1], allowed, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{field}: unknown field{hint} (allowed: {', '.join(sorted(allowed))})"
     return f"{field}: {err['msg']} (got {err.get('input')!r})"
 
 
-def _fields_at(schema: type[BaseModel], loc: list[str]) -> list[str]:
+def _resolve(schema: type[BaseModel], loc: list[str]) -> tuple[list[str], Any]:
+    """The location as the user wrote it, and the model that holds its last part. Through a
+    discriminated union pydantic puts the member's tag in the location (`task.math.datset`);
+    the user wrote `task.datset`, so tags are dropped and the member is the model."""
+    shown: list[str] = []
     node: Any = schema
-    for part in loc:
+    parent: Any = None
+    rest = list(loc)
+    while rest:
+        part = rest.pop(0)
+        shown.append(part)
+        parent = node
         field = getattr(node, "model_fields", {}).get(part)
         if field is None:
-            return []
+            return shown + rest, parent
         node = field.annotation
-    return list(getattr(node, "model_fields", {}))
+        members = _union_members(node)
+        if members and rest and rest[0] in members:
+            node = members[rest.pop(0)]
+    return shown, parent
+
+
+def _union_members(annotation: Any) -> dict[str, Any]:
+    """{tag: member} of a union of models told apart by a Literal `name` field, else {}."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        args = typing.get_args(args[0])
+    members = {}
+    for arg in args:
+        name = getattr(arg, "model_fields", {}).get("name")
+        literal = typing.get_args(name.annotation) if name is not None else ()
+        if len(literal) == 1:
+            members[literal[0]] = arg
+    return members

@@ -15,6 +15,8 @@ from pydantic import Field, model_validator
 from echo2.config.base import DEVICE_FIELD, Frozen, apply_overrides, read_toml, validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
+from echo2.tasks.addition import AdditionConfig
+from echo2.tasks.registry import TaskConfig
 
 
 class ModelConfig(Frozen):
@@ -31,15 +33,6 @@ class ModelConfig(Frozen):
     """Tiny model only: MLP width."""
 
 
-class TaskConfig(Frozen):
-    name: Literal["addition"] = "addition"
-    """Task adapter (see echo2.tasks): prompts, answer checker, reward."""
-    digits: int = Field(2, ge=1, le=6)
-    """Addition: operands have up to this many digits."""
-    eval_size: int = Field(200, ge=1, le=100_000)
-    """Held-out problems for greedy accuracy (never used as training prompts)."""
-
-
 class WarmStartConfig(Frozen):
     """Short supervised fine-tune standing in for the pretrained base a real user brings."""
 
@@ -47,6 +40,14 @@ class WarmStartConfig(Frozen):
     """Optimizer steps; 0 skips the warm start (use this with a real pretrained model)."""
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
+    """Stop early once greedy accuracy on `check_problems` training problems (never the held-out
+    ones) reaches this, checked every `check_every` steps. Where a tiny model lands after a fixed
+    number of steps depends a lot on its initial weights (0.16 to 0.98 held-out accuracy across
+    seeds for the demo's 800 steps); this makes the base "sometimes right" whatever the draw.
+    None: always run `steps`."""
+    check_every: int = Field(50, ge=1)
+    check_problems: int = Field(200, ge=1, le=10_000)
 
 
 class SamplingConfig(Frozen):
@@ -209,7 +210,8 @@ class RunConfig(Frozen):
     by every run with the same settings."""
     seed: int = 0
     model: ModelConfig = ModelConfig()
-    task: TaskConfig = TaskConfig()
+    task: TaskConfig = AdditionConfig()
+    """The task (see echo2.tasks.registry): `name` picks the schema of the rest of the table."""
     warmstart: WarmStartConfig = WarmStartConfig()
     sampling: SamplingConfig = SamplingConfig()
     grpo: GRPOConfig = GRPOConfig()
@@ -219,6 +221,14 @@ class RunConfig(Frozen):
     broadcast: BroadcastConfig = BroadcastConfig()
     activation: ActivationConfig = ActivationConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults_to_addition(cls, data: Any) -> Any:
+        """A [task] table without `name` is the embedded addition task, as before tasks had names."""
+        if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
+            data = {**data, "task": {"name": "addition", **data["task"]}}
+        return data
 
     @property
     def run_path(self) -> Path:

@@ -51,7 +51,9 @@ def auth_token(configured: str) -> str:
 
 async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     store = Store(cfg.run_path / "coordinator.db")
-    scorer = Scorer(make_task(cfg.task, cfg.seed), cfg.base_model_path)
+    task = make_task(cfg.task, cfg.seed)
+    task.check()  # loads and validates the task's data before the first lease needs it
+    scorer = Scorer(task, cfg.base_model_path)
     state = CoordinatorState(settings_from(cfg), store, scorer)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator")
     app = build_app(state, metrics, auth_token(cfg.coordinator.auth_token), cfg.coordinator.max_request_bytes)

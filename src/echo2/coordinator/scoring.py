@@ -1,12 +1,14 @@
-"""Rewards computed where they can be trusted: the coordinator decodes the completion tokens a
-worker returned and scores them with the task adapter. Uses `tokenizers` directly (no torch)."""
+"""Rewards computed where they can be trusted: the coordinator renders each prompt (the task's
+messages through the model's chat template), decodes the completion tokens a worker returned
+and scores them with the task adapter. Uses `tokenizers` and transformers' torch-free
+PreTrainedTokenizerFast (for the chat template) only."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from echo2.tasks.base import Problem, TaskAdapter
+from echo2.tasks.base import Problem, TaskAdapter, render_prompt
 
 
 def _tokenizer_file(model_source: str) -> Path:
@@ -26,6 +28,14 @@ def _vocab_size(model_source: str, tokenizer_size: int) -> int:
     return tokenizer_size
 
 
+def _chat_tokenizer(model_source: str):
+    """The model's tokenizer as transformers loads it, for its chat template (the class imports
+    no torch, unlike AutoTokenizer)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(model_source)
+
+
 class Scorer:
     def __init__(self, task: TaskAdapter, model_source: str) -> None:
         from tokenizers import Tokenizer
@@ -33,12 +43,14 @@ class Scorer:
         self.task = task
         self.tokenizer = Tokenizer.from_file(str(_tokenizer_file(model_source)))
         self.vocab_size = _vocab_size(model_source, self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self.chat = _chat_tokenizer(model_source) if task.cfg.chat_template else None
 
     def problem(self, prompt_index: int) -> Problem:
         return self.task.train_problem(prompt_index)
 
     def prompt_ids(self, prompt_index: int) -> list[int]:
-        return self.tokenizer.encode(self.problem(prompt_index).prompt, add_special_tokens=False).ids
+        text = render_prompt(self.chat, self.task, self.problem(prompt_index))
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def rewards(self, prompt_index: int, completions: list[list[int]]) -> list[float]:
         problem = self.problem(prompt_index)

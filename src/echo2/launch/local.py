@@ -34,7 +34,9 @@ class RunFailed(Exception):
 
 def run_local(cfg: RunConfig, console: Console) -> int:
     from echo2.models.prepare import prepare_base_model
+    from echo2.tasks import make_task
 
+    make_task(cfg.task, cfg.seed).check()  # bad data is an error now, before any process starts
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
     token = cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16)

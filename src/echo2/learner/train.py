@@ -19,7 +19,7 @@ from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
 from echo2.learner.step import train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
-from echo2.models.generation import greedy_accuracy
+from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.weights import model_payload, require_finite, unique_tensors
 from echo2.protocol.messages import TrainGroup
@@ -139,11 +139,12 @@ class Learner:
         return elapsed
 
     def _evaluate(self, step: int) -> None:
-        started = time.perf_counter()
+        """Greedy pass@1 on the held-out set (task.eval_size problems, every train.eval_every
+        steps), with the code `echo2 eval` runs."""
         with self.precision.autocast():
-            accuracy = greedy_accuracy(self.model, self.tokenizer, self.task, self.eval_set,
-                                       self.cfg.sampling.max_new_tokens)
-        self.metrics.write("eval", step=step, accuracy=accuracy, eval_s=time.perf_counter() - started)
+            report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens)
+        self.metrics.write("eval", step=step, accuracy=report.accuracy, problems=report.problems,
+                           eval_s=report.seconds)
 
 
 def wire_dtype(name: str, base_model_path: str) -> torch.dtype:

@@ -1,13 +1,11 @@
-"""Prompt batching, completion extraction and greedy evaluation shared by the learner and the
-HF rollout engine (torch)."""
+"""Prompt batching, completion extraction and greedy completions shared by the learner, the
+evaluation and the HF rollout engine (torch)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-
-from echo2.tasks.base import Problem, TaskAdapter
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,18 +45,3 @@ def greedy_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens:
     new = out[:, input_ids.shape[1] :].tolist()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     return [decode_completion(tokenizer, strip_completion(row, eos, pad)) for row in new]
-
-
-def greedy_accuracy(
-    model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], max_new_tokens: int, batch_size: int = 256
-) -> float:
-    """Share of problems whose greedy completion the task's checker accepts."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens)
-        correct += sum(task.is_correct(p, t) for p, t in zip(chunk, texts, strict=True))
-    model.train(was_training)
-    return correct / max(1, len(problems))

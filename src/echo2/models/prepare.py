@@ -23,8 +23,11 @@ def cache_path(cfg: RunConfig) -> Path:
 
 
 def fingerprint(cfg: RunConfig) -> dict:
+    from echo2.models.tiny import BUILD_VERSION
+
     return {
         "model": cfg.model.model_dump(),
+        "tiny_build": BUILD_VERSION if cfg.model.source == "tiny" else None,
         "warmstart": cfg.warmstart.model_dump(),
         "task": cfg.task.model_dump(),
         "seed": cfg.seed,
@@ -67,8 +70,8 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
 
 
 def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
-    from echo2.learner.warmstart import warm_start
-    from echo2.models.generation import greedy_accuracy
+    from echo2.learner.warmstart import CHECK_OFFSET, warm_start
+    from echo2.models.evaluation import evaluate
     from echo2.models.loading import load_model, load_tokenizer
     from echo2.models.tiny import save_tiny
     from echo2.tasks import make_task
@@ -84,12 +87,20 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
         if step % max(1, cfg.warmstart.steps // 10) == 0 or step == cfg.warmstart.steps:
             log(f"warm start {step}/{cfg.warmstart.steps}: loss {loss:.3f}")
 
-    log(f"warm start: {cfg.warmstart.steps} supervised steps on {task.name} (stands in for a pretrained base)")
-    loss = warm_start(model, tokenizer, task, cfg.warmstart, cfg.seed, progress)
-    accuracy = greedy_accuracy(model, tokenizer, task, task.eval_problems(), cfg.sampling.max_new_tokens)
+    ws = cfg.warmstart
+    check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]
+
+    def training_accuracy() -> float:
+        reached = evaluate(model, tokenizer, task, check, cfg.sampling.max_new_tokens).accuracy
+        log(f"warm start: training-problem accuracy {reached:.3f} (stop at {ws.stop_at_accuracy})")
+        return reached
+
+    log(f"warm start: up to {ws.steps} supervised steps on {task.name} (stands in for a pretrained base)")
+    loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy)
+    accuracy = evaluate(model, tokenizer, task, task.eval_problems(), cfg.sampling.max_new_tokens).accuracy
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return {"accuracy": accuracy, "final_loss": loss, "warm_start_steps": cfg.warmstart.steps}
+    return {"accuracy": accuracy, "final_loss": loss, "warm_start_steps": steps}
 
 
 def _copy_dir(src: Path, dst: Path) -> None:

@@ -23,6 +23,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     table.add_row("learner steps", _fmt(summary["steps"]))
     table.add_row("held-out accuracy before -> after", f"{_fmt(before)} -> {_fmt(after)}")
+    if summary.get("eval_s_total"):
+        table.add_row("evaluation (learner time)", f"{summary['eval_s_total']:.1f} s on {summary['eval_problems']} "
+                      f"held-out problems per evaluation")
     table.add_row("learner utilization (steady)", f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
     if summary.get("s_min_measured") is not None:

@@ -55,6 +55,9 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         # the first step also waits for workers to load the model: report steady state apart
         "learner_utilization_steady": utilization(steps[1:], busy_s),
         "learner_wall_s": (steps[-1]["time"] - steps[0]["time"] + steps[0]["wait_s"]) if steps else 0.0,
+        # in-run evaluation is learner time too: its share says what eval_every and eval_size cost
+        "eval_s_total": sum(e.get("eval_s", 0.0) for e in evals),
+        "eval_problems": evals[-1].get("problems") if evals else None,
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),

@@ -1,10 +1,15 @@
-"""Multi-digit addition: prompt "37+45=", answer "82". Verifiable and cheap to score."""
+"""Multi-digit addition: prompt "37+45=", answer "82". Verifiable and cheap to score; the
+embedded demo's task."""
 
 from __future__ import annotations
 
 import random
 from functools import cached_property
+from typing import Literal
 
+from pydantic import Field
+
+from echo2.config.task import TaskConfigBase
 from echo2.tasks.base import Problem, TaskAdapter
 
 # Distinct streams for training and evaluation so held-out problems are drawn independently.
@@ -12,14 +17,21 @@ _EVAL_STREAM = 1_000_003
 _TRAIN_STREAM = 2_000_003
 
 
+class AdditionConfig(TaskConfigBase):
+    name: Literal["addition"] = "addition"
+    digits: int = Field(2, ge=1, le=6)
+    """Operands have up to this many digits."""
+    chat_template: bool = False
+    """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
+
+
 class AdditionTask(TaskAdapter):
     name = "addition"
 
-    def __init__(self, digits: int, eval_size: int, seed: int) -> None:
-        if digits < 1:
-            raise ValueError(f"task.digits must be >= 1, got {digits}")
-        self.digits = digits
-        self.eval_size = min(eval_size, (10**digits) ** 2 // 2)
+    def __init__(self, cfg: AdditionConfig, seed: int) -> None:
+        super().__init__(cfg)
+        self.digits = cfg.digits
+        self.eval_size = min(cfg.eval_size, (10**cfg.digits) ** 2 // 2)
         self.seed = seed
 
     def _problem(self, a: int, b: int) -> Problem:
@@ -52,5 +64,5 @@ class AdditionTask(TaskAdapter):
             pair = self._draw(rng)
         return self._problem(*pair)
 
-    def is_correct(self, problem: Problem, completion: str) -> bool:
-        return completion.strip() == problem.answer
+    def reward(self, problem: Problem, completion: str) -> float:
+        return 1.0 if completion.strip() == problem.answer else 0.0

@@ -1,7 +1,10 @@
-"""Task adapter API: a prompt source, an answer checker and a reward function.
+"""Task adapter API: a prompt source, an answer checker and a reward function, plus how a
+problem becomes prompt text.
 
 Adapters import no torch: the coordinator computes rewards with them (a reward sent by a worker
-is never trusted), and new tasks plug in without touching scheduling or training.
+is never trusted), and new tasks plug in without touching scheduling or training. Adding a task
+is one module defining its config schema and its adapter, and one entry in
+`echo2.tasks.registry`.
 """
 
 from __future__ import annotations
@@ -9,32 +12,70 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from echo2.config.task import TaskConfigBase
+
 
 @dataclass(frozen=True)
 class Problem:
     prompt: str
+    """The question as the task states it (before the instruction and the chat template)."""
     answer: str
+    """The reference answer (what a correct completion must be equivalent to)."""
+    source_index: int = -1
+    """Where the problem came from in its dataset (-1: generated), for adapters that score with
+    more than the answer."""
+    held_out: bool = False
+    """From the held-out set (then `source_index` counts in that set)."""
 
 
 class TaskAdapter(ABC):
     name: str
+    default_instruction: str = ""
+
+    def __init__(self, cfg: TaskConfigBase) -> None:
+        self.cfg = cfg
 
     @abstractmethod
     def train_problem(self, index: int) -> Problem:
-        """The index-th training problem of a deterministic stream (never a held-out one)."""
+        """The index-th training problem of a deterministic stream (never a held-out one): the
+        same index gives the same problem in every process and after a restart."""
 
     @abstractmethod
     def eval_problems(self) -> list[Problem]:
-        """The fixed held-out set for greedy accuracy."""
+        """The fixed held-out set."""
 
     @abstractmethod
-    def is_correct(self, problem: Problem, completion: str) -> bool:
-        """Whether a decoded completion (special tokens removed) answers the problem."""
-
     def reward(self, problem: Problem, completion: str) -> float:
-        """Verifiable reward; binary correctness unless an adapter shapes it."""
-        return 1.0 if self.is_correct(problem, completion) else 0.0
+        """Verifiable reward of a decoded completion (special tokens removed)."""
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        """Whether the completion answers the problem (held-out accuracy, pass@k)."""
+        return self.reward(problem, completion) >= 1.0
 
     def reference_completion(self, problem: Problem) -> str:
         """The completion a supervised warm start imitates."""
         return problem.answer
+
+    def check(self) -> None:  # noqa: B027  optional hook, deliberately empty here
+        """Load and validate the task's data now: a bad file or field is an error before any
+        process starts. Adapters with data override it."""
+
+    @property
+    def instruction(self) -> str:
+        return self.default_instruction if self.cfg.instruction is None else self.cfg.instruction
+
+    def messages(self, problem: Problem) -> list[dict[str, str]]:
+        question = f"{problem.prompt}\n{self.instruction}" if self.instruction else problem.prompt
+        system = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
+        return [*system, {"role": "user", "content": question}]
+
+
+def render_prompt(tokenizer, task: TaskAdapter, problem: Problem) -> str:
+    """The prompt text a policy sees: the tokenizer's chat template applied to the task's
+    messages when configured and available, else their contents line by line. `tokenizer` is
+    any transformers tokenizer (only its chat template is used, no torch)."""
+    messages = task.messages(problem)
+    if task.cfg.chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **task.cfg.chat_template_kwargs)
+    return "\n".join(m["content"] for m in messages)

@@ -1,0 +1,34 @@
+"""What `echo2 eval` runs: load a model (a Hugging Face model or an echo2 checkpoint over its
+run's base model) and evaluate it on the configured task's held-out problems."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from echo2.config.run import RunConfig
+
+
+def load_for_eval(model_source: str, checkpoint: Path | None, device: str):
+    from echo2.learner.checkpoint import load_model_weights
+    from echo2.models.device import resolve_device
+    from echo2.models.loading import load_model, load_tokenizer
+
+    where = resolve_device(device, "--device")
+    model = load_model(model_source, where)
+    if checkpoint is not None:
+        load_model_weights(checkpoint, model)
+    return model, load_tokenizer(model_source)
+
+
+def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks: Sequence[int], max_new_tokens: int,
+             limit: int | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
+    from echo2.models.evaluation import evaluate
+    from echo2.tasks import make_task
+
+    task = make_task(cfg.task, cfg.seed)
+    task.check()
+    problems = task.eval_problems()[:limit] if limit else task.eval_problems()
+    report = evaluate(model, tokenizer, task, problems, max_new_tokens, n=n, temperature=temperature, ks=ks,
+                      progress=progress)
+    return report.to_dict()

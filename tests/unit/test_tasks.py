@@ -1,0 +1,231 @@
+"""Task adapters on fixture data: math from JSONL, Parquet and CSV through datasets.load_dataset
+(rewards with math-verify, held-out rows never trained on, an epoch order that a restart
+continues exactly), reasoning-gym by name and config, the registry's config schemas, and bad
+data refused with the file, the row and the field named before a run starts."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from tests.unit.task_fixtures import word_problems, write_jsonl, write_parquet
+
+from echo2.cli import main
+from echo2.config.run import load_run_config
+from echo2.tasks import TASKS, make_task, render_prompt
+
+
+def _math(path, **extra):
+    overrides = ["task.name=math", f"task.dataset={path}", "task.eval_fraction=0.2", "task.eval_size=100"]
+    overrides += [f"task.{k}={json.dumps(v)}" for k, v in extra.items()]
+    cfg = load_run_config(None, overrides)
+    task = make_task(cfg.task, seed=3)
+    task.check()
+    return task
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
+def test_math_task_from_local_files(tmp_path, fmt):
+    rows = word_problems(50)
+    if fmt == "jsonl":
+        path = write_jsonl(tmp_path / "problems.jsonl", rows)
+    elif fmt == "parquet":
+        path = write_parquet(tmp_path / "problems.parquet", rows)
+    else:
+        path = tmp_path / "problems.csv"
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["question", "answer"])
+            writer.writeheader()
+            writer.writerows(rows)
+    task = _math(path)
+    held = task.eval_problems()
+    assert len(held) == 10  # 20% of 50
+    train = [task.train_problem(i) for i in range(40)]
+    assert {p.prompt for p in train} | {p.prompt for p in held} == {r["question"] for r in rows}
+    assert not {p.prompt for p in train} & {p.prompt for p in held}  # held-out rows never trained on
+    for problem in train[:12]:
+        answer = problem.answer.split("####")[-1].strip()
+        assert task.reward(problem, f"Let me think. The answer is \\boxed{{{answer}}}.") == 1.0
+        assert task.reward(problem, "The answer is \\boxed{-1}.") == 0.0
+    fraction = next(p for p in train if "\\frac" in p.answer)
+    denominator = fraction.answer[fraction.answer.rindex("{") + 1:-1]
+    assert task.is_correct(fraction, f"each gets {1 / int(denominator)}" if int(denominator) in (2, 4, 5, 8) else
+                           f"\\boxed{{1/{denominator}}}")
+    gsm = next(p for p in train if "####" in p.answer)
+    assert task.is_correct(gsm, f"so it is {gsm.answer.split('####')[-1].strip()}")  # last-number fallback
+
+
+def test_format_reward_and_instruction(tmp_path):
+    task = _math(write_jsonl(tmp_path / "p.jsonl", word_problems(20)), format_reward=0.2)
+    problem = next(task.train_problem(i) for i in range(20) if "####" not in task.train_problem(i).answer
+                   and "\\frac" not in task.train_problem(i).answer)
+    assert task.reward(problem, f"\\boxed{{{problem.answer}}}") == pytest.approx(1.2)
+    assert task.reward(problem, f"it is {problem.answer}") == pytest.approx(1.0)
+    assert task.reward(problem, "\\boxed{-3}") == pytest.approx(0.2)
+    assert "\\boxed{}" in task.messages(problem)[-1]["content"]
+
+
+def test_epoch_order_is_a_seeded_shuffle_that_a_new_process_repeats(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", word_problems(30))
+    task, fresh = _math(path), _math(path)
+    first = [task.train_problem(i).prompt for i in range(72)]  # 3 epochs of 24 rows
+    again = [fresh.train_problem(i).prompt for i in range(72)]
+    assert first == again
+    epochs = [first[0:24], first[24:48], first[48:72]]
+    assert all(sorted(e) == sorted(epochs[0]) for e in epochs)  # every row once per epoch
+    assert epochs[0] != epochs[1]  # reshuffled each epoch
+
+
+def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_dir):
+    from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+
+    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.state import CoordinatorState
+    from echo2.coordinator.store import Store
+
+    path = write_jsonl(tmp_path / "p.jsonl", word_problems(30))
+    cfg = load_run_config(None, ["task.name=math", f"task.dataset={path}", "task.eval_fraction=0.2"])
+
+    def state(where):
+        base = make_state(where, tiny_model_dir, FakeClock(), max_staleness=100, groups_per_step=1000)
+        base.store.close()
+        return CoordinatorState(base.settings, Store(where / "coordinator.db"),
+                                Scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir)), clock=FakeClock())
+
+    def take(s, count):
+        """Lease and return `count` prompts (returned ones are not re-leased after a restart)."""
+        register(s, "a")
+        publish(s, 0)
+        prompts = []
+        while len(prompts) < count:
+            for t in lease(s, "a", 0, max_tasks=min(8, count - len(prompts))).tasks:
+                prompts.append(s.scorer.problem(s.leases[t.task_id].prompt_index).prompt)
+                assert s.submit(submission(s, "a", t.task_id, 0)).accepted
+        return prompts
+
+    straight = take(state(tmp_path / "straight"), 40)
+    first = state(tmp_path / "resumed")
+    head = take(first, 16)
+    first.store.close()
+    tail = take(state(tmp_path / "resumed"), 24)  # a new process: cursor from SQLite, order from the seed
+    assert head + tail == straight
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question": "What is 1+1?"}, "row 3: field 'answer' is missing or empty"),
+    ({"question": "", "answer": "2"}, "row 3: field 'question' is missing or empty"),
+    ({"question": "What is 1+1?", "answer": None}, "row 3: field 'answer' is missing or empty"),
+])
+def test_bad_rows_are_named_with_file_row_and_field(tmp_path, row, message):
+    rows = word_problems(6)
+    rows[3] = row
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(ValueError, match=f"task.dataset '{path}', {message}"):
+        _math(path)
+
+
+def test_malformed_jsonl_and_missing_files_are_named(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n')
+    with pytest.raises(ValueError, match=r"broken.jsonl', line 2: not valid JSON"):
+        _math(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        _math(tmp_path / "missing.jsonl")
+    with pytest.raises(ValueError, match="set task.question_field"):
+        _math(write_jsonl(tmp_path / "p.jsonl", word_problems(5)), question_field="problem")
+
+
+def test_bad_data_stops_a_run_before_any_process_starts(tmp_path, capsys):
+    rows = word_problems(6)
+    rows[4] = {"question": "no answer here"}
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    run_dir = tmp_path / "run"
+    code = main(["run", "--set", f"run_dir={run_dir}", "--set", "task.name=math", "--set", f"task.dataset={path}",
+                 "--set", "warmstart.steps=0", "--set", "model.source=tiny"])
+    assert code == 2
+    assert "row 4: field 'answer' is missing or empty" in capsys.readouterr().err
+    assert not run_dir.exists()  # nothing prepared, no process started
+
+
+def test_reasoning_gym_task_is_deterministic_and_scored_by_its_dataset():
+    cfg = load_run_config(None, ["task.name=reasoning_gym", "task.dataset=chain_sum", "task.size=500",
+                                 "task.eval_size=20", 'task.config={min_terms = 2, max_terms = 2, min_digits = 1, '
+                                 'max_digits = 1}'])
+    task, again = make_task(cfg.task, seed=1), make_task(cfg.task, seed=1)
+    task.check()
+    train = [task.train_problem(i) for i in range(50)]
+    assert train == [again.train_problem(i) for i in range(50)]
+    assert [p.prompt for p in task.eval_problems()] == [p.prompt for p in again.eval_problems()]
+    held = {p.prompt for p in task.eval_problems()}
+    assert not held & {task.train_problem(i).prompt for i in range(500)}
+    problem = train[0]
+    assert "arithmetic problem" in problem.prompt
+    assert task.reward(problem, problem.answer) == 1.0
+    assert task.reward(problem, f"thinking... <answer>{problem.answer}</answer>") == 1.0
+    assert task.reward(problem, str(int(problem.answer) + 1)) == 0.0
+    assert task.reward(problem, "") == 0.0
+    held_problem = task.eval_problems()[0]
+    assert task.is_correct(held_problem, held_problem.answer)
+    other = make_task(cfg.task, seed=2)
+    assert [other.train_problem(i).prompt for i in range(20)] != [p.prompt for p in train[:20]]
+
+
+def test_unknown_reasoning_gym_dataset_is_a_clear_error():
+    cfg = load_run_config(None, ["task.name=reasoning_gym", "task.dataset=no_such_dataset"])
+    with pytest.raises(ValueError, match="task.dataset='no_such_dataset'.*reasoning-gym refused it"):
+        make_task(cfg.task, seed=0).check()
+
+
+def _math_with_tokenizer(tmp_path, model_dir, *overrides: str):
+    from echo2.models.loading import load_tokenizer
+
+    path = write_jsonl(tmp_path / "p.jsonl", word_problems(10))
+    cfg = load_run_config(None, ["task.name=math", f"task.dataset={path}", *overrides])
+    return make_task(cfg.task, 0), load_tokenizer(str(model_dir)), path
+
+
+def test_prompts_go_through_the_chat_template_where_the_tokenizer_has_one(tmp_path, tiny_model_dir):
+    from echo2.coordinator.scoring import Scorer
+
+    task, tokenizer, path = _math_with_tokenizer(tmp_path, tiny_model_dir, "task.system_prompt=Be brief.",
+                                                 "task.instruction=Answer with a number.")
+    problem = task.train_problem(0)
+    text = render_prompt(tokenizer, task, problem)
+    assert text == (f"<|system|>Be brief.<|end|>\n<|user|>{problem.prompt}\nAnswer with a number.<|end|>\n"
+                    "<|assistant|>")
+    scorer = Scorer(task, str(tiny_model_dir))  # the coordinator renders it the same way
+    assert scorer.prompt_ids(0) == tokenizer.encode(text, add_special_tokens=False)
+    plain = make_task(load_run_config(None, ["task.name=math", f"task.dataset={path}",
+                                             "task.chat_template=false"]).task, 0)
+    assert render_prompt(tokenizer, plain, problem).startswith(problem.prompt + "\nPlease reason step by step")
+
+
+def test_every_registered_task_has_a_schema_named_like_its_entry():
+    for name, (schema, adapter) in TASKS.items():
+        assert schema.model_fields["name"].default == name or name in str(schema.model_fields["name"].annotation)
+        assert adapter.name == name
+
+
+def test_chat_template_variables_reach_the_template(tmp_path, tiny_model_dir):
+    task, tokenizer, _ = _math_with_tokenizer(tmp_path, tiny_model_dir, "task.instruction=",
+                                              "task.chat_template_kwargs={enable_thinking = false}")
+    tokenizer.chat_template = ("{{ messages[-1]['content'] }}|{% if enable_thinking is defined and not "
+                               "enable_thinking %}no-think{% else %}think{% endif %}")
+    problem = task.train_problem(0)
+    assert render_prompt(tokenizer, task, problem) == f"{problem.prompt}|no-think"
+
+
+def test_the_readme_example_task_works():
+    """The README's 'Adding a task' example, as written there, is a working adapter."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("# src/echo2/tasks/reverse.py\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec", dont_inherit=True), namespace)  # noqa: S102  our own docs
+    task = namespace["ReverseTask"](namespace["ReverseConfig"](), 0)
+    problem = task.train_problem(1)
+    assert task.reward(problem, "renrael") == 1.0 and task.reward(problem, "learner") == 0.0
+    assert not {p.prompt for p in task.eval_problems()} & {task.train_problem(i).prompt for i in range(8)}
+    assert "backwards" in task.messages(problem)[-1]["content"]

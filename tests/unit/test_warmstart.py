@@ -1,0 +1,27 @@
+"""The supervised warm start stops once its accuracy check reaches warmstart.stop_at_accuracy,
+checked every check_every steps, and runs all its steps without one."""
+
+from __future__ import annotations
+
+from echo2.config.run import WarmStartConfig
+from echo2.learner.warmstart import warm_start
+from echo2.models.loading import load_model, load_tokenizer
+from echo2.tasks import make_task
+from echo2.tasks.addition import AdditionConfig
+
+
+def test_warm_start_stops_at_the_accuracy_asked_for(tiny_model_dir):
+    tokenizer, task = load_tokenizer(str(tiny_model_dir)), make_task(AdditionConfig(digits=1), seed=0)
+    readings = iter([0.1, 0.3, 0.6, 0.9])
+    asked = []
+
+    def accuracy() -> float:
+        asked.append(1)
+        return next(readings)
+
+    cfg = WarmStartConfig(steps=40, batch_size=4, stop_at_accuracy=0.5, check_every=5)
+    loss, steps = warm_start(load_model(str(tiny_model_dir)), tokenizer, task, cfg, 0, accuracy=accuracy)
+    assert steps == 15 and len(asked) == 3 and loss == loss  # stopped at the third check (0.6 >= 0.5)
+    _, steps = warm_start(load_model(str(tiny_model_dir)), tokenizer, task,
+                          WarmStartConfig(steps=12, batch_size=4, check_every=5), 0, accuracy=accuracy)
+    assert steps == 12 and len(asked) == 3  # no target: never asked, every step taken
