@@ -14,7 +14,9 @@ from pathlib import Path
 
 from echo2.report.metrics import read_metrics
 
-TOKEN = "test-token-0123456789"  # the same token small_run_config puts in the config
+TOKEN = "test-token-0123456789"  # the join token small_run_config puts in the config
+LEARNER_TOKEN = "test-learner-token-0123456789"
+OPERATOR_TOKEN = "test-operator-token-0123456789"
 
 
 def _is_table_list(value) -> bool:
@@ -49,7 +51,8 @@ def processes():
     def start(args: list[str], log: Path) -> subprocess.Popen:
         handle = open(log, "ab")
         proc = subprocess.Popen([sys.executable, "-m", "echo2", *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN}, start_new_session=True)
+                                env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN, "ECHO2_LEARNER_TOKEN": LEARNER_TOKEN,
+                                     "ECHO2_OPERATOR_TOKEN": OPERATOR_TOKEN}, start_new_session=True)
         handle.close()
         started.append(proc)
         return proc

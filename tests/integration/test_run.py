@@ -12,7 +12,16 @@ import urllib.request
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import TOKEN, last_step, processes, records, wait_for, write_config
+from tests.integration.runs import (
+    LEARNER_TOKEN,
+    OPERATOR_TOKEN,
+    TOKEN,
+    last_step,
+    processes,
+    records,
+    wait_for,
+    write_config,
+)
 
 from echo2.planner.activation import covers
 
@@ -54,11 +63,16 @@ def test_run_respects_the_staleness_bound(tmp_path, staleness):
         assert 0 < lat["p50"] <= lat["p95"] <= lat["max"] <= summary["publish_to_loaded_s"][worker]["max"]
     if staleness == 0:
         assert summary["staleness_hist"] == {"0": 12 * cfg.grpo.prompts_per_step}
+    # no secret of any role was written anywhere in the run dir (config, logs, metrics, store)
+    for path in cfg.run_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(t.encode() in data for t in (TOKEN, LEARNER_TOKEN, OPERATOR_TOKEN)), path
 
 
 def _leases_held(run_dir, worker_id: str) -> int:
     url = json.loads((run_dir / "coordinator.json").read_text())["url"]
-    request = urllib.request.Request(url + "/v1/state", headers={"Authorization": f"Bearer {TOKEN}"})
+    request = urllib.request.Request(url + "/v1/state", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return json.loads(resp.read())["workers"].get(worker_id, {}).get("leases", 0)

@@ -11,16 +11,22 @@ import pytest
 from aiohttp import web
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
+from echo2.coordinator.credentials import Secrets
 from echo2.coordinator.server import build_app
 from echo2.report.metrics import MetricsWriter
 
-TOKEN = "loopback-token-0123456789"
+TOKEN = "loopback-token-0123456789"  # the join token
+LEARNER_TOKEN = "loopback-learner-0123456789"
+OPERATOR_TOKEN = "loopback-operator-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LEARNER = {"Authorization": f"Bearer {LEARNER_TOKEN}"}
+OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 async def _serve(state, max_request_bytes: int = 64 << 10):
-    app = build_app(state, MetricsWriter(None, "coordinator"), TOKEN, max_request_bytes)
+    secrets = Secrets(join=TOKEN, learner=LEARNER_TOKEN, operator=OPERATOR_TOKEN)
+    app = build_app(state, MetricsWriter(None, "coordinator"), secrets, max_request_bytes)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -54,6 +60,13 @@ async def _post(session, url, path, body, headers=AUTH):
         return resp.status, await resp.json(content_type=None)
 
 
+async def _join(session, url, worker_id: str) -> dict[str, str]:
+    """Register with the join token; the headers of that worker's own credential."""
+    status, reply = await _post(session, url, "/v1/register", {"worker_id": worker_id, "engine": "hf"})
+    assert status == 200, reply
+    return {"Authorization": f"Bearer {reply['credential']}"}
+
+
 def test_requests_without_the_token_are_refused(state):
     async def scenario(session, url):
         status, body = await _post(session, url, "/v1/register", {"engine": "hf"}, headers={})
@@ -70,8 +83,8 @@ def test_requests_without_the_token_are_refused(state):
 
 def test_bad_requests_get_4xx_and_change_nothing(state):
     async def scenario(session, url):
-        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
-        status, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0})
+        w1 = await _join(session, url, "w1")
+        status, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0}, w1)
         task = lease["tasks"][0]
         before = json.dumps(state.snapshot(), sort_keys=True)
         good = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
@@ -82,20 +95,20 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
             "unknown field": {**good, "reward": [1.0, 1.0]},
             "nan": json.dumps(good).replace("-0.5, -0.5]}, {", "NaN, -0.5]}, {", 1),
             "unknown task": {**good, "task_id": "L0000"},
-            "unknown worker": {**good, "worker_id": "w9"},
+            "another worker's id": {**good, "worker_id": "w9"},
             "future version": {**good, "version": 3},
             "bad token id": {**good, "completions": [{"token_ids": [999], "logprobs": [-1.0]}] * 2},
             "logprob length": {**good, "completions": [{"token_ids": [20, 3], "logprobs": [-1.0]}] * 2},
             "oversized": {**good, "padding": "x" * (80 << 10)},
         }
-        results = {name: await _post(session, url, "/v1/rollout", body) for name, body in cases.items()}
+        results = {name: await _post(session, url, "/v1/rollout", body, w1) for name, body in cases.items()}
         after = json.dumps(state.snapshot(), sort_keys=True)
-        accepted = await _post(session, url, "/v1/rollout", good)
+        accepted = await _post(session, url, "/v1/rollout", good, w1)
         return results, before, after, accepted
 
     results, before, after, accepted = run_with_server(state, scenario)
     expected = {"not json": 400, "unknown kind": 400, "unknown field": 400, "nan": 400, "unknown task": 409,
-                "unknown worker": 404, "future version": 422, "bad token id": 422, "logprob length": 422,
+                "another worker's id": 403, "future version": 422, "bad token id": 422, "logprob length": 422,
                 "oversized": 413}
     assert {name: status for name, (status, _) in results.items()} == expected
     assert "future" in results["future version"][1]["error"]
@@ -106,23 +119,23 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
 
 def test_batch_long_poll_returns_when_the_batch_fills(state):
     async def scenario(session, url):
-        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
-        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2})
+        w1 = await _join(session, url, "w1")
+        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2}, w1)
 
         async def submit_later():
             await asyncio.sleep(0.3)
             for task in lease["tasks"]:
                 body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
                         "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
-                await _post(session, url, "/v1/rollout", body)
+                await _post(session, url, "/v1/rollout", body, w1)
 
         submitter = asyncio.create_task(submit_later())
         loop = asyncio.get_running_loop()
         started = loop.time()
-        async with session.get(url + "/v1/batch?step=0&wait_s=10", headers=AUTH) as resp:
+        async with session.get(url + "/v1/batch?step=0&wait_s=10", headers=LEARNER) as resp:
             batch = await resp.json()
         await submitter
-        async with session.get(url + "/v1/batch?step=x", headers=AUTH) as resp:
+        async with session.get(url + "/v1/batch?step=x", headers=LEARNER) as resp:
             bad = resp.status
         return batch, loop.time() - started, bad
 
@@ -133,18 +146,18 @@ def test_batch_long_poll_returns_when_the_batch_fills(state):
 
 def test_learner_hands_a_batch_back(state):
     async def scenario(session, url):
-        await _post(session, url, "/v1/register", {"worker_id": "w1", "engine": "hf"})
-        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2})
+        w1 = await _join(session, url, "w1")
+        _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2}, w1)
         for task in lease["tasks"]:
             body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
                     "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
-            await _post(session, url, "/v1/rollout", body)
-        async with session.get(url + "/v1/batch?step=0&wait_s=1", headers=AUTH) as resp:
+            await _post(session, url, "/v1/rollout", body, w1)
+        async with session.get(url + "/v1/batch?step=0&wait_s=1", headers=LEARNER) as resp:
             batch = await resp.json()
-        wrong_step = await _post(session, url, "/v1/batch/reject", {"step": 3, "reason": "x"})
-        malformed = await _post(session, url, "/v1/batch/reject", {"step": -1})
-        ok = await _post(session, url, "/v1/batch/reject", {"step": 0, "reason": "loss is nan"})
-        async with session.get(url + "/v1/batch?step=0&wait_s=0.2", headers=AUTH) as resp:
+        wrong_step = await _post(session, url, "/v1/batch/reject", {"step": 3, "reason": "x"}, LEARNER)
+        malformed = await _post(session, url, "/v1/batch/reject", {"step": -1}, LEARNER)
+        ok = await _post(session, url, "/v1/batch/reject", {"step": 0, "reason": "loss is nan"}, LEARNER)
+        async with session.get(url + "/v1/batch?step=0&wait_s=0.2", headers=LEARNER) as resp:
             after = await resp.json()
         return batch, wrong_step, malformed, ok, after
 

@@ -68,6 +68,7 @@ def test_capacity_and_stale_worker_refusal(state):
     # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups
     assert len(lease(state, "a", 0, max_tasks=10).tasks) == 4
     assert lease(state, "a", 0).reason.startswith("window full")
+    publish(state, 1)
     publish(state, 2)
     reply = lease(state, "a", 0)
     assert reply.tasks == [] and "too stale" in reply.reason

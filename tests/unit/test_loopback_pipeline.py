@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import torch
 from tests.unit.coordinator_helpers import FakeClock, make_state
-from tests.unit.test_coordinator_http import TOKEN, _serve
+from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 
 from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
+from echo2.coordinator.state import RequestError
 from echo2.learner.io import LearnerIO
 from echo2.models.loading import load_model
 from echo2.models.weights import model_payload
@@ -38,7 +40,7 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
 
     async def main():
         runner, url = await _serve(state, max_request_bytes=1 << 20)
-        io = LearnerIO(cfg, url, TOKEN)
+        io = LearnerIO(cfg, url, LEARNER_TOKEN, TOKEN)
         await asyncio.to_thread(io.start)
         workers = [Worker(WorkerConfig(worker_id=w, tasks_per_lease=1), url, TOKEN, MetricsWriter(metrics_path, "worker"))
                    for w in ("w1", "w2")]
@@ -87,8 +89,13 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
 
 
 def forge(state, io: LearnerIO) -> None:
+    """A version 2 signed by another key. The coordinator refuses it; announced anyway (as a
+    compromised coordinator would), the workers refuse it too."""
     payload = b"\0" * 64
     manifest = build_manifest(2, payload, 16, base_version=1, published_at=time.time())
     signed = sign_manifest(manifest, generate_private_key())
     info = VersionInfo(version=2, signed=signed, origin_url=io.origin_url, published_at=time.time())
-    state.publish(info, state.public_key_hex)
+    with pytest.raises(RequestError, match="publish of version 2 refused"):
+        state.publish(info, state.public_key_hex)
+    state.dissemination.plan_version(2, info.origin_url, state._peers())
+    state.latest = info

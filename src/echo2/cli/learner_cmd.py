@@ -15,9 +15,15 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from echo2.coordinator.credentials import LEARNER, MIN_TOKEN_CHARS, key_file, read_secret
     from echo2.coordinator.main import auth_token
     from echo2.learner.train import Learner
 
     cfg = read_resolved(args.run_dir)
-    Learner(cfg, coordinator_url(args.run_dir, args.coordinator), auth_token(cfg.coordinator.auth_token)).train()
+    learner_token = read_secret("LEARNER_TOKEN", key_file(cfg.run_path, LEARNER))
+    if len(learner_token) < MIN_TOKEN_CHARS:
+        raise ValueError("no learner token: set $ECHO2_LEARNER_TOKEN (or $ECHO2_LEARNER_TOKEN_FILE) to the "
+                         f"coordinator's, or run beside it, where {key_file(cfg.run_path, LEARNER)} holds it")
+    url = coordinator_url(args.run_dir, args.coordinator)
+    Learner(cfg, url, learner_token, auth_token(cfg.coordinator.auth_token)).train()
     return 0

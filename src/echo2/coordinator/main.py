@@ -11,6 +11,7 @@ import signal
 from aiohttp import web
 
 from echo2.config.run import RunConfig
+from echo2.coordinator.credentials import coordinator_secrets
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.server import build_app
 from echo2.coordinator.state import CoordinatorState, Settings
@@ -56,7 +57,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     scorer = Scorer(task, cfg.base_model_path)
     state = CoordinatorState(settings_from(cfg), store, scorer)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator")
-    app = build_app(state, metrics, auth_token(cfg.coordinator.auth_token), cfg.coordinator.max_request_bytes)
+    secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))
+    app = build_app(state, metrics, secrets, cfg.coordinator.max_request_bytes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port)

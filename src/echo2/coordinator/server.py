@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, WORKER, Secrets
 from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.protocol.messages import (
     BadPeerRequest,
@@ -38,6 +39,7 @@ STATE_KEY = web.AppKey("state", CoordinatorState)
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
+WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -48,19 +50,42 @@ def _reply(message: BaseModel) -> web.Response:
     return web.Response(text=message.model_dump_json(), content_type="application/json")
 
 
-def make_auth_middleware(token: str):
-    expected = f"Bearer {token}".encode()
+_TOKEN_HINTS = {
+    JOIN: "the run's join token (coordinator.auth_token / $ECHO2_AUTH_TOKEN)",
+    LEARNER: "the learner token ($ECHO2_LEARNER_TOKEN or <run_dir>/keys/learner.token)",
+    OPERATOR: "the operator token ($ECHO2_OPERATOR_TOKEN or <run_dir>/keys/operator.token)",
+}
+
+
+def make_auth_middleware(secrets: Secrets, state: CoordinatorState):
+    """Each route accepts exactly one role's credential (echo2.coordinator.credentials); a
+    worker's credential also names the worker, which handlers check the body speaks for."""
+    expected = {JOIN: secrets.join, LEARNER: secrets.learner, OPERATOR: secrets.operator}
 
     @web.middleware
     async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-        if request.path == "/healthz":
+        role = ROUTE_ROLES.get((request.method, request.path))
+        if role is None or role == OPEN:
+            return await handler(request)  # unknown routes get the router's 404/405
+        given = request.headers.get("Authorization", "")
+        if role == WORKER:
+            worker_id = state.worker_for_credential(given.removeprefix("Bearer "))
+            if worker_id is None:
+                return _error(401, "missing or unknown worker credential: register (POST /v1/register with the "
+                                   "join token) and send the credential it returns")
+            request[WORKER_KEY] = worker_id
             return await handler(request)
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            return _error(401, "missing or wrong bearer token: set auth_token / $ECHO2_AUTH_TOKEN to the run's token")
+        if not hmac.compare_digest(given.encode(), f"Bearer {expected[role]}".encode()):
+            return _error(401, f"missing or wrong bearer token: {request.path} needs {_TOKEN_HINTS[role]}")
         return await handler(request)
 
     return auth
+
+
+def _speaks_for(request: web.Request, worker_id: str) -> None:
+    """A worker credential is good for its own worker id only."""
+    if worker_id != request[WORKER_KEY]:
+        raise RequestError(403, f"this credential belongs to worker {request[WORKER_KEY]!r}, not {worker_id!r}")
 
 
 @web.middleware
@@ -91,26 +116,32 @@ async def handle_register(request: web.Request) -> web.Response:
     return _reply(request.app[STATE_KEY].register(await _parse(request, RegisterRequest)))
 
 
+async def _worker_body(request: web.Request, schema: type[BaseModel]):
+    body = await _parse(request, schema)
+    _speaks_for(request, body.report.reporter_id if isinstance(body, BadPeerRequest) else body.worker_id)
+    return body
+
+
 async def handle_heartbeat(request: web.Request) -> web.Response:
-    return _reply(request.app[STATE_KEY].heartbeat(await _parse(request, Heartbeat)))
+    return _reply(request.app[STATE_KEY].heartbeat(await _worker_body(request, Heartbeat)))
 
 
 async def handle_leave(request: web.Request) -> web.Response:
-    request.app[STATE_KEY].leave(await _parse(request, LeaveRequest))
+    request.app[STATE_KEY].leave(await _worker_body(request, LeaveRequest))
     return web.json_response({"ok": True})
 
 
 async def handle_bad_peer(request: web.Request) -> web.Response:
-    request.app[STATE_KEY].bad_peer(await _parse(request, BadPeerRequest))
+    request.app[STATE_KEY].bad_peer(await _worker_body(request, BadPeerRequest))
     return web.json_response({"ok": True})
 
 
 async def handle_lease(request: web.Request) -> web.Response:
-    return _reply(request.app[STATE_KEY].lease(await _parse(request, LeaseRequest)))
+    return _reply(request.app[STATE_KEY].lease(await _worker_body(request, LeaseRequest)))
 
 
 async def handle_rollout(request: web.Request) -> web.Response:
-    reply = request.app[STATE_KEY].submit(await _parse(request, RolloutSubmission))
+    reply = request.app[STATE_KEY].submit(await _worker_body(request, RolloutSubmission))
     if reply.accepted:
         async with request.app[CHANGED_KEY]:
             request.app[CHANGED_KEY].notify_all()
@@ -210,11 +241,10 @@ async def _run_housekeeping(app: web.Application):
     app[METRICS_KEY].write("coordinator_final", **app[STATE_KEY].snapshot())
 
 
-def build_app(state: CoordinatorState, metrics: MetricsWriter, token: str, max_request_bytes: int) -> web.Application:
-    if not token:
-        raise ValueError("coordinator.auth_token is empty: set it in the config or $ECHO2_AUTH_TOKEN")
+def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
+              max_request_bytes: int) -> web.Application:
     app = web.Application(
-        client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(token)]
+        client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(secrets, state)]
     )
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
     app[LIMIT_KEY] = max_request_bytes

@@ -14,10 +14,18 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from echo2.broadcast.signing import (
+    ManifestRejected,
+    load_public_key,
+    public_key_from_hex,
+    public_key_hex,
+    verify_manifest,
+)
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig
 from echo2.coordinator import admission
 from echo2.coordinator.controller import ActivationController
+from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
@@ -64,6 +72,10 @@ class Settings:
     learner_upload_bps: float = 1e9
 
 
+# ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
+RESERVED_WORKER_IDS = frozenset({"origin"})
+
+
 @dataclass
 class WorkerRecord:
     worker_id: str
@@ -79,6 +91,8 @@ class WorkerRecord:
     rollouts: int = 0
     tokens: int = 0
     gen_time_s: float = 0.0
+    credential_digest: str = ""
+    """sha256 of the credential issued at registration (the credential itself is not kept)."""
 
 
 @dataclass
@@ -105,6 +119,7 @@ class CoordinatorState:
     def __init__(self, settings: Settings, store: Store, scorer: Scorer, clock: Callable[[], float] = time.monotonic):
         self.settings, self.store, self.scorer, self.clock = settings, store, scorer, clock
         self.workers: dict[str, WorkerRecord] = {}
+        self.credentials: dict[str, str] = {}  # credential digest -> worker id
         self.leases: dict[str, Lease] = {}
         self.events: list[dict] = []  # metric records for the server to flush
         s = settings
@@ -122,7 +137,11 @@ class CoordinatorState:
         self.learner_step: int = store.get_meta("learner_step", 0)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
-        self.public_key_hex: str = store.get_meta("learner_public_key", "")
+        stored, configured = store.get_meta("learner_public_key", ""), self._configured_learner_key()
+        if stored and configured and stored != configured:
+            raise ValueError(f"broadcast.learner_public_key ({configured[:16]}...) is not the key this run's versions "
+                             f"were published with ({stored[:16]}...)")
+        self.public_key_hex: str = stored or configured
         self.counters = Counters(**store.get_meta("counters", {}))
         # prompts that were leased when we stopped go back to the queue: their leases died with us
         self.queue: deque[int] = deque(store.pending_prompts())
@@ -133,6 +152,11 @@ class CoordinatorState:
         self.steps_taken = store.last_batch_step() + 1
         self.seq = store.max_seq() + 1
 
+    def _configured_learner_key(self) -> str:
+        """broadcast.learner_public_key, when set, pins the learner key from the start."""
+        configured = self.settings.broadcast.learner_public_key
+        return public_key_hex(load_public_key(configured)) if configured else ""
+
     def _save_counters(self) -> None:
         self.store.set_meta("counters", asdict(self.counters))
 
@@ -142,16 +166,27 @@ class CoordinatorState:
 
     # ---- workers ----
     def register(self, req: RegisterRequest) -> RegisterResponse:
+        """Join the run (with the join token). Issues the credential every later call of this
+        worker must carry. A live worker's id cannot be taken over: only an evicted or departed
+        worker's id can register again (its old credential and leases are void)."""
         worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        if worker_id in RESERVED_WORKER_IDS:
+            raise RequestError(422, f"worker_id {worker_id!r} is reserved; choose another")
         old = self.workers.get(worker_id)
+        if old is not None and old.alive:
+            raise RequestError(409, f"worker {worker_id!r} is live; a restarted worker may register again once the "
+                                    f"coordinator has timed it out (worker_timeout_s={self.settings.worker_timeout_s})")
         if old is not None:
-            # a restarted or evicted worker joining again: its old leases are void, its totals stay
+            # an evicted worker joining again: its old leases are void, its totals stay
             self._release_leases(worker_id, reason="reregistered")
+            self.credentials.pop(old.credential_digest, None)
+        credential, digest = new_worker_credential()
         record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock(),
-                              upload_bps=req.upload_bps, download_bps=req.download_bps)
+                              upload_bps=req.upload_bps, download_bps=req.download_bps, credential_digest=digest)
         if old is not None:
             record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
         self.workers[worker_id] = record
+        self.credentials[digest] = worker_id
         self.controller.join(worker_id, req.price_per_hour)
         self.events.append({"kind": "worker_registered", "worker_id": worker_id, "engine": req.engine,
                             "price_per_hour": req.price_per_hour})
@@ -165,7 +200,12 @@ class CoordinatorState:
             latest=self.latest,
             broadcast=s.broadcast.model_dump(),
             learner_public_key=self.public_key_hex,
+            credential=credential,
         )
+
+    def worker_for_credential(self, credential: str) -> str | None:
+        """The worker id a credential was issued to (None: not one this coordinator issued)."""
+        return self.credentials.get(credential_digest(credential)) if credential else None
 
     def leave(self, req: LeaveRequest) -> None:
         """A worker shutting down cleanly: its leases go back at once, no timeout needed."""
@@ -365,15 +405,36 @@ class CoordinatorState:
 
     # ---- learner ----
     def publish(self, info: VersionInfo, public_key_hex: str) -> None:
-        if self.public_key_hex != public_key_hex:
-            self.public_key_hex = public_key_hex
-            self.store.set_meta("learner_public_key", public_key_hex)
-        if self.latest is not None and info.version < self.latest.version:
+        """Accept a version from the learner: signed by the pinned learner key (broadcast.
+        learner_public_key, else the key of the first publish, kept across restarts), and the
+        next version (latest + 1) or the latest again; a replay of an older one by a resumed
+        learner changes nothing. Checked in full before anything changes, then applied in one
+        transaction."""
+        pinned = self.public_key_hex or public_key_hex
+        if public_key_hex != pinned:
+            raise RequestError(409, f"publish signed by key {public_key_hex[:16]}...; this run's learner key is "
+                                    f"{pinned[:16]}... (pinned at the first publish or by broadcast.learner_public_key)")
+        try:
+            manifest = verify_manifest(info.signed, public_key_from_hex(pinned), held_version=None)
+        except (ManifestRejected, ValueError) as exc:
+            raise RequestError(422, f"publish of version {info.version} refused: {exc}") from None
+        if manifest.version != info.version:
+            raise RequestError(422, f"publish says version {info.version}, its signed manifest {manifest.version}")
+        newest = self.current_version
+        if self.latest is not None and info.version < newest:
             # a restarted learner replaying steps: workers already hold the newer version
+            self.events.append({"kind": "publish_replayed", "version": info.version, "latest": newest})
             return
-        self.latest = info
-        self.store.set_meta("latest", info.model_dump())
+        # the newest version again is a restarted learner serving it from its new origin: workers
+        # that had not finished it can only get it there, so it is announced anew
+        if self.latest is not None and info.version not in (newest, newest + 1):
+            raise RequestError(422, f"publish of version {info.version} skips ahead: the newest is {newest}, so the "
+                                    f"next is {newest + 1}")
         plan = self.dissemination.plan_version(info.version, info.origin_url, self._peers())
+        with self.store.tx():
+            self.store.set_meta("learner_public_key", pinned)
+            self.store.set_meta("latest", info.model_dump())
+        self.public_key_hex, self.latest = pinned, info
         self.events.append({
             "kind": "version_published", "version": info.version, "broadcast_mode": plan.mode,
             "first_hop": plan.origin_children, "max_depth": max((a.depth for a in plan.assignments), default=0),

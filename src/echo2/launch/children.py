@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from echo2.coordinator.credentials import SECRET_VARIABLES
+
 # time a child gets to flush metrics and close sockets after SIGTERM before SIGKILL
 STOP_GRACE_S = 10.0
 
@@ -42,7 +44,8 @@ def start_child(name: str, args: list[str], log_dir: Path, env: dict[str, str]) 
             [sys.executable, "-m", "echo2", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
+            # a role's secrets come only from `env`: none leak to a child from the launcher's own
+            env={**{k: v for k, v in os.environ.items() if k not in SECRET_VARIABLES}, **env},
             # own process group: a terminal Ctrl-C reaches only the launcher, which then stops
             # each child itself in a controlled order
             start_new_session=True,

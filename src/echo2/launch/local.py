@@ -39,11 +39,11 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     make_task(cfg.task, cfg.seed).check()  # bad data is an error now, before any process starts
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
-    token = cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16)
+    tokens = _role_tokens(cfg)
     children: list[Child] = []
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
     try:
-        _start_roles(cfg, {"ECHO2_AUTH_TOKEN": token}, children)
+        _start_roles(cfg, tokens, children)
         _watch(cfg, children, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes[/]")
@@ -69,17 +69,31 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _start_roles(cfg: RunConfig, env: dict[str, str], children: list[Child]) -> None:
+def _role_tokens(cfg: RunConfig) -> dict[str, str]:
+    """One secret per role, from the environment where set, else fresh for this run."""
+    return {
+        "ECHO2_AUTH_TOKEN": cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16),
+        "ECHO2_LEARNER_TOKEN": os.environ.get("ECHO2_LEARNER_TOKEN") or secrets.token_hex(16),
+        "ECHO2_OPERATOR_TOKEN": os.environ.get("ECHO2_OPERATOR_TOKEN") or secrets.token_hex(16),
+    }
+
+
+def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) -> None:
+    """Each child gets the secrets of its role only: workers the join token, the learner its own
+    and the join token (workers present it at its origin), the coordinator all three."""
     run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
-    coordinator = start_child("coordinator", ["coordinator", "--run-dir", run_dir], logs, env)
+    worker_env = {"ECHO2_AUTH_TOKEN": tokens["ECHO2_AUTH_TOKEN"]}
+    learner_env = {**worker_env, "ECHO2_LEARNER_TOKEN": tokens["ECHO2_LEARNER_TOKEN"]}
+    coordinator = start_child("coordinator", ["coordinator", "--run-dir", run_dir], logs, tokens)
     children.append(coordinator)
     url = _wait_for_coordinator(cfg.run_path, coordinator)
     metrics = str(cfg.run_path / "metrics.jsonl")
     for index in range(cfg.workers.count):
         args = ["worker", "--coordinator", url, "--metrics", metrics, *_worker_overrides(cfg, index)]
-        children.append(start_child(f"worker-{index}", args, logs, env))
-    children.append(start_child("learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, env))
+        children.append(start_child(f"worker-{index}", args, logs, worker_env))
+    children.append(start_child("learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs,
+                                learner_env))
     (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
 
 

@@ -37,10 +37,12 @@ def learner_key(cfg: RunConfig):
 
 
 class LearnerIO:
-    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str) -> None:
+    def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str, join_token: str) -> None:
+        """`learner_token` authorizes publishes and batches at the coordinator; `join_token` is
+        what workers present when they pull chunks from the learner's origin."""
         self.cfg = cfg
         self.coordinator_url = coordinator_url.rstrip("/")
-        self.token = token
+        self.learner_token, self.join_token = learner_token, join_token
         self.request_timeout_s = cfg.learner.request_timeout_s
         self.key = learner_key(cfg)
         self.io_loop: LoopThread | None = None
@@ -61,9 +63,9 @@ class LearnerIO:
         return self.io_loop.call(coro, timeout_s)
 
     async def _setup(self) -> None:
-        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.token}"})
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.learner_token}"})
         lc = self.cfg.learner
-        self.origin = Origin(self.key, self.cfg.broadcast, auth_token=self.token, host=lc.host, port=lc.port)
+        self.origin = Origin(self.key, self.cfg.broadcast, auth_token=self.join_token, host=lc.host, port=lc.port)
         await self.origin.start()
         self.origin_url = f"http://{lc.advertise_host or lc.host}:{self.origin.relay.port}"
 

@@ -28,7 +28,8 @@ from echo2.tasks import make_task
 
 
 class Learner:
-    def __init__(self, cfg: RunConfig, coordinator_url: str, token: str, io: LearnerIO | None = None) -> None:
+    def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str = "", join_token: str = "",
+                 io: LearnerIO | None = None) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.torch_threads)
         self.precision = resolve_precision(cfg.learner)
@@ -45,7 +46,7 @@ class Learner:
         self.eval_set = self.task.eval_problems()
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
-        self.io = io or LearnerIO(cfg, coordinator_url, token)
+        self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
 

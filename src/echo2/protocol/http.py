@@ -21,13 +21,18 @@ class RefusedError(Exception):
 
 
 async def call(
-    session: aiohttp.ClientSession, method: str, url: str, body: BaseModel | None, timeout_s: float
+    session: aiohttp.ClientSession, method: str, url: str, body: BaseModel | None, timeout_s: float,
+    token: str | None = None,
 ) -> str:
+    """`token`: the bearer token for this call instead of the session's (a worker registers with
+    the join token, then calls with its own credential)."""
     data = body.model_dump_json() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     try:
         async with session.request(
-            method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s),
-            headers={"Content-Type": "application/json"},
+            method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers,
         ) as resp:
             text = await resp.text()
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:

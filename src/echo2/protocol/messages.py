@@ -69,6 +69,9 @@ class RegisterResponse(Message):
     """The run's BroadcastConfig (chunking, timeouts, limits): every peer must agree on it."""
     learner_public_key: str
     """Hex Ed25519 key manifests must be signed with ("" until the learner first publishes)."""
+    credential: str
+    """This worker's own credential: every later call carries it as its bearer token. Issued
+    once per registration, bound to `worker_id`."""
 
 
 class Heartbeat(Message):

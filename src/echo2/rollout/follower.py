@@ -36,6 +36,7 @@ class VersionFollower:
         self.latest: VersionInfo | None = None
         self.assignment: Assignment | None = None
         self.learner_key = ""
+        self.refused_keys: set[str] = set()
         self.staged: Staged | None = None
         self.loading = -1  # being swapped into the engine (no longer staged, not yet `version`)
         self.rejected: set[int] = set()
@@ -49,8 +50,17 @@ class VersionFollower:
         return self.receiver.worker_id
 
     def note(self, info: VersionInfo | None, assignment: Assignment | None, learner_key: str) -> None:
-        """What a coordinator reply said: the newest version and where to pull it from."""
-        self.learner_key = learner_key or self.learner_key
+        """What a coordinator reply said: the newest version and where to pull it from. The
+        first learner key announced is pinned (unless the worker pins one itself): a later,
+        different key is refused and reported, and manifests keep being checked against the
+        pinned one."""
+        if learner_key and self.learner_key and learner_key != self.learner_key:
+            if learner_key not in self.refused_keys:
+                self.refused_keys.add(learner_key)
+                self.metrics.write("learner_key_refused", worker_id=self.worker_id, pinned=self.learner_key[:16],
+                                   announced=learner_key[:16])
+        else:
+            self.learner_key = learner_key or self.learner_key
         if info is None or (self.latest is not None and info.version < self.latest.version):
             return
         if info != self.latest or (assignment is not None and assignment != self.assignment):

@@ -35,6 +35,9 @@ from echo2.rollout.weights import WeightReceiver
 
 # a heartbeat slower than this is as good as lost (the coordinator evicts after a few missed)
 HEARTBEAT_TIMEOUT_S = 5.0
+# a worker restarted under its old id waits this long for the coordinator to time out its old
+# self: several worker_timeout_s (6 s by default) on a loaded box
+JOIN_WAIT_S = 60.0
 
 
 class Stopping(Exception):
@@ -114,14 +117,16 @@ class Worker:
 
     # ---- control plane ----
     async def _broadcast_config(self) -> dict:
-        return json.loads(await self._retrying("GET", "/v1/broadcast_config", None))
+        return json.loads(await self._retrying("GET", "/v1/broadcast_config", None, token=self.token))
 
     async def _register(self) -> RegisterResponse:
         cfg = self.cfg
         req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
                               download_bps=cfg.bandwidth_bps)
-        reg = RegisterResponse.model_validate_json(await self._retrying("POST", "/v1/register", req))
+        reg = RegisterResponse.model_validate_json(await self._join(req))
+        # every later call speaks with this worker's own credential, not the shared join token
+        self.session.headers["Authorization"] = f"Bearer {reg.credential}"
         self.worker_id, self.max_staleness = reg.worker_id, reg.max_staleness
         self.follower.receiver.worker_id = reg.worker_id
         self.heartbeat_interval_s = reg.heartbeat_interval_s
@@ -131,6 +136,20 @@ class Worker:
         self.metrics.write("worker_registered", worker_id=self.worker_id, engine=cfg.engine,
                            relay_address=self.relay_address)
         return reg
+
+    async def _join(self, req: RegisterRequest) -> str:
+        """Register with the join token. A worker restarted under the same id finds its old self
+        still live until the coordinator times it out (409): it waits and tries again."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while True:
+            try:
+                return await self._retrying("POST", "/v1/register", req, token=self.token)
+            except RefusedError as exc:
+                if exc.status != 409 or time.monotonic() > deadline:
+                    raise
+                await wait_either(self.stop, self.stop, timeout_s=1.0)
+                if self.stop.is_set():
+                    raise Stopping from None
 
     async def _reregister(self, seen_at: float) -> None:
         """Join again after an eviction, once, however many loops noticed it."""
@@ -145,13 +164,13 @@ class Worker:
         except (TransientError, RefusedError):
             pass  # the coordinator will time us out instead
 
-    async def _retrying(self, method: str, path: str, body) -> str:
+    async def _retrying(self, method: str, path: str, body, token: str | None = None) -> str:
         """Transient failures are retried with backoff until the worker is told to stop;
         refusals propagate."""
         delay_s = 0.2
         while True:
             try:
-                return await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s)
+                return await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s, token)
             except TransientError:
                 if self.stop.is_set():
                     raise Stopping from None
