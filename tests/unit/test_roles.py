@@ -6,15 +6,13 @@ the version sequence, and a refused one changes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from types import SimpleNamespace
 
-import aiohttp
 import pytest
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish, version_info
-from tests.unit.test_coordinator_http import AUTH, LEARNER, OPERATOR, TIMEOUT, _join, _post, _serve
+from tests.unit.test_coordinator_http import AUTH, LEARNER, OPERATOR, _join, _post, run_with_server
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.coordinator.credentials import Secrets, coordinator_secrets, key_file
@@ -22,18 +20,6 @@ from echo2.coordinator.state import RequestError
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter, read_metrics
 from echo2.rollout.follower import VersionFollower
-
-
-def _scenario(state, scenario):
-    async def main():
-        runner, url = await _serve(state)
-        try:
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-                return await asyncio.wait_for(scenario(session, url), timeout=30)
-        finally:
-            await runner.cleanup()
-
-    return asyncio.run(main())
 
 
 async def _get(session, url, path, headers):
@@ -65,7 +51,7 @@ def test_the_join_token_alone_cannot_act_as_the_learner_or_operator(state):
                                                              {"worker_id": "w1", "version": 0}, LEARNER))[0],
         }
 
-    statuses = _scenario(state, scenario)
+    statuses = run_with_server(state, scenario)
     assert statuses == {"publish": 401, "batch": 401, "reject": 401, "state": 401, "state as learner": 401,
                         "batch as operator": 401, "state as operator": 200, "heartbeat with the learner token": 401}
     assert state.current_version == 0
@@ -92,7 +78,7 @@ def test_a_worker_speaks_only_for_itself(state):
                                               attacker))[0],
         }
 
-    statuses = _scenario(state, scenario)
+    statuses = run_with_server(state, scenario)
     assert statuses == {"register as origin": 422, "take over a live id": 409, "leave as the victim": 403,
                         "heartbeat as the victim": 403, "lease as the victim": 403, "no credential": 401,
                         "the join token as a credential": 401, "its own heartbeat": 200}
@@ -109,7 +95,7 @@ def test_an_evicted_worker_joins_again_with_a_new_credential(state, tmp_path):
         return (await _post(session, url, "/v1/heartbeat", {"worker_id": "w1", "version": 0}, old))[0], \
             (await _post(session, url, "/v1/heartbeat", {"worker_id": "w1", "version": 0}, new))[0]
 
-    assert _scenario(state, scenario) == (401, 200)
+    assert run_with_server(state, scenario) == (401, 200)
 
 
 def test_publishes_follow_the_pinned_key_and_the_version_sequence(state, tmp_path, tiny_model_dir):
