@@ -22,13 +22,15 @@ class BadPeerReport(_Record):
     """What a worker tells the coordinator about a source that sent bytes no honest relay sends."""
 
     kind: Literal["bad_peer"] = "bad_peer"
-    version: int
-    reporter_id: str
-    peer_id: str
-    url: str
-    chunk_index: int
+    version: int = Field(ge=0)
+    # bounded: reports come from untrusted workers and land in the metrics (3 uncapped reports
+    # once added 22 MB to metrics.jsonl)
+    reporter_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    peer_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    url: str = Field("", max_length=512)
+    chunk_index: int = Field(ge=0)
     reason: Literal["corrupt_chunk", "protocol_violation"]
-    detail: str
+    detail: str = Field("", max_length=1000)
 
 
 class FetchMetrics(_Record):

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo2.broadcast.topology import (
+    ORIGIN_ID,
     Assignment,
     BroadcastPlan,
     OriginInfo,
     PeerInfo,
+    Source,
     late_joiner_assignment,
     plan_broadcast,
 )
@@ -47,7 +49,7 @@ class Dissemination:
         joined after the plan was made, any holder of the version (the learner last)."""
         if self.plan is not None and self.plan.version == version:
             try:
-                return self._without_suspects(self.plan.for_worker(worker_id))
+                return self._without_suspects(self.plan.for_worker(worker_id), origin_url)
             except ValueError:
                 pass  # not in the plan: a late joiner
         joiner = next((p for p in peers if p.worker_id == worker_id), None)
@@ -56,12 +58,23 @@ class Dissemination:
         holders = [self._info(p) for p in peers if p.version >= version and p.worker_id not in self.suspects]
         return late_joiner_assignment(version, self._info(joiner), holders, self._origin(origin_url), self.config)
 
-    def report(self, peer_id: str) -> None:
+    def report(self, peer_id: str) -> bool:
+        """Stop using a reported worker as a source; the learner's origin is never dropped (a
+        worker's report cannot cut everyone off from the one source every version starts at).
+        Returns whether the report took effect."""
+        if peer_id == ORIGIN_ID:
+            return False
         self.suspects.add(peer_id)
+        return True
 
-    def _without_suspects(self, assignment: Assignment) -> Assignment:
+    def _without_suspects(self, assignment: Assignment, origin_url: str) -> Assignment:
         sources = [s for s in assignment.sources if s.peer_id not in self.suspects]
-        return assignment if len(sources) == len(assignment.sources) else assignment.model_copy(update={"sources": sources})
+        if len(sources) == len(assignment.sources):
+            return assignment
+        if not sources:  # every source a suspect (max_sources = 1): the learner serves it itself
+            sources = [Source(peer_id=ORIGIN_ID, url=origin_url)]
+        # validated again (model_copy would not): an assignment never goes out without a source
+        return Assignment.model_validate({**assignment.model_dump(), "sources": sources})
 
     def _origin(self, url: str) -> OriginInfo:
         return OriginInfo(url=url, upload_bytes_per_s=self.learner_upload_bps / 8)

@@ -249,8 +249,8 @@ class CoordinatorState:
     def bad_peer(self, req: BadPeerRequest) -> None:
         """A worker caught a source sending bytes that fail verification: never use it again."""
         self._worker(req.report.reporter_id)
-        self.dissemination.report(req.report.peer_id)
-        self.events.append({"kind": "bad_peer", **req.report.model_dump()})
+        took_effect = self.dissemination.report(req.report.peer_id)
+        self.events.append({"kind": "bad_peer", **req.report.model_dump(), "took_effect": took_effect})
 
     def _check_version(self, version: int, field_name: str) -> None:
         if version > self.current_version:

@@ -10,6 +10,7 @@ import json
 import time
 
 import aiohttp
+from pydantic import ValidationError
 
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
@@ -194,6 +195,9 @@ class Worker:
                     await self._reregister(seen_at)
             except TransientError:
                 pass  # the next beat will try again; eviction takes several missed beats
+            except ValidationError as exc:  # a malformed reply must not end the heartbeats
+                self.metrics.write("worker_bad_reply", worker_id=self.worker_id, what="heartbeat",
+                                   error=str(exc)[:300])
 
     def _note_version_number(self, version: int) -> None:
         latest = self.follower.latest
