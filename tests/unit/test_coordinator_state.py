@@ -64,13 +64,16 @@ def test_rewards_are_computed_by_the_coordinator(state):
 
 def test_capacity_and_stale_worker_refusal(state):
     register(state, "a")
+    register(state, "b")
     publish(state, 0)
-    # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups
-    assert len(lease(state, "a", 0, max_tasks=10).tasks) == 4
-    assert lease(state, "a", 0).reason.startswith("window full")
+    # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups, at most 2 per worker
+    assert len(lease(state, "a", 0, max_tasks=10).tasks) == 2
+    assert len(lease(state, "b", 0, max_tasks=10).tasks) == 2
+    register(state, "c")
+    assert lease(state, "c", 0).reason.startswith("window full")
     publish(state, 1)
     publish(state, 2)
-    reply = lease(state, "a", 0)
+    reply = lease(state, "c", 0)
     assert reply.tasks == [] and "too stale" in reply.reason
 
 
@@ -128,6 +131,7 @@ BAD_SUBMISSIONS = {
     "token outside vocabulary": lambda ok: {"completions": [RolloutCompletion(token_ids=[10**6], logprobs=[-1.0])] * 2},
     "logprobs length": lambda ok: {"completions": [RolloutCompletion(token_ids=[20, 21], logprobs=[-1.0])] * 2},
     "positive logprob": lambda ok: {"completions": [RolloutCompletion(token_ids=[20], logprobs=[3.0])] * 2},
+    "fabricated logprob": lambda ok: {"completions": [RolloutCompletion(token_ids=[20], logprobs=[-100.0])] * 2},
     "too many tokens": lambda ok: {"completions": [RolloutCompletion(token_ids=[20] * 9, logprobs=[-1.0] * 9)] * 2},
     "empty completion": lambda ok: {"completions": [RolloutCompletion(token_ids=[], logprobs=[])] * 2},
     "version from the future": lambda ok: {"version": 5},
@@ -257,3 +261,16 @@ def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)  # the new batch is the step's for good
     assert revived.take_batch(0) == second and revived.counters.rejected_by_learner == 2
+
+
+def test_one_worker_cannot_lease_the_whole_window(tmp_path, tiny_model_dir, clock):
+    """A worker that claims to be fast (or just asks) holds at most one step's worth of leases;
+    the rest of the staleness window stays for the others."""
+    state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=2)
+    register(state, "greedy")
+    register(state, "honest")
+    publish(state, 0)
+    assert len(lease(state, "greedy", 0, max_tasks=100).tasks) == 2
+    refused = lease(state, "greedy", 0, max_tasks=100)
+    assert refused.tasks == [] and "holding 2 leases" in refused.reason
+    assert len(lease(state, "honest", 0, max_tasks=100).tasks) == 2

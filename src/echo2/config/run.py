@@ -119,6 +119,10 @@ class CoordinatorConfig(Frozen):
     """Upper bound on how long one lease may stay outstanding even while its worker heartbeats."""
     max_request_bytes: int = Field(8 << 20, ge=1 << 16)
     """Requests larger than this are refused with 413."""
+    max_leases_per_worker: int = Field(0, ge=0)
+    """Most prompts one worker may hold leased at once; 0: one learner step's worth
+    (grpo.prompts_per_step). A worker that claims to be fast cannot lease the whole staleness
+    window and starve the others."""
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> CoordinatorConfig:

@@ -38,6 +38,7 @@ def settings_from(cfg: RunConfig) -> Settings:
         learner_price_per_hour=cfg.learner.price_per_hour,
         broadcast=cfg.broadcast,
         learner_upload_bps=cfg.learner.upload_bps,
+        max_leases_per_worker=cfg.coordinator.max_leases_per_worker or cfg.grpo.prompts_per_step,
     )
 
 

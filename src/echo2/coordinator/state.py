@@ -70,6 +70,8 @@ class Settings:
     learner_price_per_hour: float = 0.0
     broadcast: BroadcastConfig = field(default_factory=BroadcastConfig)
     learner_upload_bps: float = 1e9
+    max_leases_per_worker: int = 0
+    """0: groups_per_step."""
 
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -273,7 +275,12 @@ class CoordinatorState:
             self.settings.max_staleness, self.settings.groups_per_step, req.version,
             self.steps_taken, outstanding,
         )
-        count = min(req.max_tasks, capacity)
+        held = sum(1 for lease in self.leases.values() if lease.worker_id == record.worker_id)
+        own_room = (self.settings.max_leases_per_worker or self.settings.groups_per_step) - held
+        if own_room <= 0:
+            return LeaseResponse(tasks=[], retry_after_s=0.2, reason=f"holding {held} leases: return some first",
+                                 latest_version=self.current_version)
+        count = min(req.max_tasks, capacity, own_room)
         if count == 0:
             return LeaseResponse(tasks=[], retry_after_s=0.1, reason="window full: waiting for the learner",
                                  latest_version=self.current_version)

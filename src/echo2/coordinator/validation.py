@@ -10,6 +10,10 @@ from echo2.protocol.messages import RolloutSubmission, SamplingParams
 
 # log-probs are <= 0; allow float round-off from the engine's softmax
 _LOGPROB_SLACK = 1e-4
+# no sampler draws a token it gives probability e^-50 (2e-22): over 10^12 sampled tokens that
+# happens with probability 2e-10. A lower behaviour log-prob is fabricated (-100 once turned the
+# learner's weights into NaN).
+MIN_PLAUSIBLE_LOGPROB = -50.0
 
 
 def check_submission(req: RolloutSubmission, sampling: SamplingParams, vocab_size: int) -> str | None:
@@ -30,7 +34,7 @@ def _check_completion(token_ids: list[int], logprobs: list[float], sampling: Sam
     bad_ids = [t for t in token_ids if not 0 <= t < vocab]
     if bad_ids:
         return f"token id {bad_ids[0]} outside the vocabulary [0, {vocab})"
-    bad_lp = [x for x in logprobs if not math.isfinite(x) or x > _LOGPROB_SLACK]
+    bad_lp = [x for x in logprobs if not math.isfinite(x) or not MIN_PLAUSIBLE_LOGPROB <= x <= _LOGPROB_SLACK]
     if bad_lp:
-        return f"logprob {bad_lp[0]!r} is not a finite value <= 0"
+        return f"logprob {bad_lp[0]!r} is not a finite value in [{MIN_PLAUSIBLE_LOGPROB}, 0] (no sampler draws such a token)"
     return None
