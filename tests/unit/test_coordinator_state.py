@@ -18,7 +18,7 @@ from tests.unit.coordinator_helpers import (
 )
 
 from echo2.coordinator.state import CoordinatorState, RequestError
-from echo2.protocol.messages import Heartbeat, RolloutCompletion
+from echo2.protocol.messages import Heartbeat, RegisterRequest, RolloutCompletion
 
 
 @pytest.fixture
@@ -274,3 +274,30 @@ def test_one_worker_cannot_lease_the_whole_window(tmp_path, tiny_model_dir, cloc
     refused = lease(state, "greedy", 0, max_tasks=100)
     assert refused.tasks == [] and "holding 2 leases" in refused.reason
     assert len(lease(state, "honest", 0, max_tasks=100).tasks) == 2
+
+
+def test_registrations_are_rate_limited_per_source_address(state, clock):
+    for i in range(60):  # a burst of a minute's worth is fine: a fleet behind one NAT
+        state.register(RegisterRequest(worker_id=f"n{i}", engine="hf"), source="10.0.0.1")
+    with pytest.raises(RequestError, match="too many registrations from 10.0.0.1") as err:
+        state.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
+    assert err.value.status == 429
+    state.register(RegisterRequest(worker_id="elsewhere", engine="hf"), source="10.0.0.2")  # not shared
+    clock.now += 1.0  # one more a second
+    state.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
+
+
+def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
+    publish(state, 0)
+    for i in range(50):
+        state.register(RegisterRequest(worker_id=f"fake{i}", engine="hf"), source=f"10.1.0.{i}")
+    register(state, "real")
+    task = lease(state, "real", 0).tasks[0]
+    assert state.submit(submission(state, "real", task.task_id, 0)).accepted
+    clock.now += state.settings.worker_timeout_s + 1
+    state.sweep()  # all time out
+    assert len(state.workers) == 51 and not any(w.alive for w in state.workers.values())
+    clock.now += state.settings.forget_workers_after_s + 1
+    state.sweep()
+    assert list(state.workers) == ["real"]  # it did work: kept for the run's accounting
+    assert set(state.credentials.values()) == {"real"} and not state.join_buckets

@@ -119,6 +119,13 @@ class CoordinatorConfig(Frozen):
     """Upper bound on how long one lease may stay outstanding even while its worker heartbeats."""
     max_request_bytes: int = Field(8 << 20, ge=1 << 16)
     """Requests larger than this are refused with 413."""
+    forget_workers_after_s: float = Field(300.0, gt=0)
+    """A departed or timed-out worker that never had a rollout accepted and costs nothing is
+    forgotten this long after it was last seen (5,000 registrations once left 5,000 records
+    and a 1.3 MB /v1/state); workers that did work stay, for the run's accounting."""
+    registrations_per_minute: float = Field(60.0, gt=0)
+    """Registrations accepted per source address per minute (a burst of as many is allowed):
+    a fleet behind one NAT joins at once, a registration flood does not."""
     max_leases_per_worker: int = Field(0, ge=0)
     """Most prompts one worker may hold leased at once; 0: one learner step's worth
     (grpo.prompts_per_step). A worker that claims to be fast cannot lease the whole staleness

@@ -96,6 +96,14 @@ class ActivationController:
         if worker_id in self.workers:
             self.workers[worker_id].alive = False
 
+    def costless(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is None or view.cost == 0.0
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a gone worker that never cost anything (see CoordinatorState._forget)."""
+        self.workers.pop(worker_id, None)
+
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float) -> None:
         """Cumulative counters from a heartbeat; the rate over the new busy time is one sample
         (lease round trips and submits included, unlike generation time alone)."""

@@ -39,6 +39,8 @@ def settings_from(cfg: RunConfig) -> Settings:
         broadcast=cfg.broadcast,
         learner_upload_bps=cfg.learner.upload_bps,
         max_leases_per_worker=cfg.coordinator.max_leases_per_worker or cfg.grpo.prompts_per_step,
+        forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
+        registrations_per_minute=cfg.coordinator.registrations_per_minute,
     )
 
 

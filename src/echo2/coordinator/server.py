@@ -113,7 +113,7 @@ async def _parse(request: web.Request, schema: type[BaseModel]):
 
 
 async def handle_register(request: web.Request) -> web.Response:
-    return _reply(request.app[STATE_KEY].register(await _parse(request, RegisterRequest)))
+    return _reply(request.app[STATE_KEY].register(await _parse(request, RegisterRequest), source=request.remote or ""))
 
 
 async def _worker_body(request: web.Request, schema: type[BaseModel]):

@@ -72,6 +72,8 @@ class Settings:
     learner_upload_bps: float = 1e9
     max_leases_per_worker: int = 0
     """0: groups_per_step."""
+    forget_workers_after_s: float = 300.0
+    registrations_per_minute: float = 60.0
 
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -122,6 +124,7 @@ class CoordinatorState:
         self.settings, self.store, self.scorer, self.clock = settings, store, scorer, clock
         self.workers: dict[str, WorkerRecord] = {}
         self.credentials: dict[str, str] = {}  # credential digest -> worker id
+        self.join_buckets: dict[str, tuple[float, float]] = {}  # source address -> (tokens, as of)
         self.leases: dict[str, Lease] = {}
         self.events: list[dict] = []  # metric records for the server to flush
         s = settings
@@ -167,10 +170,12 @@ class CoordinatorState:
         return self.latest.version if self.latest else -1
 
     # ---- workers ----
-    def register(self, req: RegisterRequest) -> RegisterResponse:
+    def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this
         worker must carry. A live worker's id cannot be taken over: only an evicted or departed
-        worker's id can register again (its old credential and leases are void)."""
+        worker's id can register again (its old credential and leases are void). `source`, the
+        caller's address, is rate-limited."""
+        self._take_join_token(source)
         worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
         if worker_id in RESERVED_WORKER_IDS:
             raise RequestError(422, f"worker_id {worker_id!r} is reserved; choose another")
@@ -204,6 +209,18 @@ class CoordinatorState:
             learner_public_key=self.public_key_hex,
             credential=credential,
         )
+
+    def _take_join_token(self, source: str) -> None:
+        """Token bucket per source address: registrations_per_minute, with as large a burst."""
+        rate = self.settings.registrations_per_minute
+        now = self.clock()
+        tokens, as_of = self.join_buckets.get(source, (rate, now))
+        tokens = min(rate, tokens + (now - as_of) * rate / 60.0)
+        if tokens < 1.0:
+            wait_s = (1.0 - tokens) * 60.0 / rate
+            raise RequestError(429, f"too many registrations from {source or 'this address'}: at most {rate:g} a "
+                                    f"minute; retry in {wait_s:.1f} s")
+        self.join_buckets[source] = (tokens - 1.0, now)
 
     def worker_for_credential(self, credential: str) -> str | None:
         """The worker id a credential was issued to (None: not one this coordinator issued)."""
@@ -342,6 +359,21 @@ class CoordinatorState:
             self._requeue(overdue, reason="lease_timeout")
         if lost:  # a preempted worker: re-plan now, not at the next control period
             self.control(trigger=f"lost {', '.join(lost)}")
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Drop long-gone workers that never did any work and cost nothing, and idle
+        registration buckets: what a flood of registrations leaves behind stays bounded."""
+        horizon = self.settings.forget_workers_after_s
+        gone = [w for w in self.workers.values()
+                if not w.alive and w.rollouts == 0 and now - w.last_seen > horizon and self.controller.costless(w.worker_id)]
+        for record in gone:
+            del self.workers[record.worker_id]
+            self.credentials.pop(record.credential_digest, None)
+            self.controller.forget(record.worker_id)
+        idle = [s for s, (_, as_of) in self.join_buckets.items() if now - as_of > 60.0]
+        for source in idle:  # a full bucket again: nothing to remember
+            del self.join_buckets[source]
 
     def control(self, trigger: str = "") -> None:
         """Re-decide which workers are active; record the decision when the set changes, or

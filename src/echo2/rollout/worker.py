@@ -140,13 +140,14 @@ class Worker:
 
     async def _join(self, req: RegisterRequest) -> str:
         """Register with the join token. A worker restarted under the same id finds its old self
-        still live until the coordinator times it out (409): it waits and tries again."""
+        still live until the coordinator times it out (409), and a fleet joining from behind one
+        address may meet the registration rate limit (429): it waits and tries again."""
         deadline = time.monotonic() + JOIN_WAIT_S
         while True:
             try:
                 return await self._retrying("POST", "/v1/register", req, token=self.token)
             except RefusedError as exc:
-                if exc.status != 409 or time.monotonic() > deadline:
+                if exc.status not in (409, 429) or time.monotonic() > deadline:
                     raise
                 await wait_either(self.stop, self.stop, timeout_s=1.0)
                 if self.stop.is_set():
