@@ -20,6 +20,8 @@ class FakeIO:
         self.key = generate_private_key()
         self.published: list[tuple[int, bytes]] = []
         self.rejected: list[tuple[int, str]] = []
+        self.requeued: list[tuple[str, ...]] = []
+        self.audits: list[tuple[int, list]] = []
         self.asked: list[int] = []
 
     def start(self) -> None:
@@ -41,8 +43,12 @@ class FakeIO:
         self.asked.append(step)
         return self.batches.pop(0)
 
-    def reject_batch(self, step: int, reason: str) -> None:
+    def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:
         self.rejected.append((step, reason))
+        self.requeued.append(tuple(requeue_group_ids))
+
+    def report_audit(self, step: int, verdicts: list) -> None:
+        self.audits.append((step, verdicts))
 
 
 def learner_config(run_dir: Path, model_dir: Path, **sections) -> RunConfig:
@@ -54,6 +60,8 @@ def learner_config(run_dir: Path, model_dir: Path, **sections) -> RunConfig:
         "sampling": {"max_new_tokens": 4, "group_size": 4},
         "grpo": {"prompts_per_step": 2, "lr": 1e-2},
         "train": {"steps": 2, "checkpoint_every": 1, "eval_every": 1000},
+        # the batches here carry made-up behaviour log-probs; the audit's own tests turn it on
+        "audit": {"enabled": False},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}

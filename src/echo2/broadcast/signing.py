@@ -78,6 +78,12 @@ def save_private_key(key: Ed25519PrivateKey, path: str | Path) -> None:
         handle.write(pem)
 
 
+def private_key_bytes(key: Ed25519PrivateKey) -> bytes:
+    """The raw 32-byte secret, for deriving other per-learner secrets from it."""
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                             serialization.NoEncryption())
+
+
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:
     path = Path(path)
     if not path.is_file():

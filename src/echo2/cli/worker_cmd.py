@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
 from echo2.cli.common import add_set_arg
@@ -41,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     metrics.close()
+    if worker.refusal:
+        print(f"echo2 worker: the coordinator refused this worker: {worker.refusal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from echo2.config.audit import AuditConfig
 from echo2.config.base import DEVICE_FIELD, Frozen, apply_overrides, read_toml, validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
@@ -231,6 +232,7 @@ class RunConfig(Frozen):
     learner: LearnerConfig = LearnerConfig()
     broadcast: BroadcastConfig = BroadcastConfig()
     activation: ActivationConfig = ActivationConfig()
+    audit: AuditConfig = AuditConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
 
     @model_validator(mode="before")

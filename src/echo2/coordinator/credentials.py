@@ -42,6 +42,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/publish"): LEARNER,
     ("GET", "/v1/batch"): LEARNER,
     ("POST", "/v1/batch/reject"): LEARNER,
+    ("POST", "/v1/audit"): LEARNER,
     ("GET", "/v1/state"): OPERATOR,
 }
 

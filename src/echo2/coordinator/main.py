@@ -41,6 +41,7 @@ def settings_from(cfg: RunConfig) -> Settings:
         max_leases_per_worker=cfg.coordinator.max_leases_per_worker or cfg.grpo.prompts_per_step,
         forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
         registrations_per_minute=cfg.coordinator.registrations_per_minute,
+        audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
     )
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, WORKER, Secrets
 from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.protocol.messages import (
+    AuditReport,
     BadPeerRequest,
     BatchResponse,
     ErrorResponse,
@@ -176,8 +177,13 @@ async def handle_batch(request: web.Request) -> web.Response:
 
 async def handle_reject_batch(request: web.Request) -> web.Response:
     req = await _parse(request, RejectBatchRequest)
-    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason)
+    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason, req.requeue_group_ids)
     return web.json_response({"ok": True, "groups_rejected": rejected})
+
+
+async def handle_audit(request: web.Request) -> web.Response:
+    quarantined = request.app[STATE_KEY].record_audit(await _parse(request, AuditReport))
+    return web.json_response({"ok": True, "quarantined": quarantined})
 
 
 def _int_query(request: web.Request, name: str, minimum: int) -> int:
@@ -260,6 +266,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
             web.post("/v1/publish", handle_publish),
             web.get("/v1/batch", handle_batch),
             web.post("/v1/batch/reject", handle_reject_batch),
+            web.post("/v1/audit", handle_audit),
             web.get("/v1/state", handle_state),
             web.get("/v1/broadcast_config", handle_broadcast_config),
             web.get("/healthz", handle_health),

@@ -16,7 +16,15 @@ from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
 from echo2.protocol.http import TransientError, call
-from echo2.protocol.messages import BatchResponse, PublishRequest, RejectBatchRequest, TrainGroup, VersionInfo
+from echo2.protocol.messages import (
+    AuditReport,
+    BatchResponse,
+    GroupAudit,
+    PublishRequest,
+    RejectBatchRequest,
+    TrainGroup,
+    VersionInfo,
+)
 
 # transient failures (coordinator restarting, connection reset) are retried for this long
 # before the learner gives up; long enough to ride out a coordinator restart
@@ -99,10 +107,17 @@ class LearnerIO:
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 
-    def reject_batch(self, step: int, reason: str) -> None:
-        """Hand back the batch of a skipped step; the next `fetch_batch(step)` gets new groups."""
-        body = RejectBatchRequest(step=step, reason=reason[:500])
+    def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:
+        """Hand back the batch of a skipped step; the next `fetch_batch(step)` gets new groups.
+        `requeue_group_ids` are fine and go back to the buffer; the rest are retired."""
+        body = RejectBatchRequest(step=step, reason=reason[:500], requeue_group_ids=list(requeue_group_ids))
         self._with_retries(lambda: self._post("/v1/batch/reject", body), self.request_timeout_s)
+
+    def report_audit(self, step: int, verdicts: list[GroupAudit]) -> None:
+        """The rollout audit's verdicts on this step's groups; the coordinator keeps per-worker
+        statistics and quarantines workers whose groups fail."""
+        body = AuditReport(step=step, groups=verdicts)
+        self._with_retries(lambda: self._post("/v1/audit", body), self.request_timeout_s)
 
     def _with_retries(self, make_call, timeout_s: float) -> str:
         deadline = time.monotonic() + RETRY_WINDOW_S
@@ -117,7 +132,7 @@ class LearnerIO:
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 
-    async def _post(self, path: str, body: PublishRequest | RejectBatchRequest) -> str:
+    async def _post(self, path: str, body: PublishRequest | RejectBatchRequest | AuditReport) -> str:
         return await call(self.session, "POST", self.coordinator_url + path, body, self.request_timeout_s)
 
     async def _get(self, path: str, extra_timeout_s: float) -> str:

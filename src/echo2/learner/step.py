@@ -11,6 +11,7 @@ from collections import Counter
 import torch
 
 from echo2.config.run import GRPOConfig
+from echo2.learner.audit import group_mean_abs_diff
 from echo2.learner.batching import Samples, flatten, plan_micro_batches
 from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
 from echo2.learner.logprobs import collate, token_logprobs
@@ -28,8 +29,12 @@ def train_step(
     pad_id: int,
     ref_model: torch.nn.Module | None = None,
     precision: Precision = CPU_FP32,
+    audit_tolerance: float | None = None,
 ) -> dict:
-    """Returns the step's metrics; `skipped` is True when nothing was applied."""
+    """Returns the step's metrics; `skipped` is True when nothing was applied. `group_abs_diff`
+    is each group's mean |learner - behaviour| log-prob per token, measured on the way; with
+    `audit_tolerance`, a group generated at this version (`step`) above it fails the rollout
+    audit and the step is skipped (`skip_kind` "audit") so its tokens are never trained."""
     started = time.perf_counter()
     samples = flatten(groups)
     adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
@@ -37,20 +42,29 @@ def train_step(
     plan = plan_micro_batches([samples.length(i) for i in range(len(samples))], cfg.micro_batch_tokens)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    parts, loss, entropy_sum, problem = [], 0.0, 0.0, ""
+    parts, loss, entropy_sum, problem, skip_kind = [], 0.0, 0.0, "", ""
+    abs_diff_S = torch.zeros(len(samples))
     for indices in plan:
-        part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision)
+        part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision,
+                           abs_diff_S)
         parts.append(part)
         loss += part["loss"]
         entropy_sum += part["entropy_sum"]
         if not math.isfinite(part["loss"]):
-            problem = f"loss is {part['loss']} in micro-batch {len(parts)} of {len(plan)}"
+            problem, skip_kind = f"loss is {part['loss']} in micro-batch {len(parts)} of {len(plan)}", "non_finite"
             break
+    group_abs_diff = group_mean_abs_diff(samples, abs_diff_S, len(groups))
+    if not problem and audit_tolerance is not None:
+        failed = [g for g, d in zip(groups, group_abs_diff, strict=True) if g.version == step and d > audit_tolerance]
+        if failed:
+            problem, skip_kind = (f"rollout audit: {len(failed)} group(s) at version {step} differ from the learner's "
+                                  f"log-probs by more than {audit_tolerance:g} nats per token (workers "
+                                  f"{sorted({g.worker_id for g in failed})})"), "audit"
     grad_norm = float("nan")
     if not problem:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
-            problem = f"gradient norm is {grad_norm}"
+            problem, skip_kind = f"gradient norm is {grad_norm}", "non_finite"
     if not problem:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
@@ -58,6 +72,8 @@ def train_step(
     return {
         "skipped": bool(problem),
         "skip_reason": problem,
+        "skip_kind": skip_kind,
+        "group_abs_diff": group_abs_diff,
         "loss": loss,
         "grad_norm": grad_norm,
         "reward_mean": sum(samples.rewards) / len(samples),
@@ -67,6 +83,8 @@ def train_step(
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
         "prompt_indices": [g.prompt_index for g in groups],
+        "group_ids": [g.group_id for g in groups],
+        "groups_by_worker": dict(Counter(g.worker_id for g in groups)),
         "train_s": time.perf_counter() - started,
         "peak_memory_bytes": peak_memory_bytes(precision.device),
         **reduce_stats(parts),
@@ -74,7 +92,8 @@ def train_step(
 
 
 def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: torch.Tensor, total_tokens: int,
-                cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision) -> dict:
+                cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
+                abs_diff_S: torch.Tensor) -> dict:
     """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
     so the accumulated gradients are those of the full batch."""
     device = precision.device
@@ -87,6 +106,8 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
         if ref_model is not None:
             with torch.no_grad():
                 ref_N, _ = token_logprobs(ref_model, mb, temperature, cfg.logprob_chunk_tokens)
+    with torch.no_grad():  # the rollout audit's measure, at no extra cost
+        abs_diff_S.index_add_(0, mb.sample_N.cpu(), (logp_N.detach().float() - behav_N).abs().cpu())
     out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], torch.ones_like(logp_N), cfg, ref_N, num_tokens=total_tokens)
     loss = float(out.loss.detach())
     if math.isfinite(loss):

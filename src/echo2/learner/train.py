@@ -13,7 +13,9 @@ from pathlib import Path
 
 import torch
 
+from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
+from echo2.learner.audit import Auditor, audit_summary
 from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
@@ -22,7 +24,7 @@ from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.weights import model_payload, require_finite, unique_tensors
-from echo2.protocol.messages import TrainGroup
+from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
 
@@ -49,6 +51,7 @@ class Learner:
         self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
+        self.auditor = Auditor(cfg.audit, cfg.train.max_staleness, private_key_bytes(self.io.key))
 
     def train(self) -> None:
         cfg = self.cfg
@@ -62,10 +65,9 @@ class Learner:
             busy_s = None
             while step < cfg.train.steps:
                 groups, wait_s = self._wait_for_batch(step, busy_s)
-                stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo, cfg.sampling.temperature,
-                                   self.tokenizer.pad_token_id, self.ref_model, self.precision)
+                stats, verdicts = self._train_audited(groups, step)
                 if stats["skipped"]:
-                    busy_s = self._skip(step, wait_s, stats)
+                    busy_s = self._skip(step, wait_s, stats, groups, verdicts)
                     continue  # the same step again, on a fresh batch
                 self.skips_in_a_row = 0
                 publish_s = self._publish(step + 1)
@@ -96,13 +98,46 @@ class Learner:
             if groups:
                 return groups, time.perf_counter() - started
 
-    def _skip(self, step: int, wait_s: float, stats: dict) -> float:
-        """Nothing was applied: record why, hand the batch back, and stop on a run of skips."""
-        self.skips_in_a_row += 1
+    def _train_audited(self, groups: list[TrainGroup], step: int) -> tuple[dict, list[GroupAudit]]:
+        """The step, with the rollout audit around it: chosen older groups are recomputed under
+        their versions first (a failure skips the step before any training), groups at this
+        version are checked inside the step. The verdicts go to the coordinator either way."""
+        cfg, started = self.cfg, time.perf_counter()
+        verdicts = self.auditor.check_stale(self.model, groups, step, cfg.grpo, cfg.sampling.temperature,
+                                            self.tokenizer.pad_token_id, self.precision)
+        failed = [v for v in verdicts if v.failed]
+        if failed:
+            stats = {"skipped": True, "skip_kind": "audit", "train_s": time.perf_counter() - started,
+                     "skip_reason": f"rollout audit: {len(failed)} group(s) recomputed under their claimed versions "
+                                    f"differ by more than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
+                                    f"(workers {sorted({v.worker_id for v in failed})})",
+                     "prompt_indices": [g.prompt_index for g in groups], "log_ratio_outliers": 0}
+        else:
+            stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo, cfg.sampling.temperature,
+                               self.tokenizer.pad_token_id, self.ref_model, self.precision, self.auditor.tolerance)
+            stats["train_s"] = time.perf_counter() - started  # the recomputation included
+            if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
+                verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))
+        stats.pop("group_abs_diff", None)
+        if verdicts:
+            self.io.report_audit(step, verdicts)
+            self.metrics.write("audit", step=step, **audit_summary(verdicts))
+        return stats, verdicts
+
+    def _skip(self, step: int, wait_s: float, stats: dict, groups: list[TrainGroup], verdicts: list[GroupAudit]) -> float:
+        """Nothing was applied: record why, hand the batch back, and stop on a run of skips. A
+        step skipped by the audit hands back the groups that passed, and does not count
+        toward the run of skips (the coordinator quarantines the worker that failed)."""
+        failed = {v.group_id for v in verdicts if v.failed}
+        audit = stats["skip_kind"] == "audit"
+        self.skips_in_a_row += 0 if audit else 1
         self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
-                           in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
+                           skip_kind=stats["skip_kind"], in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
                            prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
-        self.io.reject_batch(step, stats["skip_reason"])
+        requeue = tuple(g.group_id for g in groups if g.group_id not in failed) if audit else ()
+        self.io.reject_batch(step, stats["skip_reason"], requeue)
+        if audit:
+            return stats["train_s"]
         limit = self.cfg.train.max_consecutive_skips
         if self.skips_in_a_row >= limit:
             raise RuntimeError(
@@ -117,6 +152,7 @@ class Learner:
         require_finite(unique_tensors(self.model), f"version {version}")  # never sign a broken model
         info = self.io.publish(version, model_payload(self.model, self.wire_dtype))
         elapsed = time.perf_counter() - started
+        self.auditor.published(version, self.model, self.wire_dtype)
         manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
         digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()

@@ -174,6 +174,32 @@ class RejectBatchRequest(Message):
     kind: Literal["reject_batch"] = "reject_batch"
     step: int = Field(ge=0)
     reason: str = Field("", max_length=500)
+    requeue_group_ids: list[str] = Field([], max_length=100_000)
+    """Groups of the batch that are fine (the step was skipped for others' sake, e.g. a failed
+    audit): they go back to the buffer instead of being retired."""
+
+
+class GroupAudit(BaseModel):
+    """The learner's check of one trained group: its tokens' mean |log-prob under the claimed
+    version - behaviour log-prob|."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    group_id: str = Field(max_length=200)
+    worker_id: str = Field(max_length=200)
+    version: int
+    tokens: int = Field(ge=0)
+    mean_abs_logprob_diff: float = Field(ge=0)
+    recomputed: bool
+    """True: recomputed under a cached older version; False: the learner's current version."""
+    failed: bool
+
+
+class AuditReport(Message):
+    """What the learner audited at `step` (sent before the step is applied or skipped)."""
+
+    kind: Literal["audit_report"] = "audit_report"
+    step: int = Field(ge=0)
+    groups: list[GroupAudit] = Field(max_length=100_000)
 
 
 class BadPeerRequest(Message):

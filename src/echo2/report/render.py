@@ -35,6 +35,12 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     if summary.get("steps_skipped") or summary.get("log_ratio_outlier_tokens"):
         table.add_row("steps skipped (non-finite) / outlier tokens left out",
                       f"{summary['steps_skipped']} / {summary['log_ratio_outlier_tokens']}")
+    audit = summary.get("audit") or {}
+    if audit.get("groups_audited"):
+        table.add_row("rollout audit: groups checked (recomputed) / failed",
+                      f"{audit['groups_audited']} ({audit['groups_recomputed']}) / {audit['groups_failed']}")
+    for worker, reason in (audit.get("quarantined") or {}).items():
+        table.add_row(f"quarantined: {worker}", reason)
     if summary.get("bytes_per_version"):
         table.add_row("bytes per version (wire dtype)", f"{summary['bytes_per_version']:,} ({summary['wire_dtype']})")
     if summary.get("learner_peak_memory_bytes"):

@@ -70,6 +70,26 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
         "activation_decisions": _decisions(records),
+        "audit": _audit(records, final[-1].get("audit") if final else None),
+    }
+
+
+def _audit(records: list[dict], ledger: dict | None) -> dict[str, Any]:
+    """The rollout audit: what the learner checked and failed, who was quarantined and why, and
+    per worker the largest difference among groups that passed (its honest noise, what
+    audit.max_mean_abs_logprob_diff can be tightened towards)."""
+    audits = _of(records, "audit", "learner")
+    passed: dict[str, float] = defaultdict(float)
+    for a in audits:
+        for worker, stats in a["by_worker"].items():
+            passed[worker] = max(passed[worker], stats["max_passed_diff"])
+    return {
+        "groups_audited": sum(a["groups_audited"] for a in audits),
+        "groups_recomputed": sum(a["groups_recomputed"] for a in audits),
+        "groups_failed": sum(a["groups_failed"] for a in audits),
+        "max_passed_diff_by_worker": dict(sorted(passed.items())),
+        "quarantined": {r["worker_id"]: r["reason"] for r in _of(records, "worker_quarantined")},
+        "ledger": ledger,
     }
 
 

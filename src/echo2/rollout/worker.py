@@ -57,6 +57,7 @@ class Worker:
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
         self.generation_s: float | None = None  # last lease-generate-submit cycle
+        self.refusal = ""  # why the coordinator cut this worker off (403), if it did
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
 
     @property
@@ -194,6 +195,7 @@ class Worker:
             except RefusedError as exc:
                 if exc.status == 404:  # evicted (or the coordinator restarted): join again
                     await self._reregister(seen_at)
+                self._cut_off(exc)
             except TransientError:
                 pass  # the next beat will try again; eviction takes several missed beats
             except ValidationError as exc:  # a malformed reply must not end the heartbeats
@@ -216,7 +218,16 @@ class Worker:
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="lease", error=exc.message)
             if exc.status == 404:
                 await self._reregister(seen_at)
+            self._cut_off(exc)
             return None
+
+    def _cut_off(self, exc: RefusedError) -> None:
+        """403: the coordinator refuses this worker for good (quarantined by the rollout audit, or
+        a credential that is not its own). Retrying cannot help: stop, and say why."""
+        if exc.status == 403 and not self.refusal:
+            self.refusal = exc.message
+            self.metrics.write("worker_cut_off", worker_id=self.worker_id, reason=exc.message)
+            self.stop.set()
 
     # ---- rollouts ----
     async def _generate_and_submit(self, tasks: list[Task]) -> None:

@@ -1,0 +1,32 @@
+"""The rollout audit (`[audit]`): the learner checks that workers' tokens were sampled from the
+version they claim, and the coordinator quarantines workers that fail it."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from echo2.config.base import Frozen
+
+
+class AuditConfig(Frozen):
+    enabled: bool = True
+    """Compare every trained group's behaviour log-probs with the learner's own; off: trust
+    workers' log-probs as they come (only for fleets you control)."""
+    max_mean_abs_logprob_diff: float = Field(0.1, gt=0)
+    """A group fails the audit when its tokens' mean |learner log-prob - behaviour log-prob|
+    exceeds this (nats). Honest mismatch measured here: at most 3e-7 with fp32 HF workers and 2e-7
+    with vLLM on CPU; bf16 GPU engines run larger (around 1e-2). Fabricated log-probs or tokens
+    from another model land far above (tens of nats is typical). Tighten it on a uniform fleet:
+    the summary reports the largest honest difference seen per worker."""
+    stale_sample_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of groups generated at an older version that the learner recomputes under that
+    version (groups at its current version are always checked, at no extra cost). Which groups
+    is decided by a keyed hash workers cannot predict. Each one costs a forward pass."""
+    cached_versions: int | None = Field(None, ge=0)
+    """Recent versions the learner keeps (CPU memory, wire dtype) to recompute stale groups;
+    None: train.max_staleness, which covers every admissible version. Fewer leaves groups older
+    than the cache unaudited."""
+    flags_to_quarantine: int = Field(2, ge=1)
+    """Failed groups after which the coordinator quarantines a worker: its buffered groups are
+    dropped, its leases and submissions refused, and its id can never register again. A failed
+    group is never trained: the step that found it is redone without it."""

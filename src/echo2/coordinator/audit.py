@@ -1,0 +1,56 @@
+"""The coordinator's ledger of the rollout audit: per-worker statistics from the learner's
+verdicts, and the decision to quarantine (echo2.learner.audit computes the verdicts)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from echo2.protocol.messages import AuditReport
+
+
+@dataclass
+class WorkerAudit:
+    audited: int = 0
+    failed: int = 0
+    max_passed_diff: float = 0.0
+    """The largest mean |difference| among this worker's groups that passed: its honest noise."""
+    max_failed_diff: float = 0.0
+
+
+class AuditLedger:
+    def __init__(self, flags_to_quarantine: int, quarantined: dict[str, str] | None = None) -> None:
+        self.flags_to_quarantine = flags_to_quarantine
+        self.workers: dict[str, WorkerAudit] = {}
+        self.failed_groups: set[str] = set()
+        """Ids of groups that failed: a failure reported twice (a retried request, a step
+        redone) counts once."""
+        self.quarantined: dict[str, str] = dict(quarantined or {})
+        """worker id -> why; kept across coordinator restarts by the caller."""
+
+    def record(self, report: AuditReport) -> dict[str, str]:
+        """Take one step's verdicts; returns the workers this report quarantines, with why."""
+        newly: dict[str, str] = {}
+        for verdict in report.groups:
+            stats = self.workers.setdefault(verdict.worker_id, WorkerAudit())
+            if not verdict.failed:
+                stats.audited += 1
+                stats.max_passed_diff = max(stats.max_passed_diff, verdict.mean_abs_logprob_diff)
+                continue
+            if verdict.group_id in self.failed_groups:
+                continue
+            self.failed_groups.add(verdict.group_id)
+            stats.audited += 1
+            stats.failed += 1
+            stats.max_failed_diff = max(stats.max_failed_diff, verdict.mean_abs_logprob_diff)
+            if stats.failed >= self.flags_to_quarantine and verdict.worker_id not in self.quarantined:
+                how = "recomputed under" if verdict.recomputed else "at"
+                reason = (f"rollout audit: {stats.failed} of its groups failed (the latest {how} version "
+                          f"{verdict.version}: tokens differ from that version's log-probs by "
+                          f"{verdict.mean_abs_logprob_diff:.3g} nats per token)")
+                self.quarantined[verdict.worker_id] = reason
+                newly[verdict.worker_id] = reason
+        return newly
+
+    def snapshot(self) -> dict:
+        return {"workers": {w: asdict(s) for w, s in sorted(self.workers.items())},
+                "quarantined": dict(self.quarantined)}

@@ -1,0 +1,173 @@
+"""The rollout audit: were a group's tokens sampled from the version its worker claims?
+
+An honest worker's behaviour log-probs are the claimed version's own log-probs of the tokens it
+sampled, up to engine numerics. The learner already computes the log-prob of every trained token
+under its current version, so groups generated at that version are checked for free; a share of
+older groups (`audit.stale_sample_fraction`, chosen by a keyed hash the worker cannot predict) is
+recomputed under the claimed version, kept in a small CPU cache of recent versions. A group whose
+mean |difference| per token exceeds `audit.max_mean_abs_logprob_diff` fails: fabricated
+log-probs, tokens from another model or version, or tokens edited after sampling all show up
+there. What the audit cannot see: a worker that samples honestly from the right version and then
+chooses which groups to return (it still never chooses the rewards, which the coordinator
+computes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections import OrderedDict
+
+import torch
+from torch.func import functional_call
+
+from echo2.config.audit import AuditConfig
+from echo2.config.run import GRPOConfig
+from echo2.learner.batching import Samples, flatten, plan_micro_batches
+from echo2.learner.logprobs import collate, token_logprobs
+from echo2.learner.precision import CPU_FP32, Precision
+from echo2.protocol.messages import GroupAudit, TrainGroup
+
+
+class VersionCache:
+    """The newest `capacity` versions' parameters as workers received them (wire dtype, CPU)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+
+    def add(self, version: int, model: torch.nn.Module, wire_dtype: torch.dtype) -> None:
+        if self.capacity <= 0:
+            return
+        # named_parameters lists a tied weight once; functional_call ties it again
+        self.states[version] = {name: p.detach().to("cpu", wire_dtype, copy=True)
+                                for name, p in model.named_parameters()}
+        self.states.move_to_end(version)
+        while len(self.states) > self.capacity:
+            self.states.popitem(last=False)
+
+    def get(self, version: int) -> dict[str, torch.Tensor] | None:
+        return self.states.get(version)
+
+
+def audit_key(secret: bytes) -> bytes:
+    """The key that picks which stale groups are recomputed, derived from a learner secret so a
+    resumed learner picks the same ones and no worker can tell which of its groups will be."""
+    return hashlib.sha256(b"echo2 rollout audit\0" + secret).digest()
+
+
+def chosen(key: bytes, group_id: str, fraction: float) -> bool:
+    if fraction >= 1.0:
+        return True
+    digest = hmac.new(key, group_id.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
+
+
+def group_mean_abs_diff(samples: Samples, abs_diff_sum_S: torch.Tensor, num_groups: int) -> list[float]:
+    """Per group: sum over its samples' tokens of |learner - behaviour| / its token count."""
+    sums, tokens = [0.0] * num_groups, [0] * num_groups
+    for index, group in enumerate(samples.group_ids):
+        sums[group] += float(abs_diff_sum_S[index])
+        tokens[group] += len(samples.completions[index])
+    return [s / t if t else 0.0 for s, t in zip(sums, tokens, strict=True)]
+
+
+class _Scored(torch.nn.Module):
+    """token_logprobs as a module's forward, so functional_call can run it under other weights."""
+
+    def __init__(self, model: torch.nn.Module, temperature: float, chunk_tokens: int) -> None:
+        super().__init__()
+        self.model, self.temperature, self.chunk_tokens = model, temperature, chunk_tokens
+
+    def forward(self, mb):
+        return token_logprobs(self.model, mb, self.temperature, self.chunk_tokens)[0]
+
+
+def recompute_mean_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tensor], groups: list[TrainGroup],
+                            grpo: GRPOConfig, temperature: float, pad_id: int,
+                            precision: Precision = CPU_FP32) -> list[float]:
+    """Each group's mean |log-prob under `state` - behaviour log-prob| per token, without
+    touching the model's own weights (no gradients, the step's micro-batch budget)."""
+    samples = flatten(groups)
+    device = precision.device
+    dtype = next(model.parameters()).dtype
+    params = {f"model.{name}": t.to(device, dtype) for name, t in state.items()}
+    scored = _Scored(model, temperature, grpo.logprob_chunk_tokens)
+    abs_diff_S = torch.zeros(len(samples))
+    plan = plan_micro_batches([samples.length(i) for i in range(len(samples))], grpo.micro_batch_tokens)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), precision.autocast():
+            for indices in plan:
+                mb = collate([samples.prompts[i] for i in indices], [samples.completions[i] for i in indices],
+                             indices, pad_id).to(device)
+                logp_N = functional_call(scored, params, (mb,))
+                behav_N = torch.tensor([x for i in indices for x in samples.behaviour_logprobs[i]], device=device)
+                abs_diff_S.index_add_(0, mb.sample_N.cpu(), (logp_N.float() - behav_N).abs().cpu())
+    finally:
+        model.train(was_training)
+    return group_mean_abs_diff(samples, abs_diff_S, len(groups))
+
+
+class Auditor:
+    """The learner's side of the audit: which groups to check, the version cache, the verdicts."""
+
+    def __init__(self, cfg: AuditConfig, max_staleness: int, secret: bytes) -> None:
+        self.cfg = cfg
+        self.key = audit_key(secret)
+        capacity = max_staleness if cfg.cached_versions is None else cfg.cached_versions
+        self.cache = VersionCache(capacity if cfg.enabled else 0)
+
+    @property
+    def tolerance(self) -> float | None:
+        """What train_step checks groups at the current version against (None: no audit)."""
+        return self.cfg.max_mean_abs_logprob_diff if self.cfg.enabled else None
+
+    def published(self, version: int, model: torch.nn.Module, wire_dtype: torch.dtype) -> None:
+        self.cache.add(version, model, wire_dtype)
+
+    def check_stale(self, model: torch.nn.Module, groups: list[TrainGroup], step: int, grpo: GRPOConfig,
+                    temperature: float, pad_id: int, precision: Precision) -> list[GroupAudit]:
+        """Recompute the chosen older groups under their claimed versions (before training)."""
+        if not self.cfg.enabled:
+            return []
+        by_version: dict[int, list[TrainGroup]] = {}
+        for group in groups:
+            if group.version < step and chosen(self.key, group.group_id, self.cfg.stale_sample_fraction):
+                if self.cache.get(group.version) is not None:
+                    by_version.setdefault(group.version, []).append(group)
+        verdicts = []
+        for version, members in sorted(by_version.items()):
+            diffs = recompute_mean_abs_diff(model, self.cache.get(version), members, grpo, temperature, pad_id,
+                                            precision)
+            verdicts += [self._verdict(g, d, recomputed=True) for g, d in zip(members, diffs, strict=True)]
+        return verdicts
+
+    def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:
+        """Verdicts on the groups generated at the learner's current version, from the mean
+        differences train_step measured while computing the loss."""
+        if not self.cfg.enabled:
+            return []
+        return [self._verdict(g, d, recomputed=False) for g, d in zip(groups, diffs, strict=True) if g.version == step]
+
+    def _verdict(self, group: TrainGroup, diff: float, recomputed: bool) -> GroupAudit:
+        return GroupAudit(group_id=group.group_id, worker_id=group.worker_id, version=group.version,
+                          tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,
+                          recomputed=recomputed, failed=diff > self.cfg.max_mean_abs_logprob_diff)
+
+
+def audit_summary(verdicts: list[GroupAudit]) -> dict:
+    """A step's verdicts for metrics.jsonl: counts, and per worker the largest difference among
+    groups that passed (what an operator tightens the tolerance against) and the failures."""
+    by_worker: dict[str, dict] = {}
+    for v in verdicts:
+        w = by_worker.setdefault(v.worker_id, {"audited": 0, "failed": 0, "max_passed_diff": 0.0})
+        w["audited"] += 1
+        if v.failed:
+            w["failed"] += 1
+        else:
+            w["max_passed_diff"] = max(w["max_passed_diff"], v.mean_abs_logprob_diff)
+    return {"groups_audited": len(verdicts), "groups_recomputed": sum(v.recomputed for v in verdicts),
+            "groups_failed": sum(v.failed for v in verdicts), "by_worker": by_worker,
+            "failed_group_ids": [v.group_id for v in verdicts if v.failed]}
