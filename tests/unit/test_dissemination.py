@@ -30,9 +30,25 @@ def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     live = peers(2, version=3) + [Peer("late", "http://10.0.0.9:80", 1e9, 1e9, -1)]
     assert [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources][-1] == "origin"
     assert {s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources} >= {"w0"}
-    diss.report("w0")
+    assert diss.report("w0", "w1") == "reporter"  # one report: only the reporter avoids w0
     assert "w0" not in [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources]
+    assert "w0" in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
+    assert diss.report("w0", "w1") == "reporter"  # the same reporter again is still one
+    assert diss.report("w0", "late") == "everyone"  # a second, different reporter: no one uses it
     assert "w0" not in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
+    assert diss.report("w1", "w1") == "none"  # reporting oneself means nothing
+
+
+def test_one_lying_reporter_cannot_cut_an_honest_relay_off():
+    diss = Dissemination(BroadcastConfig(), learner_upload_bps=1e9)
+    diss.plan_version(3, ORIGIN, peers(4))
+    diss.report("w0", "w3")  # w3 lies about w0 (it is not even w0's child)
+    assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources][0] == "w0"
+    plan = diss.plan_version(4, ORIGIN, peers(4))
+    assert plan.origin_children == ["w0"]  # w0 still relays the next version
+    assert "w0" not in [s.peer_id for s in diss.assignment("w3", 4, ORIGIN, peers(4)).sources]
+    diss.forget("w3")  # the liar gone for good: its report goes with it
+    assert "w0" in [s.peer_id for s in diss.assignment("w3", 4, ORIGIN, peers(4)).sources]
 
 
 def test_unreachable_worker_is_a_leaf():
@@ -71,7 +87,7 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
     assert [s.peer_id for s in single.assignment("w1", 3, ORIGIN, peers(2)).sources] == ["w0"]
-    single.report("w0")
+    single.report("w0", "w1")
     only = single.assignment("w1", 3, ORIGIN, peers(2)).sources
     assert [(s.peer_id, s.url) for s in only] == [("origin", ORIGIN)]
 

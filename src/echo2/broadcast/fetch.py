@@ -102,7 +102,10 @@ class _Fetch:
         self.buffer, self.assignment, self.config = buffer, assignment, config
         self.headers = wire.bearer_headers(auth_token, worker_id)
         self.worker_id, self.report = worker_id, report
-        self.rate_floor = min(config.min_rate_bytes_per_s, assignment.planned_rate_bytes_per_s / 4)
+        # a plan's rate comes from what workers declared: it may lower the cutoff, never below
+        # the fixed floor
+        self.rate_floor = max(config.rate_floor_bytes_per_s,
+                              min(config.min_rate_bytes_per_s, assignment.planned_rate_bytes_per_s / 4))
         self.started_at, self.first_chunk_at = time.time(), None
         self.bytes_by_source: dict[str, int] = defaultdict(int)
         self.resumed_at: list[int] = []

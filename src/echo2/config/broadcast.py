@@ -71,10 +71,18 @@ class BroadcastConfig(Frozen):
     stall_timeout_s + chunk_bytes / rate after its frame header, and after progress_timeout_s a
     stream's average rate must stay above it; a fetch lowers it to a quarter of the planned rate
     when the coordinator planned a slower edge (one-to-many to many workers)."""
+    rate_floor_bytes_per_s: float = Field(32_000.0, gt=0)
+    """The lowest the slow-sender cutoff ever goes (256 kbit/s), whatever a plan says. Plans are
+    built from the link speeds workers declare; a relay declaring 100 B/s once lowered its
+    child's cutoff so far that it could hold the child for hours."""
     announce_wait_s: float = Field(30.0, gt=0)
     """A relay asked for a version it has not been told about yet keeps the child waiting (with
     keepalives) this long: the coordinator sends a version to parents and children at about the
     same time, but a parent's control loop may be a few heartbeats behind."""
+    reporters_to_suspect: int = Field(2, ge=1)
+    """Different workers that must report a relay for bad bytes before no one is sent to it
+    again (a reporter itself is never sent to a relay it reported). One lying worker cannot cut
+    an honest relay off; with 1, any single report does (a fleet you control)."""
     report_timeout_s: float = Field(5.0, gt=0)
     """Bound on the bad-peer report callback (a control request to the coordinator; a loaded box
     answers within a second or two). A report that fails is logged and counted, never fatal."""
@@ -111,5 +119,10 @@ class BroadcastConfig(Frozen):
             raise ValueError(
                 f"announce_wait_s ({self.announce_wait_s}) must be below progress_timeout_s "
                 f"({self.progress_timeout_s}) or children give up on a parent still waiting for its manifest"
+            )
+        if self.rate_floor_bytes_per_s > self.min_rate_bytes_per_s:
+            raise ValueError(
+                f"rate_floor_bytes_per_s ({self.rate_floor_bytes_per_s:g}) must be at most min_rate_bytes_per_s "
+                f"({self.min_rate_bytes_per_s:g}): the floor is how far a plan may lower the cutoff"
             )
         return self

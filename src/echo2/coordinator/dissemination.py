@@ -1,7 +1,9 @@
 """The coordinator's side of the weight broadcast: for each published version, a relay tree over
 the live workers (echo2.broadcast.topology) built from what they declared (link speeds, whether
-they accept connections); late joiners get the fastest holders of the version; workers reported
-for sending bad bytes are never used as a source again."""
+they accept connections); late joiners get the fastest holders of the version. A worker that
+reports a source for sending bad bytes is never sent to it again; the source is dropped for
+everyone once `broadcast.reporters_to_suspect` different workers have reported it, so one lying
+worker cannot cut an honest relay off."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class Dissemination:
         self.learner_upload_bps = learner_upload_bps
         self.plan: BroadcastPlan | None = None
         self.suspects: set[str] = set()
+        """Dropped as a source for everyone."""
+        self.reporters: dict[str, set[str]] = {}
+        """peer id -> the workers that reported it (each avoids it from then on)."""
 
     def plan_version(self, version: int, origin_url: str, peers: list[Peer]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
@@ -49,26 +54,40 @@ class Dissemination:
         joined after the plan was made, any holder of the version (the learner last)."""
         if self.plan is not None and self.plan.version == version:
             try:
-                return self._without_suspects(self.plan.for_worker(worker_id), origin_url)
+                return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
             except ValueError:
                 pass  # not in the plan: a late joiner
         joiner = next((p for p in peers if p.worker_id == worker_id), None)
         if joiner is None:
             raise ValueError(f"worker {worker_id!r} is not live")
-        holders = [self._info(p) for p in peers if p.version >= version and p.worker_id not in self.suspects]
+        holders = [self._info(p) for p in peers if p.version >= version and not self._avoided(p.worker_id, worker_id)]
         return late_joiner_assignment(version, self._info(joiner), holders, self._origin(origin_url), self.config)
 
-    def report(self, peer_id: str) -> bool:
-        """Stop using a reported worker as a source; the learner's origin is never dropped (a
-        worker's report cannot cut everyone off from the one source every version starts at).
-        Returns whether the report took effect."""
-        if peer_id == ORIGIN_ID:
-            return False
-        self.suspects.add(peer_id)
-        return True
+    def report(self, peer_id: str, reporter_id: str) -> str:
+        """A worker caught `peer_id` sending bad bytes. The reporter is never sent to it again;
+        everyone stops using it once reporters_to_suspect different workers said so. The
+        learner's origin is never dropped (a worker's report cannot cut everyone off from the one
+        source every version starts at). Returns the effect: "none", "reporter" or "everyone"."""
+        if peer_id == ORIGIN_ID or peer_id == reporter_id:
+            return "none"
+        reporters = self.reporters.setdefault(peer_id, set())
+        reporters.add(reporter_id)
+        if len(reporters) >= self.config.reporters_to_suspect:
+            self.suspects.add(peer_id)
+            return "everyone"
+        return "reporter"
 
-    def _without_suspects(self, assignment: Assignment, origin_url: str) -> Assignment:
-        sources = [s for s in assignment.sources if s.peer_id not in self.suspects]
+    def forget(self, worker_id: str) -> None:
+        """A worker gone for good: its reports and the reports against it go too."""
+        self.reporters.pop(worker_id, None)
+        for reporters in self.reporters.values():
+            reporters.discard(worker_id)
+
+    def _avoided(self, peer_id: str, for_worker: str) -> bool:
+        return peer_id in self.suspects or for_worker in self.reporters.get(peer_id, ())
+
+    def _without_suspects(self, assignment: Assignment, origin_url: str, worker_id: str) -> Assignment:
+        sources = [s for s in assignment.sources if not self._avoided(s.peer_id, worker_id)]
         if len(sources) == len(assignment.sources):
             return assignment
         if not sources:  # every source a suspect (max_sources = 1): the learner serves it itself

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from echo2.broadcast.signing import (
@@ -24,6 +24,7 @@ from echo2.broadcast.signing import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig
 from echo2.coordinator import admission
+from echo2.coordinator.audit import AuditLedger
 from echo2.coordinator.controller import ActivationController
 from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Dissemination, Peer
@@ -31,6 +32,7 @@ from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.protocol.messages import (
+    AuditReport,
     BadPeerRequest,
     Heartbeat,
     HeartbeatResponse,
@@ -74,6 +76,7 @@ class Settings:
     """0: groups_per_step."""
     forget_workers_after_s: float = 300.0
     registrations_per_minute: float = 60.0
+    audit_flags_to_quarantine: int = 2
 
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -97,6 +100,14 @@ class WorkerRecord:
     gen_time_s: float = 0.0
     credential_digest: str = ""
     """sha256 of the credential issued at registration (the credential itself is not kept)."""
+    leases_held: int = 0
+    busy_since: float = 0.0
+    busy_s: float = 0.0
+    """Time it held at least one lease, on the coordinator's clock: with `rollouts` (validated
+    submissions) its measured throughput, which is what activation uses."""
+    claimed_rollouts: int = 0
+    claimed_busy_s: float = 0.0
+    """What its heartbeats say (reported beside the measurement, never used to decide)."""
 
 
 @dataclass
@@ -116,7 +127,10 @@ class Counters:
     leases_expired: int = 0
     workers_lost: int = 0
     rejected_by_learner: int = 0
-    """Groups of batches the learner could not train on (non-finite loss or gradient)."""
+    """Groups of batches the learner could not train on (non-finite loss or gradient, or a
+    failed rollout audit)."""
+    dropped_quarantined: int = 0
+    """Buffered groups of workers quarantined by the rollout audit (their prompts are redone)."""
 
 
 class CoordinatorState:
@@ -148,6 +162,7 @@ class CoordinatorState:
                              f"were published with ({stored[:16]}...)")
         self.public_key_hex: str = stored or configured
         self.counters = Counters(**store.get_meta("counters", {}))
+        self.audit = AuditLedger(self.settings.audit_flags_to_quarantine, store.get_meta("quarantined", {}))
         # prompts that were leased when we stopped go back to the queue: their leases died with us
         self.queue: deque[int] = deque(store.pending_prompts())
         with store.tx():
@@ -177,6 +192,7 @@ class CoordinatorState:
         caller's address, is rate-limited."""
         self._take_join_token(source)
         worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        self._refuse_quarantined(worker_id)
         if worker_id in RESERVED_WORKER_IDS:
             raise RequestError(422, f"worker_id {worker_id!r} is reserved; choose another")
         old = self.workers.get(worker_id)
@@ -235,7 +251,13 @@ class CoordinatorState:
         self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released})
         self.control(trigger=f"{req.worker_id} left")
 
+    def _refuse_quarantined(self, worker_id: str) -> None:
+        reason = self.audit.quarantined.get(worker_id)
+        if reason is not None:
+            raise RequestError(403, f"worker {worker_id!r} is quarantined: {reason}")
+
     def _worker(self, worker_id: str) -> WorkerRecord:
+        self._refuse_quarantined(worker_id)
         record = self.workers.get(worker_id)
         if record is None or not record.alive:
             raise RequestError(404, f"unknown worker {worker_id!r}: register first (or again, after a timeout)")
@@ -248,7 +270,7 @@ class CoordinatorState:
         record.version = req.version
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
-        self.controller.observe_busy(req.worker_id, req.rollouts_total, req.busy_s_total)
+        record.claimed_rollouts, record.claimed_busy_s = req.rollouts_total, req.busy_s_total
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
         return HeartbeatResponse(latest=self.latest, assignment=self._assignment(record),
                                  active=self.controller.is_active(req.worker_id),
@@ -268,8 +290,9 @@ class CoordinatorState:
     def bad_peer(self, req: BadPeerRequest) -> None:
         """A worker caught a source sending bytes that fail verification: never use it again."""
         self._worker(req.report.reporter_id)
-        took_effect = self.dissemination.report(req.report.peer_id)
-        self.events.append({"kind": "bad_peer", **req.report.model_dump(), "took_effect": took_effect})
+        effect = self.dissemination.report(req.report.peer_id, req.report.reporter_id)
+        self.events.append({"kind": "bad_peer", **req.report.model_dump(), "took_effect": effect != "none",
+                            "avoided_by": effect})
 
     def _check_version(self, version: int, field_name: str) -> None:
         if version > self.current_version:
@@ -322,6 +345,9 @@ class CoordinatorState:
             index, self.cursor = self.cursor, self.cursor + 1
         lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, self.clock())
         self.leases[lease.lease_id] = lease
+        if record.leases_held == 0:
+            record.busy_since = lease.leased_at
+        record.leases_held += 1
         self.store.set_pending(index, lease.lease_id)
         return Task(task_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(index), sampling=self.settings.sampling)
 
@@ -334,6 +360,7 @@ class CoordinatorState:
         with self.store.tx():
             for lease in leases:
                 del self.leases[lease.lease_id]
+                self._lease_ended(lease.worker_id)
                 self.queue.appendleft(lease.prompt_index)  # oldest work first
                 self.store.set_pending(lease.prompt_index, None)
             self.counters.leases_expired += len(leases)
@@ -371,6 +398,7 @@ class CoordinatorState:
             del self.workers[record.worker_id]
             self.credentials.pop(record.credential_digest, None)
             self.controller.forget(record.worker_id)
+            self.dissemination.forget(record.worker_id)
         idle = [s for s, (_, as_of) in self.join_buckets.items() if now - as_of > 60.0]
         for source in idle:  # a full bucket again: nothing to remember
             del self.join_buckets[source]
@@ -406,11 +434,19 @@ class CoordinatorState:
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         if fresh:
             self._accept(lease, req, rewards)
+            self._measure(record)
             return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.current_version)
         with self.store.tx():
             self._close_lease(lease, dropped=True)
+        self._measure(record)
         return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.current_version,
                               reason=f"stale: step {self.learner_step} - version {req.version} > S")
+
+    def _measure(self, record: WorkerRecord) -> None:
+        """Throughput as the coordinator sees it: validated rollouts per second of holding
+        leases. A worker's own figures (heartbeats) never steer activation: one claiming 10^6
+        rollouts/s once had the honest workers switched off."""
+        self.controller.observe_busy(record.worker_id, record.rollouts, self._measured_busy_s(record))
 
     def _account(self, record: WorkerRecord, req: RolloutSubmission) -> None:
         record.rollouts += len(req.completions)
@@ -433,8 +469,20 @@ class CoordinatorState:
         self.seq += 1
         self.buffer.append(group)
 
+    def _lease_ended(self, worker_id: str) -> None:
+        record = self.workers.get(worker_id)
+        if record is not None and record.leases_held > 0:
+            record.leases_held -= 1
+            if record.leases_held == 0:
+                record.busy_s += self.clock() - record.busy_since
+
+    def _measured_busy_s(self, record: WorkerRecord) -> float:
+        ongoing = self.clock() - record.busy_since if record.leases_held else 0.0
+        return record.busy_s + ongoing
+
     def _close_lease(self, lease: Lease, dropped: bool) -> None:
         del self.leases[lease.lease_id]
+        self._lease_ended(lease.worker_id)
         self.store.clear_pending(lease.prompt_index)
         if dropped:
             self.counters.dropped_stale += 1
@@ -506,25 +554,74 @@ class CoordinatorState:
         self.events.append(self._batch_event(step, batch))
         return batch
 
-    def reject_batch(self, step: int, reason: str) -> int:
+    def reject_batch(self, step: int, reason: str, requeue_group_ids: Iterable[str] = ()) -> int:
         """The learner skipped `step` without training: its groups are retired as rejected (not
         retrained: a poisoned group would poison every batch it joined) and the step gets a fresh
-        batch when asked again. Only the newest assigned step can be rejected."""
+        batch when asked again; groups in `requeue_group_ids` (the learner found nothing wrong
+        with them: the step was skipped over another worker's failed audit) go back to the head
+        of the buffer instead, unless their worker is quarantined. A group that failed the audit
+        is retired and its prompt redone. Only the newest assigned step can be rejected."""
         if step == self.steps_taken and self.store.batch(step) is None and self.store.has_groups("rejected", step):
             return 0  # already rejected: a retried request whose first answer was lost
         if step != self.steps_taken - 1:
             raise RequestError(409, f"step {step} cannot be rejected: the newest assigned batch is step {self.steps_taken - 1}")
         groups = self.store.batch(step) or []
-        ids = [g["group_id"] for g in groups]
+        wanted = set(requeue_group_ids)
+        keep = [g for g in groups if g["group_id"] in wanted and g["worker_id"] not in self.audit.quarantined
+                and g["group_id"] not in self.audit.failed_groups]
+        kept = {g["group_id"] for g in keep}
+        retired = [g for g in groups if g["group_id"] not in kept]
+        redo = [g for g in retired if g["group_id"] in self.audit.failed_groups
+                or g["worker_id"] in self.audit.quarantined]
         with self.store.tx():
-            self.store.set_group_state(ids, "rejected", step)
+            self.store.set_group_state([g["group_id"] for g in retired], "rejected", step)
+            self.store.set_group_state([g["group_id"] for g in keep], "buffered", None)
             self.store.delete_batch(step)
-            self.counters.trained -= len(ids)
-            self.counters.rejected_by_learner += len(ids)
+            self._redo_prompts(redo)
+            self.counters.trained -= len(groups)
+            self.counters.rejected_by_learner += len(retired)
             self._save_counters()
+        self.buffer = keep + self.buffer  # the batch took the oldest groups: they stay the oldest
         self.steps_taken = step
-        self.events.append({"kind": "batch_rejected", "step": step, "groups": len(ids), "reason": reason[:500]})
-        return len(ids)
+        self.events.append({"kind": "batch_rejected", "step": step, "groups": len(retired), "requeued": len(keep),
+                            "prompts_redone": len(redo), "reason": reason[:500]})
+        return len(retired)
+
+    # ---- rollout audit ----
+    def record_audit(self, report: AuditReport) -> list[str]:
+        """The learner's verdicts on a step's groups; quarantines workers whose groups failed
+        `audit_flags_to_quarantine` times. Returns the workers quarantined now."""
+        newly = self.audit.record(report)
+        for worker_id, reason in newly.items():
+            self._quarantine(worker_id, reason)
+        return sorted(newly)
+
+    def _quarantine(self, worker_id: str, reason: str) -> None:
+        """Cut a worker off for good: its id refused from now on (also after a restart), its
+        buffered groups dropped and their prompts redone by others, its leases handed back."""
+        mine = [g for g in self.buffer if g["worker_id"] == worker_id]
+        with self.store.tx():
+            self.store.set_meta("quarantined", self.audit.quarantined)
+            self.store.set_group_state([g["group_id"] for g in mine], "quarantined", self.learner_step)
+            self._redo_prompts(mine)
+            self.counters.dropped_quarantined += len(mine)
+            self._save_counters()
+        self.buffer = [g for g in self.buffer if g["worker_id"] != worker_id]
+        released = self._release_leases(worker_id, reason="worker_quarantined")
+        record = self.workers.get(worker_id)
+        if record is not None:
+            record.alive = False
+        self.controller.vanish(worker_id)
+        self.events.append({"kind": "worker_quarantined", "worker_id": worker_id, "reason": reason,
+                            "groups_dropped": len(mine), "leases_requeued": released})
+        self.control(trigger=f"{worker_id} quarantined")
+
+    def _redo_prompts(self, groups: list[dict]) -> None:
+        """Prompts whose groups were thrown away go back to the head of the queue (inside the
+        caller's transaction), so no prompt of the dataset is lost to a lying worker."""
+        for group in groups:
+            self.queue.appendleft(group["prompt_index"])
+            self.store.set_pending(group["prompt_index"], None)
 
     def _advance(self, step: int) -> None:
         """Move the learner step forward and drop buffered groups that became too stale."""
@@ -565,6 +662,7 @@ class CoordinatorState:
             "buffered": len(self.buffer),
             "counters": asdict(self.counters),
             "cost": self.controller.snapshot(),
+            "audit": self.audit.snapshot(),
             "workers": {
                 w.worker_id: {
                     "version": w.version,
@@ -575,6 +673,9 @@ class CoordinatorState:
                     "rollouts": w.rollouts,
                     "tokens": w.tokens,
                     "tokens_per_s": w.tokens / w.gen_time_s if w.gen_time_s > 0 else 0.0,
+                    "rollouts_per_s_measured": w.rollouts / busy if (busy := self._measured_busy_s(w)) > 0 else None,
+                    "rollouts_per_s_claimed": (w.claimed_rollouts / w.claimed_busy_s if w.claimed_busy_s > 0
+                                               else None),
                 }
                 for w in self.workers.values()
             },

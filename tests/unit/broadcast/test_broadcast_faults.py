@@ -6,13 +6,15 @@ forwards or loads a byte that fails verification."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
-from conftest import CHUNK, FAST, payload, run, start_cluster
+from conftest import CHUNK, FAST, TOKEN, payload, run, start_cluster
 from echo2.broadcast import (
     ManifestRejected,
     build_manifest,
+    fetch_version,
     generate_private_key,
     sign_manifest,
     verify_payload,
@@ -161,6 +163,31 @@ def test_every_source_failing_keeps_the_old_version_and_fails_children_fast() ->
             for relay in cluster.relays.values():
                 assert relay.held_version == 1
             assert {r.peer_id for r in cluster.reports} == {"origin"}
+        finally:
+            await cluster.stop()
+
+    run(scenario())
+
+
+def test_a_declared_slow_link_cannot_lower_the_cutoff_below_the_fixed_floor() -> None:
+    """A plan's rate comes from link speeds workers declare: a relay declaring 100 B/s once
+    lowered its child's cutoff until a dribbling sender could hold the child for hours."""
+
+    async def scenario() -> None:
+        cluster = await start_cluster(2, faults={"w0": Fault(FaultKind.DRIBBLE, at_chunk=4)})
+        try:
+            data = payload()
+            signed = cluster.origin.publish(1, data)
+            plan = cluster.plan(1)
+            declared = plan.for_worker("w1").model_copy(update={"planned_rate_bytes_per_s": 100.0})
+            started = time.monotonic()
+            _, result = await asyncio.gather(cluster.fetch("w0", signed, plan), fetch_version(
+                signed, declared, public_key=cluster.public_key, held_version=None, config=cluster.config,
+                relay=cluster.relays["w1"], auth_token=TOKEN, worker_id="w1", report_bad_peer=cluster.report))
+            assert result.payload == data
+            assert any("slower than" in f for f in result.metrics.source_failures), result.metrics.source_failures
+            # cut off at the floor: stall_timeout_s + one chunk at rate_floor_bytes_per_s, not hours
+            assert time.monotonic() - started < 10.0
         finally:
             await cluster.stop()
 
