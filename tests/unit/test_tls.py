@@ -31,7 +31,7 @@ from echo2.config.worker import WorkerConfig
 from echo2.coordinator.main import serve
 from echo2.protocol import certs
 from echo2.protocol.http import TransientError, call
-from echo2.protocol.tls import TLSError, client_context, server_context, warn_plain_url
+from echo2.protocol.tls import TLSError, base_url, client_context, server_context, warn_plain_url
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.worker import Worker
 
@@ -229,7 +229,9 @@ def test_plain_http_off_loopback_is_warned_about(pki, caplog):
     bind_warnings = [r.getMessage() for r in caplog.records if "serves plain HTTP on 0.0.0.0" in r.getMessage()]
     assert len(bind_warnings) == 1  # the plain relay only, not the TLS one
     caplog.clear()
-    for url in ("https://10.9.9.9:1", "http://127.0.0.1:1", "http://localhost:1", "http://10.9.9.9:1",
-                "http://10.9.9.9:2"):
+    for url in ("https://10.9.9.9:1", "http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1",
+                "http://0.0.0.0:1", "http://10.9.9.9:1", "http://10.9.9.9:2"):
         warn_plain_url(url, "a test server")
     assert [r.getMessage().split(" over")[0] for r in caplog.records] == ["calling a test server at http://10.9.9.9:1"]
+    assert [base_url(h, 8470, tls=True) for h in ("0.0.0.0", "::1", "10.0.0.7")] == [
+        "https://127.0.0.1:8470", "https://[::1]:8470", "https://10.0.0.7:8470"]

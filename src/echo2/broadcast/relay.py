@@ -90,8 +90,7 @@ class RelayServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self._host in ("0.0.0.0", "") else self._host
-        return base_url(host, self._port, tls=self._ssl_context is not None)
+        return base_url(self._host, self._port, tls=self._ssl_context is not None)
 
     # ---- versions --------------------------------------------------------------------------
 

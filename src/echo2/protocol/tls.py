@@ -29,6 +29,7 @@ _warned: set[tuple[str, str]] = set()  # (what, host): one warning each per proc
 _UNTRUSTED = {2, 18, 19, 20, 21}  # unknown issuer, self-signed: the client holds another CA
 _EXPIRED = {9, 10}  # not yet valid, expired
 _HOSTNAME_MISMATCH = {62, 64}  # the URL's host is not among the certificate's names
+_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 class TLSError(ValueError):
@@ -84,7 +85,10 @@ def check_key_file(path: str) -> None:
 
 
 def base_url(host: str, port: int, tls: bool) -> str:
-    """A server's URL as peers are told it: the scheme says whether they must speak TLS."""
+    """A server's URL as peers are told it: the scheme says whether they must speak TLS. A
+    wildcard bind address is not one a client can name (nor a certificate): it becomes
+    127.0.0.1, where a client on the same machine reaches the server."""
+    host = "127.0.0.1" if host in _WILDCARDS else f"[{host}]" if ":" in host else host  # IPv6 in brackets
     return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
@@ -110,7 +114,8 @@ def warn_plain_url(url: str, what: str) -> None:
     """A client about to call a non-loopback http:// URL."""
     parsed = yarl.URL(url)
     host = parsed.host or ""
-    if parsed.scheme == "http" and not is_loopback(host) and (what, host) not in _warned:
+    local = is_loopback(host) or host in _WILDCARDS  # dialing a wildcard address reaches this machine
+    if parsed.scheme == "http" and not local and (what, host) not in _warned:
         _warned.add((what, host))
         log.warning("calling %s at %s over plain HTTP: bearer tokens and weights travel unencrypted. "
                     "Serve it with TLS and use an https:// URL.", what, url)
