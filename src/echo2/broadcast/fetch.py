@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,7 @@ from echo2.broadcast.store import VersionBuffer
 from echo2.broadcast.throttle import Throttle
 from echo2.broadcast.topology import Assignment, Source
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.tls import describe_failure, warn_plain_url
 
 log = logging.getLogger(__name__)
 ReportBadPeer = Callable[[BadPeerReport], Awaitable[None]]
@@ -66,6 +68,8 @@ async def fetch_version(
     manifest = verify_manifest(signed, public_key, held_version=held_version, max_payload_bytes=config.max_payload_bytes)
     if assignment.version != manifest.version:
         raise ValueError(f"assignment is for version {assignment.version}, manifest for {manifest.version}")
+    for source in assignment.sources:
+        warn_plain_url(source.url, f"weight source {source.peer_id}")
     buffer = relay.begin(manifest) if relay is not None else VersionBuffer(manifest)
     job = _Fetch(buffer, assignment, config, auth_token, worker_id or assignment.worker_id, report_bad_peer)
     job.throttle = throttle
@@ -83,10 +87,14 @@ async def fetch_version(
     return FetchResult(payload=payload, manifest=manifest, metrics=job.metrics(relay))
 
 
-def new_session(config: BroadcastConfig) -> aiohttp.ClientSession:
+def new_session(config: BroadcastConfig, ssl_context: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
     """A client session fit for chunk streams: no decompression, a 1 MiB read buffer (fewer
-    wakeups per chunk), and the stream timeouts as defaults (each request sets them too)."""
-    return aiohttp.ClientSession(auto_decompress=False, read_bufsize=1 << 20, timeout=_stream_timeout(config))
+    wakeups per chunk), and the stream timeouts as defaults (each request sets them too).
+    `ssl_context` (echo2.protocol.tls.client_context) verifies https:// sources; None: the
+    system's trust store."""
+    connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context is not None else None
+    return aiohttp.ClientSession(auto_decompress=False, read_bufsize=1 << 20, timeout=_stream_timeout(config),
+                                 connector=connector)
 
 
 def _stream_timeout(config: BroadcastConfig) -> aiohttp.ClientTimeout:
@@ -202,6 +210,9 @@ class _SourceStream:
             raise wire.SourceError(f"silent for {self.config.stall_timeout_s}s (stalled or dead)") from None
         except asyncio.IncompleteReadError:
             raise wire.SourceError(f"stream truncated at chunk {self.buffer.verified_chunks}") from None
+        except aiohttp.ClientSSLError as exc:
+            # a certificate or URL problem, not a fault of this moment: asking again cannot help
+            raise wire.SourceGone(describe_failure(self.source.url, exc)) from None
         except (aiohttp.ClientError, OSError) as exc:
             raise wire.SourceError(f"connection failed: {exc!r}") from None
 

@@ -10,6 +10,7 @@ serving loop keeps streaming the previous version meanwhile.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Coroutine
@@ -37,11 +38,13 @@ class Origin:
         host: str = "127.0.0.1",
         port: int = 0,
         fault: Fault | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.config = config
         self._private_key = private_key
         self.relay = RelayServer(
-            config, auth_token=auth_token, host=host, port=port, keep_versions=config.keep_versions, fault=fault
+            config, auth_token=auth_token, host=host, port=port, keep_versions=config.keep_versions, fault=fault,
+            ssl_context=ssl_context,
         )
         self._total_bytes: dict[int, int] = {}
         self._last_prepared: int | None = None  # touched by the publishing thread only

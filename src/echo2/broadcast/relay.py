@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 from collections import defaultdict
 
 from aiohttp import web
@@ -23,6 +24,7 @@ from echo2.broadcast.manifest import Manifest
 from echo2.broadcast.store import VersionBuffer
 from echo2.broadcast.throttle import Throttle
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.tls import base_url, warn_plain_bind
 
 log = logging.getLogger(__name__)
 SENT_HISTORY = 64
@@ -40,13 +42,16 @@ class RelayServer:
         keep_versions: int = 1,
         fault: Fault | None = None,
         throttle: Throttle | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`port` 0 picks a free port (read it back from `.port` after `start`). `keep_versions`
-        completed versions are served (1 on workers; the learner keeps config.keep_versions)."""
+        completed versions are served (1 on workers; the learner keeps config.keep_versions).
+        `ssl_context` (echo2.protocol.tls.server_context): serve https; None: plain HTTP."""
         self.config = config
         self.fault = fault
         self.throttle = throttle  # emulated slow uplink (local runs only)
         self._auth_token = auth_token
+        self._ssl_context = ssl_context
         self._host, self._port = host, port
         self._keep_versions = keep_versions
         self._complete: dict[int, VersionBuffer] = {}
@@ -65,8 +70,10 @@ class RelayServer:
         # shutdown_timeout: stop() waits this long for open streams; they are cut after that.
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handle_signals=False, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl_context)
         await site.start()
+        if self._ssl_context is None:
+            warn_plain_bind(self._host, "weight server (relay or origin)")
         self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         return self.url
 
@@ -83,8 +90,7 @@ class RelayServer:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self._host in ("0.0.0.0", "") else self._host
-        return f"http://{host}:{self._port}"
+        return base_url(self._host, self._port, tls=self._ssl_context is not None)
 
     # ---- versions --------------------------------------------------------------------------
 

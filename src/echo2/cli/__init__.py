@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sim": "echo2.cli.sim_cmd",
     "export": "echo2.cli.export_cmd",
     "eval": "echo2.cli.eval_cmd",
+    "certs": "echo2.cli.certs_cmd",
 }
 
 

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from echo2.config.audit import AuditConfig
 from echo2.config.base import DEVICE_FIELD, Frozen, apply_overrides, read_toml, validate
 from echo2.config.broadcast import BroadcastConfig
+from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
 from echo2.tasks.addition import AdditionConfig
 from echo2.tasks.registry import TaskConfig
@@ -234,6 +235,11 @@ class RunConfig(Frozen):
     activation: ActivationConfig = ActivationConfig()
     audit: AuditConfig = AuditConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
+    tls: TLSConfig = TLSConfig()
+    """TLS of the learner's machine: the coordinator and the learner's origin serve with
+    `cert_file`/`key_file` (one certificate naming the hosts of both), and the learner verifies
+    the coordinator against `ca_file`. `echo2 run` hands the same settings to its local workers
+    unless `workers.worker.tls` sets their own. Empty: plain HTTP."""
 
     @model_validator(mode="before")
     @classmethod

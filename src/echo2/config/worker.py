@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from echo2.config.base import DEVICE_FIELD, Frozen
+from echo2.config.tls import TLSConfig
 
 
 class VLLMConfig(Frozen):
@@ -84,3 +85,7 @@ class WorkerConfig(Frozen):
     """Shared bearer token; empty: taken from $ECHO2_AUTH_TOKEN."""
     request_timeout_s: float = Field(30.0, gt=0)
     """Timeout of one control request; generous because a loaded 2-core box answers slowly."""
+    tls: TLSConfig = TLSConfig()
+    """`cert_file`/`key_file`: the certificate this worker's relay serves (its names must include
+    relay_advertise_host); `ca_file`: the CA the coordinator, the origin and other relays must
+    chain to when their URLs are https://. Empty: plain HTTP."""

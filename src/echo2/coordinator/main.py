@@ -16,6 +16,7 @@ from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.server import build_app
 from echo2.coordinator.state import CoordinatorState, Settings
 from echo2.coordinator.store import Store
+from echo2.protocol import tls
 from echo2.protocol.messages import SamplingParams
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
@@ -55,6 +56,7 @@ def auth_token(configured: str) -> str:
 
 
 async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
+    context = tls.server_context(cfg.tls)  # a bad certificate or key stops us before any state opens
     store = Store(cfg.run_path / "coordinator.db")
     task = make_task(cfg.task, cfg.seed)
     task.check()  # loads and validates the task's data before the first lease needs it
@@ -65,10 +67,12 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     app = build_app(state, metrics, secrets, cfg.coordinator.max_request_bytes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port)
+    site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port, ssl_context=context)
     await site.start()
+    if context is None:
+        tls.warn_plain_bind(cfg.coordinator.host, "the coordinator")
     host, port = runner.addresses[0][:2]
-    url = f"http://{host}:{port}"
+    url = tls.base_url(host, port, tls=context is not None)
     (cfg.run_path / "coordinator.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
     metrics.write("coordinator_started", url=url)
     try:

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
+from echo2.config.tls import TLSConfig
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.progress import RunProgress
 from echo2.report.metrics import read_metrics
@@ -98,8 +99,11 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
 
 
 def _worker_overrides(cfg: RunConfig, index: int) -> list[str]:
-    fields = cfg.workers.worker_config(index).model_dump()
+    worker = cfg.workers.worker_config(index)
+    fields = worker.model_dump()
     fields.pop("auth_token")  # secrets travel in the environment
+    if worker.tls == TLSConfig():  # on one machine the run's certificate serves the relays too
+        fields["tls"] = cfg.tls.model_dump()
     return [arg for key, value in _flatten(fields) for arg in ("--set", f"{key}={json.dumps(value)}")]
 
 

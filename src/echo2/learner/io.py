@@ -15,6 +15,7 @@ import aiohttp
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
+from echo2.protocol import tls
 from echo2.protocol.http import TransientError, call
 from echo2.protocol.messages import (
     AuditReport,
@@ -71,11 +72,15 @@ class LearnerIO:
         return self.io_loop.call(coro, timeout_s)
 
     async def _setup(self) -> None:
-        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.learner_token}"})
+        tls.warn_plain_url(self.coordinator_url, "the coordinator")
+        self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {self.learner_token}"},
+                                             connector=tls.connector(self.cfg.tls))
         lc = self.cfg.learner
-        self.origin = Origin(self.key, self.cfg.broadcast, auth_token=self.join_token, host=lc.host, port=lc.port)
+        context = tls.server_context(self.cfg.tls)
+        self.origin = Origin(self.key, self.cfg.broadcast, auth_token=self.join_token, host=lc.host, port=lc.port,
+                             ssl_context=context)
         await self.origin.start()
-        self.origin_url = f"http://{lc.advertise_host or lc.host}:{self.origin.relay.port}"
+        self.origin_url = tls.base_url(lc.advertise_host or lc.host, self.origin.relay.port, tls=context is not None)
 
     async def _teardown(self) -> None:
         await self.session.close()

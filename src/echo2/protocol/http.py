@@ -1,10 +1,13 @@
 """One JSON-over-HTTP call with a timeout and a clear split between transient failures (retry)
-and refusals (a 4xx: the request was wrong; retrying the same request cannot help)."""
+and refusals (a 4xx: the request was wrong; retrying the same request cannot help). A failed
+TLS handshake raises `TLSError` (a ValueError: the command stops with its message)."""
 
 from __future__ import annotations
 
 import aiohttp
 from pydantic import BaseModel
+
+from echo2.protocol.tls import TLSError, describe_failure
 
 
 class TransientError(Exception):
@@ -35,6 +38,11 @@ async def call(
             method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers,
         ) as resp:
             text = await resp.text()
+    except aiohttp.ClientSSLError as exc:  # a certificate or URL must change: not transient
+        raise TLSError(describe_failure(url, exc)) from None
+    except aiohttp.ServerDisconnectedError as exc:
+        hint = " (a TLS server hangs up on plain HTTP: is this URL https://?)" if url.startswith("http:") else ""
+        raise TransientError(f"{method} {url}: {exc!r}{hint}") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
         raise TransientError(f"{method} {url}: {exc!r}") from exc
     if resp.status >= 500:

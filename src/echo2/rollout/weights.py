@@ -1,7 +1,8 @@
 """How a worker receives policy versions: through the peer-assisted broadcast. It runs a relay
 server (peers pull verified chunks from it while it is still receiving), verifies each version's
 signed manifest against the learner's key, pulls from the sources the coordinator assigned with
-failover, and reports peers that send bad bytes."""
+failover, and reports peers that send bad bytes. With `tls` set the relay serves https and
+sources are verified against `tls.ca_file`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
 from echo2.protocol.http import call
 from echo2.protocol.messages import BadPeerRequest, VersionInfo
+from echo2.protocol.tls import base_url, client_context, server_context
 
 
 class WeightReceiver:
@@ -32,13 +34,14 @@ class WeightReceiver:
 
     async def start(self) -> str:
         """Start the relay (unless behind NAT) and return the address peers should pull from."""
-        self.session = new_session(self.broadcast)
+        self.session = new_session(self.broadcast, client_context(self.cfg.tls))
         if not self.cfg.accepts_incoming:
             return ""
+        context = server_context(self.cfg.tls)
         self.relay = RelayServer(self.broadcast, auth_token=self.token, host=self.cfg.relay_host,
-                                 port=self.cfg.relay_port, throttle=self.throttle)
+                                 port=self.cfg.relay_port, throttle=self.throttle, ssl_context=context)
         await self.relay.start()
-        return f"http://{self.cfg.relay_advertise_host or self.cfg.relay_host}:{self.relay.port}"
+        return base_url(self.cfg.relay_advertise_host or self.cfg.relay_host, self.relay.port, tls=context is not None)
 
     async def stop(self) -> None:
         await self.session.close()

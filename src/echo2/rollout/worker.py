@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
+from echo2.protocol import tls
 from echo2.protocol.http import RefusedError, TransientError, call
 from echo2.protocol.messages import (
     Heartbeat,
@@ -73,7 +74,8 @@ class Worker:
 
     async def _run(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
-        async with aiohttp.ClientSession(headers=headers) as self.session:
+        tls.warn_plain_url(self.url, "the coordinator")
+        async with aiohttp.ClientSession(headers=headers, connector=tls.connector(self.cfg.tls)) as self.session:
             broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
             receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
             self.relay_address = await receiver.start()
