@@ -160,6 +160,8 @@ async def handle_batch(request: web.Request) -> web.Response:
     state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
     if "step_time_s" in request.query:
         state.observe_step_time(_float_query(request, "step_time_s", 0.0))
+    if "durable_step" in request.query:  # the learner's newest checkpoint: older batches can go
+        state.checkpointed(_int_query(request, "durable_step", minimum=0), step)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     groups = state.take_batch(step)
