@@ -44,7 +44,8 @@ class Learner:
         self.ref_model = copy.deepcopy(self.model).eval() if cfg.grpo.kl_coef > 0 else None
         self.task = make_task(cfg.task, cfg.seed)
         self.eval_set = self.task.eval_problems()
-        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
+        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner",
+                                     segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
         self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served

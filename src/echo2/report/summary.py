@@ -1,17 +1,43 @@
 """The run summary, computed from `metrics.jsonl` alone (so tests and humans read the same
 numbers): accuracy before/after, learner utilization, staleness, drops, worker throughput and
-weight publish-to-loaded latency."""
+weight publish-to-loaded latency.
+
+`summarize` streams the records (`iter_metrics` reads them a line at a time, over every
+segment) and keeps only the kinds it reads, so its memory follows the run's steps, versions
+and workers, not the size of the file (lease events, worker chatter, bad-peer reports)."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from echo2.broadcast.metrics import latency_summary
 
+# the record kinds the summary reads; a kind read with `_of` must be listed here
+SUMMARY_KINDS = frozenset({
+    "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
+    "coordinator_final", "activation", "weights_loaded",
+})
+
 
 def _of(records: list[dict], kind: str, role: str | None = None) -> list[dict]:
+    assert kind in SUMMARY_KINDS, f"summary reads {kind!r} records: add it to SUMMARY_KINDS"
     return [r for r in records if r["kind"] == kind and (role is None or r["role"] == role)]
+
+
+def _kept(records: Iterable[dict]) -> tuple[list[dict], float]:
+    """One pass over `records`: the ones the summary reads, and the earliest time of any."""
+    kept: list[dict] = []
+    final = None
+    start = float("inf")
+    for r in records:
+        start = min(start, r["time"])
+        if r["kind"] == "coordinator_final":
+            final = r  # the last one counts (one per coordinator start; each holds every worker)
+        elif r["kind"] in SUMMARY_KINDS:
+            kept.append(r)
+    return kept + ([final] if final else []), start if start != float("inf") else 0.0
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -38,7 +64,9 @@ def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
     return busy / (busy + wait) if busy + wait > 0 else 0.0
 
 
-def summarize(records: list[dict]) -> dict[str, Any]:
+def summarize(stream: Iterable[dict]) -> dict[str, Any]:
+    """The summary of a run's records, read once in order (a list or `iter_metrics(path)`)."""
+    records, start = _kept(stream)
     steps, busy_s = train_steps(records), step_busy_s(records)
     evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
     hist: Counter[int] = Counter()
@@ -69,7 +97,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "publish_to_verified_s": _latency_by_worker(records, "publish_to_verified_s"),
         "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
-        "activation_decisions": _decisions(records),
+        "activation_decisions": _decisions(records, start),
     }
 
 
@@ -86,12 +114,11 @@ def _learner_health(records: list[dict], steps: list[dict]) -> dict[str, Any]:
     }
 
 
-def _decisions(records: list[dict]) -> list[dict]:
+def _decisions(records: list[dict], start: float) -> list[dict]:
     """Activation changes while the learner trained (re-plans as workers leave at shutdown are
-    not decisions about the run)."""
+    not decisions about the run); times from `start`, the run's first record."""
     done = [r["time"] for r in _of(records, "learner_done")]
     end = done[-1] if done else float("inf")
-    start = min((r["time"] for r in records), default=0.0)
     return [
         {"t_s": round(r["time"] - start, 1), "active": r["active"],
          "reason": f"{r['trigger']}: {r['reason']}" if r.get("trigger") else r["reason"]}
