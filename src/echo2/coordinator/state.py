@@ -485,6 +485,26 @@ class CoordinatorState:
         """The learner's busy time per step (train + publish), reported with its batch requests."""
         self.controller.observe_step_time(step_time_s)
 
+    def checkpointed(self, durable_step: int, step: int) -> None:
+        """The learner's checkpoint of `durable_step` is on disk, and it asks for `step` now: it
+        resumes from that checkpoint or a newer one, never an older one, so the batches of
+        earlier steps and their groups are deleted and the space returned. What resume needs
+        stays: the batches of steps >= durable_step (a learner killed before its next
+        checkpoint replays them exactly) and every buffered group."""
+        if durable_step > min(step, self.steps_taken):
+            raise RequestError(422, f"durable_step={durable_step} is ahead of what the learner was given (step={step}, "
+                                    f"batches assigned up to step {self.steps_taken - 1}): it can only have "
+                                    "checkpointed steps it trained")
+        if durable_step <= self.durable_step:
+            return
+        with self.store.tx():
+            deleted = self.store.compact(durable_step)
+            self.store.set_meta("durable_step", durable_step)
+        self.store.reclaim()
+        self.durable_step = durable_step
+        self.events.append({"kind": "groups_compacted", "durable_step": durable_step, "groups_deleted": deleted,
+                            "store_bytes": self.store.size_bytes()})
+
     def take_batch(self, step: int) -> list[dict] | None:
         """The batch for learner step `step`, or None while not enough admissible groups exist.
         Asking again for an assigned step returns the same batch (exact learner resume)."""
@@ -510,26 +530,6 @@ class CoordinatorState:
         self.steps_taken = max(self.steps_taken, step + 1)
         self.events.append(self._batch_event(step, batch))
         return batch
-
-    def checkpointed(self, durable_step: int, step: int) -> None:
-        """The learner's checkpoint of `durable_step` is on disk, and it asks for `step` now: it
-        resumes from that checkpoint or a newer one, never an older one, so the batches of
-        earlier steps and their groups are deleted and the space returned. What resume needs
-        stays: the batches of steps >= durable_step (a learner killed before its next
-        checkpoint replays them exactly) and every buffered group."""
-        if durable_step > min(step, self.steps_taken):
-            raise RequestError(422, f"durable_step={durable_step} is ahead of what the learner was given (step={step}, "
-                                    f"batches assigned up to step {self.steps_taken - 1}): it can only have "
-                                    "checkpointed steps it trained")
-        if durable_step <= self.durable_step:
-            return
-        with self.store.tx():
-            deleted = self.store.compact(durable_step)
-            self.store.set_meta("durable_step", durable_step)
-        self.store.reclaim()
-        self.durable_step = durable_step
-        self.events.append({"kind": "groups_compacted", "durable_step": durable_step, "groups_deleted": deleted,
-                            "store_bytes": self.store.size_bytes()})
 
     def reject_batch(self, step: int, reason: str) -> int:
         """The learner skipped `step` without training: its groups are retired as rejected (not

@@ -25,8 +25,9 @@ CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, group_ids TEXT NOT
 """
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 # states of groups that no future request reads once their step is checkpointed: trained ones
-# are never served again, dropped (stale) and rejected ones never trained
-_RETIRED_STATES = ("trained", "dropped", "rejected")
+# are never served again; dropped (stale), rejected and quarantined ones never trained (their
+# prompts, where redone, are queued by index)
+_RETIRED_STATES = ("trained", "dropped", "rejected", "quarantined")
 
 
 class Store:

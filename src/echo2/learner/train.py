@@ -47,10 +47,10 @@ class Learner:
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner",
                                      segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
+        self.durable_step: int | None = None  # step of the newest checkpoint on disk, told to the coordinator
         self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
-        self.durable_step: int | None = None  # step of the newest checkpoint on disk, told to the coordinator
 
     def train(self) -> None:
         cfg = self.cfg

@@ -17,7 +17,7 @@ from echo2.broadcast.metrics import latency_summary
 # the record kinds the summary reads; a kind read with `_of` must be listed here
 SUMMARY_KINDS = frozenset({
     "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
-    "coordinator_final", "activation", "weights_loaded",
+    "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
 })
 
 
@@ -26,18 +26,23 @@ def _of(records: list[dict], kind: str, role: str | None = None) -> list[dict]:
     return [r for r in records if r["kind"] == kind and (role is None or r["role"] == role)]
 
 
-def _kept(records: Iterable[dict]) -> tuple[list[dict], float]:
-    """One pass over `records`: the ones the summary reads, and the earliest time of any."""
+def _kept(records: Iterable[dict]) -> list[dict]:
+    """One pass over `records`: the ones the summary reads, the last coordinator_final, and the
+    earliest record of any kind (the run's start, which activation times count from)."""
     kept: list[dict] = []
-    final = None
-    start = float("inf")
+    final: dict | None = None
+    first: dict | None = None
     for r in records:
-        start = min(start, r["time"])
+        if first is None or r["time"] < first["time"]:
+            first = r
         if r["kind"] == "coordinator_final":
             final = r  # the last one counts (one per coordinator start; each holds every worker)
         elif r["kind"] in SUMMARY_KINDS:
             kept.append(r)
-    return kept + ([final] if final else []), start if start != float("inf") else 0.0
+    extras = [final] if final else []
+    if first is not None and first["kind"] not in SUMMARY_KINDS:
+        extras.append(first)  # read by no `_of`: only its time counts
+    return kept + extras
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -66,7 +71,7 @@ def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
 
 def summarize(stream: Iterable[dict]) -> dict[str, Any]:
     """The summary of a run's records, read once in order (a list or `iter_metrics(path)`)."""
-    records, start = _kept(stream)
+    records = _kept(stream)
     steps, busy_s = train_steps(records), step_busy_s(records)
     evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
     hist: Counter[int] = Counter()
@@ -97,7 +102,7 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "publish_to_verified_s": _latency_by_worker(records, "publish_to_verified_s"),
         "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
-        "activation_decisions": _decisions(records, start),
+        "activation_decisions": _decisions(records),
     }
 
 
@@ -114,11 +119,12 @@ def _learner_health(records: list[dict], steps: list[dict]) -> dict[str, Any]:
     }
 
 
-def _decisions(records: list[dict], start: float) -> list[dict]:
+def _decisions(records: list[dict]) -> list[dict]:
     """Activation changes while the learner trained (re-plans as workers leave at shutdown are
-    not decisions about the run); times from `start`, the run's first record."""
+    not decisions about the run)."""
     done = [r["time"] for r in _of(records, "learner_done")]
     end = done[-1] if done else float("inf")
+    start = min((r["time"] for r in records), default=0.0)
     return [
         {"t_s": round(r["time"] - start, 1), "active": r["active"],
          "reason": f"{r['trigger']}: {r['reason']}" if r.get("trigger") else r["reason"]}
