@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from echo2.config.sim import ScenarioConfig  # noqa: E402
 from echo2.planner import effective_throughput_rps, learner_utilization  # noqa: E402
+from echo2.report.metrics import read_metrics  # noqa: E402
 from echo2.report.summary import step_busy_s, train_steps  # noqa: E402
 from echo2.sim.simulator import simulate  # noqa: E402
 
@@ -108,7 +109,7 @@ class Measured:
 
 
 def measure(run_dir: Path) -> Measured:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir / "metrics.jsonl")  # every segment
     steps, busy_s = train_steps(records), step_busy_s(records)
     final = [r for r in records if r["kind"] == "coordinator_final"][-1]["workers"]
     loaded: dict[str, list[dict]] = defaultdict(list)

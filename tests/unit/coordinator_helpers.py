@@ -35,9 +35,10 @@ class FakeClock:
         return self.now
 
 
-def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int = 1, groups_per_step: int = 2):
+def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int = 1, groups_per_step: int = 2,
+               sampling: SamplingParams = SAMPLING):
     settings = Settings(
-        max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=SAMPLING,
+        max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=sampling,
         model_source=str(model_dir), heartbeat_interval_s=1.0, worker_timeout_s=5.0, lease_timeout_s=60.0,
     )
     scorer = Scorer(make_task(AdditionConfig(), seed=0), str(model_dir))

@@ -23,6 +23,7 @@ class FakeIO:
         self.requeued: list[tuple[str, ...]] = []
         self.audits: list[tuple[int, list]] = []
         self.asked: list[int] = []
+        self.durable: list[int | None] = []  # the checkpoint step reported with each batch request
 
     def start(self) -> None:
         pass
@@ -39,8 +40,10 @@ class FakeIO:
     def origin_bytes_sent(self, version: int) -> int:
         return 0
 
-    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None) -> list[TrainGroup]:
+    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
+                    durable_step: int | None = None) -> list[TrainGroup]:
         self.asked.append(step)
+        self.durable.append(durable_step)
         return self.batches.pop(0)
 
     def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:

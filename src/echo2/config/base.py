@@ -17,6 +17,10 @@ DEVICE_FIELD = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
 """A torch device by name: "auto" (the first CUDA GPU when torch sees one, else the CPU), "cpu",
 "cuda" or "cuda:N". Resolved where torch is imported (echo2.models.device)."""
 
+# the largest sampling settings a run may have; wire messages cap the lists workers send with them
+MAX_GROUP_SIZE = 1024
+MAX_NEW_TOKENS = 32_768
+
 
 class Frozen(BaseModel):
     """Immutable, strict config node: unknown keys are errors, not silently ignored."""

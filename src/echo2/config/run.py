@@ -13,7 +13,15 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from echo2.config.audit import AuditConfig
-from echo2.config.base import DEVICE_FIELD, Frozen, apply_overrides, read_toml, validate
+from echo2.config.base import (
+    DEVICE_FIELD,
+    MAX_GROUP_SIZE,
+    MAX_NEW_TOKENS,
+    Frozen,
+    apply_overrides,
+    read_toml,
+    validate,
+)
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
@@ -55,8 +63,8 @@ class WarmStartConfig(Frozen):
 class SamplingConfig(Frozen):
     temperature: float = Field(1.0, gt=0, le=10)
     """Sampling temperature; the learner divides logits by it too so ratios compare like with like."""
-    max_new_tokens: int = Field(8, ge=1, le=32_768)
-    group_size: int = Field(8, ge=2, le=1024)
+    max_new_tokens: int = Field(8, ge=1, le=MAX_NEW_TOKENS)
+    group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE)
     """G completions per prompt; GRPO normalises rewards within a group."""
 
 
@@ -221,6 +229,11 @@ class RunConfig(Frozen):
     cache_dir: str = "runs/.cache"
     """Prepared (warm-started) base models, keyed by model/task/warm-start settings and reused
     by every run with the same settings."""
+    metrics_segment_bytes: int = Field(64 << 20, ge=1 << 16)
+    """metrics.jsonl is split into segments of about this size: `metrics.jsonl`, then
+    `metrics.jsonl.1`, `.2`, ... (higher is newer, none deleted; the summary reads them all in
+    order). Local workers writing to the same file follow the segments the coordinator and
+    learner start."""
     seed: int = 0
     model: ModelConfig = ModelConfig()
     task: TaskConfig = AdditionConfig()

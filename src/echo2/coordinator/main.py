@@ -62,7 +62,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     task.check()  # loads and validates the task's data before the first lease needs it
     scorer = Scorer(task, cfg.base_model_path)
     state = CoordinatorState(settings_from(cfg), store, scorer)
-    metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator")
+    metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
+                            segment_bytes=cfg.metrics_segment_bytes)
     secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))
     app = build_app(state, metrics, secrets, cfg.coordinator.max_request_bytes)
     runner = web.AppRunner(app, access_log=None)

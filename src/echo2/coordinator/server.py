@@ -103,9 +103,23 @@ async def error_middleware(request: web.Request, handler):
             raise
         return _error(exc.status, exc.text or exc.reason)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        return _error(400, f"malformed {request.path} request: {where}: {first['msg']} ({exc.error_count()} error(s))")
+        return _validation_error(request.path, exc)
+
+
+# a string or list over its cap (protocol.messages): well-formed, but refused as too large
+_OVERSIZED = frozenset({"string_too_long", "too_long"})
+
+
+def _validation_error(path: str, exc: ValidationError) -> web.Response:
+    """400 for a malformed body; 422 when a field is over its size cap, naming the field."""
+    errors = exc.errors()
+    oversized = [e for e in errors if e["type"] in _OVERSIZED]
+    first = (oversized or errors)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    if oversized:
+        return _error(422, f"refused {path} request: {where} is over its cap ({len(first['input'])} long): "
+                           f"{first['msg']}")
+    return _error(400, f"malformed {path} request: {where}: {first['msg']} ({exc.error_count()} error(s))")
 
 
 async def _parse(request: web.Request, schema: type[BaseModel]):
@@ -161,6 +175,8 @@ async def handle_batch(request: web.Request) -> web.Response:
     state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
     if "step_time_s" in request.query:
         state.observe_step_time(_float_query(request, "step_time_s", 0.0))
+    if "durable_step" in request.query:  # the learner's newest checkpoint: older batches can go
+        state.checkpointed(_int_query(request, "durable_step", minimum=0), step)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     groups = state.take_batch(step)

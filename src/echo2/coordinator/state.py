@@ -169,7 +169,9 @@ class CoordinatorState:
             for index in self.queue:
                 store.set_pending(index, None)
         self.buffer: list[dict] = store.groups_in_state("buffered")
-        self.steps_taken = store.last_batch_step() + 1
+        # steps before the learner's newest checkpoint have no batch left (see `checkpointed`)
+        self.durable_step: int = store.get_meta("durable_step", 0)
+        self.steps_taken = max(store.last_batch_step() + 1, self.durable_step)
         self.seq = store.max_seq() + 1
 
     def _configured_learner_key(self) -> str:
@@ -531,12 +533,35 @@ class CoordinatorState:
         """The learner's busy time per step (train + publish), reported with its batch requests."""
         self.controller.observe_step_time(step_time_s)
 
+    def checkpointed(self, durable_step: int, step: int) -> None:
+        """The learner's checkpoint of `durable_step` is on disk, and it asks for `step` now: it
+        resumes from that checkpoint or a newer one, never an older one, so the batches of
+        earlier steps and their groups are deleted and the space returned. What resume needs
+        stays: the batches of steps >= durable_step (a learner killed before its next
+        checkpoint replays them exactly) and every buffered group."""
+        if durable_step > min(step, self.steps_taken):
+            raise RequestError(422, f"durable_step={durable_step} is ahead of what the learner was given (step={step}, "
+                                    f"batches assigned up to step {self.steps_taken - 1}): it can only have "
+                                    "checkpointed steps it trained")
+        if durable_step <= self.durable_step:
+            return
+        with self.store.tx():
+            deleted = self.store.compact(durable_step)
+            self.store.set_meta("durable_step", durable_step)
+        self.store.reclaim()
+        self.durable_step = durable_step
+        self.events.append({"kind": "groups_compacted", "durable_step": durable_step, "groups_deleted": deleted,
+                            "store_bytes": self.store.size_bytes()})
+
     def take_batch(self, step: int) -> list[dict] | None:
         """The batch for learner step `step`, or None while not enough admissible groups exist.
         Asking again for an assigned step returns the same batch (exact learner resume)."""
         recorded = self.store.batch(step)
         if recorded is not None:
             return recorded
+        if step < self.durable_step:
+            raise RequestError(409, f"step {step}'s batch was deleted once the learner checkpointed step "
+                                    f"{self.durable_step}; resume the learner from that checkpoint or a newer one")
         if step < self.steps_taken - 1:
             raise RequestError(409, f"step {step} was never assigned a batch; the learner is at an unknown step")
         self._advance(step)

@@ -3,6 +3,9 @@ prompts handed out but not yet returned, accepted-but-untrained rollout groups, 
 assigned to each learner step, the latest published version and the counters.
 
 Every mutation commits before the coordinator answers, so an acknowledged rollout is durable.
+Groups of steps the learner has checkpointed are deleted (`compact`) and their pages handed
+back to the file system, so the file stays the size of the unfinished work, not of the run
+(a group of 8 x 1,024 tokens is about 230 KB).
 """
 
 from __future__ import annotations
@@ -20,12 +23,22 @@ CREATE TABLE IF NOT EXISTS groups (
   step INTEGER, payload TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, group_ids TEXT NOT NULL);
 """
+_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+# states of groups that no future request reads once their step is checkpointed: trained ones
+# are never served again; dropped (stale), rejected and quarantined ones never trained (their
+# prompts, where redone, are queued by index)
+_RETIRED_STATES = ("trained", "dropped", "rejected", "quarantined")
 
 
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None)  # explicit transactions below
+        # freed pages go back to the file system on `compact`; a store made before compaction
+        # existed is rebuilt once to get there (auto_vacuum can only change through VACUUM)
+        self.db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if self.db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+            self.db.execute("VACUUM")
         # WAL + NORMAL: durable across process crashes (what we need), cheap per commit
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -97,6 +110,29 @@ class Store:
 
     def last_batch_step(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(step), -1) FROM batches").fetchone()[0]
+
+    # ---- compaction ----
+    def compact(self, before_step: int) -> int:
+        """Delete the batches of steps < `before_step` and the retired groups of those steps (call
+        inside `tx()`); returns the number of groups deleted. `reclaim()` afterwards returns the
+        space."""
+        placeholders = ",".join("?" * len(_RETIRED_STATES))
+        deleted = self.db.execute(f"DELETE FROM groups WHERE step < ? AND state IN ({placeholders})",
+                                  (before_step, *_RETIRED_STATES)).rowcount
+        self.db.execute("DELETE FROM batches WHERE step < ?", (before_step,))
+        return deleted
+
+    def reclaim(self) -> None:
+        """Hand freed pages back to the file system: the database file shrinks, and the WAL,
+        checkpointed into it, is truncated to nothing."""
+        # through executescript: execute() frees one page only (measured with sqlite 3.40)
+        self.db.executescript("PRAGMA incremental_vacuum;")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def size_bytes(self) -> int:
+        """The database's size on disk, its WAL included."""
+        main = Path(self.db.execute("PRAGMA database_list").fetchone()[2])
+        return sum(p.stat().st_size for p in (main, main.with_name(main.name + "-wal")) if p.is_file())
 
 
 class _Transaction:

@@ -18,7 +18,7 @@ from echo2.config.run import RunConfig
 from echo2.config.tls import TLSConfig
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.progress import RunProgress
-from echo2.report.metrics import read_metrics
+from echo2.report.metrics import iter_metrics
 from echo2.report.render import render_summary
 from echo2.report.summary import summarize
 
@@ -59,7 +59,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
         # which writes the final counters once everyone has left
         for role in ("worker-", "learner", "coordinator"):
             stop_children([c for c in children if c.name.startswith(role)])
-    summary = summarize(read_metrics(cfg.run_path / "metrics.jsonl"))
+    summary = summarize(iter_metrics(cfg.run_path / "metrics.jsonl"))
     (cfg.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
     render_summary(summary, console)
     console.print(f"metrics: {cfg.run_path / 'metrics.jsonl'}   summary: {cfg.run_path / 'summary.json'}")

@@ -41,6 +41,9 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     _fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
+    # the rename itself made durable: once the learner reports this step to the coordinator,
+    # the batches of earlier steps are deleted and a lost rename could not be replayed
+    _fsync_directory(root)
     _prune(root)
     return final
 
@@ -96,6 +99,14 @@ def _fsync_dir(path: Path) -> None:
     for child in path.iterdir():
         with open(child, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _prune(root: Path) -> None:

@@ -103,12 +103,17 @@ class LearnerIO:
         return self._call(_run(lambda: self.origin.stats(version).bytes_sent), timeout_s=10)
 
     # ---- coordinator client ----
-    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None) -> list[TrainGroup]:
+    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
+                    durable_step: int | None = None) -> list[TrainGroup]:
         """Groups for `step`; empty when the long poll ended before the batch was ready.
-        `step_time_s`, the learner's busy time on its last step, feeds the activation controller."""
+        `step_time_s`, the learner's busy time on its last step, feeds the activation controller;
+        `durable_step`, the step of the newest checkpoint on disk, lets the coordinator delete
+        the batches of earlier steps (a resumed learner never asks for them)."""
         url = f"/v1/batch?step={step}&wait_s={wait_s}"
         if step_time_s is not None:
             url += f"&step_time_s={step_time_s:.6f}"
+        if durable_step is not None:
+            url += f"&durable_step={durable_step}"
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 

@@ -46,8 +46,10 @@ class Learner:
         self.ref_model = copy.deepcopy(self.model).eval() if cfg.grpo.kl_coef > 0 else None
         self.task = make_task(cfg.task, cfg.seed)
         self.eval_set = self.task.eval_problems()
-        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner")
+        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner",
+                                     segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
+        self.durable_step: int | None = None  # step of the newest checkpoint on disk, told to the coordinator
         self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
@@ -87,14 +89,15 @@ class Learner:
         path = latest_checkpoint(self.ckpt_dir)
         if path is None:
             return 0
-        step = load_checkpoint(path, self.model, self.optimizer)
+        step = self.durable_step = load_checkpoint(path, self.model, self.optimizer)
         self.metrics.write("learner_resumed", step=step, checkpoint=str(path))
         return step
 
     def _wait_for_batch(self, step: int, busy_s: float | None) -> tuple[list[TrainGroup], float]:
         started = time.perf_counter()
         while True:
-            groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s, step_time_s=busy_s)
+            groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s, step_time_s=busy_s,
+                                         durable_step=self.durable_step)
             if groups:
                 return groups, time.perf_counter() - started
 
@@ -170,6 +173,7 @@ class Learner:
             return 0.0
         started = time.perf_counter()
         path = save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
+        self.durable_step = step
         elapsed = time.perf_counter() - started
         # attributed to the step that produced it (step - 1) in the learner's busy time
         self.metrics.write("checkpoint", step=step, checkpoint_s=elapsed, path=str(path))

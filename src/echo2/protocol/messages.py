@@ -1,7 +1,9 @@
 """Wire messages between workers, the coordinator and the learner: typed, tagged, versioned.
 
 Every message carries `kind` (what it is) and `protocol` (the wire version); receivers refuse
-unknown fields and non-finite numbers so malformed input fails loudly at the boundary.
+unknown fields and non-finite numbers so malformed input fails loudly at the boundary. Every
+string and list a worker sends has a cap: what it sends is stored and logged, so its size must
+not be its to choose (the coordinator answers an oversized field with 422 naming it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.signing import SignedManifest
 from echo2.broadcast.topology import Assignment
+from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
 PROTOCOL_VERSION = 1
 # the id length bound keeps a hostile client from making us store megabyte-long keys
@@ -37,7 +40,7 @@ class VersionInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     version: int = Field(ge=0)
     signed: SignedManifest
-    origin_url: str
+    origin_url: str = Field(max_length=512)
     published_at: float
     """Learner wall clock at publish (publish-to-loaded latency is measured against it)."""
 
@@ -136,8 +139,9 @@ class LeaseResponse(Message):
 
 class RolloutCompletion(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    token_ids: list[int]
-    logprobs: list[float]
+    # the run's own sampling.max_new_tokens is checked after parsing (coordinator.validation)
+    token_ids: list[int] = Field(max_length=MAX_NEW_TOKENS)
+    logprobs: list[float] = Field(max_length=MAX_NEW_TOKENS)
 
 
 class RolloutSubmission(Message):
@@ -145,7 +149,8 @@ class RolloutSubmission(Message):
     worker_id: str = _ID
     task_id: str = _ID
     version: int = Field(ge=0)
-    completions: list[RolloutCompletion]
+    completions: list[RolloutCompletion] = Field(max_length=MAX_GROUP_SIZE)
+    """One per sample of the group (the run's sampling.group_size, checked after parsing)."""
     gen_time_s: float = Field(ge=0)
 
 

@@ -1,17 +1,48 @@
 """The run summary, computed from `metrics.jsonl` alone (so tests and humans read the same
 numbers): accuracy before/after, learner utilization, staleness, drops, worker throughput and
-weight publish-to-loaded latency."""
+weight publish-to-loaded latency.
+
+`summarize` streams the records (`iter_metrics` reads them a line at a time, over every
+segment) and keeps only the kinds it reads, so its memory follows the run's steps, versions
+and workers, not the size of the file (lease events, worker chatter, bad-peer reports)."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from echo2.broadcast.metrics import latency_summary
 
+# the record kinds the summary reads; a kind read with `_of` must be listed here
+SUMMARY_KINDS = frozenset({
+    "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
+    "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
+})
+
 
 def _of(records: list[dict], kind: str, role: str | None = None) -> list[dict]:
+    assert kind in SUMMARY_KINDS, f"summary reads {kind!r} records: add it to SUMMARY_KINDS"
     return [r for r in records if r["kind"] == kind and (role is None or r["role"] == role)]
+
+
+def _kept(records: Iterable[dict]) -> list[dict]:
+    """One pass over `records`: the ones the summary reads, the last coordinator_final, and the
+    earliest record of any kind (the run's start, which activation times count from)."""
+    kept: list[dict] = []
+    final: dict | None = None
+    first: dict | None = None
+    for r in records:
+        if first is None or r["time"] < first["time"]:
+            first = r
+        if r["kind"] == "coordinator_final":
+            final = r  # the last one counts (one per coordinator start; each holds every worker)
+        elif r["kind"] in SUMMARY_KINDS:
+            kept.append(r)
+    extras = [final] if final else []
+    if first is not None and first["kind"] not in SUMMARY_KINDS:
+        extras.append(first)  # read by no `_of`: only its time counts
+    return kept + extras
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -38,7 +69,9 @@ def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
     return busy / (busy + wait) if busy + wait > 0 else 0.0
 
 
-def summarize(records: list[dict]) -> dict[str, Any]:
+def summarize(stream: Iterable[dict]) -> dict[str, Any]:
+    """The summary of a run's records, read once in order (a list or `iter_metrics(path)`)."""
+    records = _kept(stream)
     steps, busy_s = train_steps(records), step_busy_s(records)
     evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
     hist: Counter[int] = Counter()
