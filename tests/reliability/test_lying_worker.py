@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import small_run_config
 from tests.integration.runs import TOKEN, processes, records, wait_for, write_config
+from tests.reliability.accounting import accounting, assert_sound
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +67,7 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
     cut_at = quarantined[0]["time"]
     assigned = {r["step"]: r["time"] for r in records(cfg.run_path, "batch_assigned")}
     assert not any(r["groups_by_worker"].get("liar") for step, r in trained.items() if assigned[step] > cut_at)
+    assert_sound(accounting(cfg.run_path, max_staleness=1), 30)  # the liar's prompts were redone
     summary = json.loads((cfg.run_path / "summary.json").read_text())
     assert summary["audit"]["quarantined"].keys() == {"liar"}
     assert summary["audit"]["groups_failed"] == failed

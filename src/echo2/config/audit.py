@@ -23,9 +23,10 @@ class AuditConfig(Frozen):
     version (groups at its current version are always checked, at no extra cost). Which groups
     is decided by a keyed hash workers cannot predict. Each one costs a forward pass."""
     cached_versions: int | None = Field(None, ge=0)
-    """Recent versions the learner keeps (CPU memory, wire dtype) to recompute stale groups;
-    None: train.max_staleness, which covers every admissible version. Fewer leaves groups older
-    than the cache unaudited."""
+    """Recent versions the learner keeps to recompute stale groups: their published payloads
+    (CPU, wire dtype), shared with the origin, so only versions beyond broadcast.keep_versions
+    cost memory. None: train.max_staleness, which covers every admissible version. Fewer leaves
+    groups older than the cache unaudited."""
     flags_to_quarantine: int = Field(2, ge=1)
     """Failed groups after which the coordinator quarantines a worker: its buffered groups are
     dropped, its leases and submissions refused, and its id can never register again. A failed

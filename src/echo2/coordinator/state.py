@@ -441,6 +441,8 @@ class CoordinatorState:
         with self.store.tx():
             self._close_lease(lease, dropped=True)
         self._measure(record)
+        self.events.append({"kind": "groups_dropped", "reason": "stale", "step": self.learner_step,
+                            "prompt_indices": [lease.prompt_index]})
         return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.current_version,
                               reason=f"stale: step {self.learner_step} - version {req.version} > S")
 
@@ -608,8 +610,10 @@ class CoordinatorState:
             self._save_counters()
         self.buffer = keep + self.buffer  # the batch took the oldest groups: they stay the oldest
         self.steps_taken = step
+        redone = {g["group_id"] for g in redo}
         self.events.append({"kind": "batch_rejected", "step": step, "groups": len(retired), "requeued": len(keep),
-                            "prompts_redone": len(redo), "reason": reason[:500]})
+                            "prompts_redone": len(redo), "reason": reason[:500],
+                            "retired_prompt_indices": [g["prompt_index"] for g in retired if g["group_id"] not in redone]})
         return len(retired)
 
     # ---- rollout audit ----
@@ -665,6 +669,10 @@ class CoordinatorState:
                 self.counters.dropped_stale += len(stale)
                 self._save_counters()
             self.buffer = keep
+            # which prompts: an account of where every prompt went (benchmarks/chaos.py checks
+            # that none is lost)
+            self.events.append({"kind": "groups_dropped", "reason": "stale", "step": step,
+                                "prompt_indices": [g["prompt_index"] for g in stale]})
 
     def _batch_event(self, step: int, batch: list[dict]) -> dict:
         hist = Counter(admission.staleness(step, g["version"]) for g in batch)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import mmap
 from collections import OrderedDict
 
 import torch
@@ -26,28 +27,32 @@ from echo2.config.run import GRPOConfig
 from echo2.learner.batching import Samples, flatten, plan_micro_batches
 from echo2.learner.logprobs import collate, token_logprobs
 from echo2.learner.precision import CPU_FP32, Precision
+from echo2.models.weights import payload_tensors
 from echo2.protocol.messages import GroupAudit, TrainGroup
 
 
 class VersionCache:
-    """The newest `capacity` versions' parameters as workers received them (wire dtype, CPU)."""
+    """The newest `capacity` versions exactly as workers received them: the published payloads
+    (wire dtype, CPU), shared with the origin while it still serves them, so caching costs no
+    copy and no memory for versions the origin keeps anyway."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self.payloads: OrderedDict[int, bytes | mmap.mmap] = OrderedDict()
 
-    def add(self, version: int, model: torch.nn.Module, wire_dtype: torch.dtype) -> None:
+    def add(self, version: int, payload: bytes | mmap.mmap) -> None:
         if self.capacity <= 0:
             return
-        # named_parameters lists a tied weight once; functional_call ties it again
-        self.states[version] = {name: p.detach().to("cpu", wire_dtype, copy=True)
-                                for name, p in model.named_parameters()}
-        self.states.move_to_end(version)
-        while len(self.states) > self.capacity:
-            self.states.popitem(last=False)
+        self.payloads[version] = payload
+        self.payloads.move_to_end(version)
+        while len(self.payloads) > self.capacity:
+            self.payloads.popitem(last=False)
 
     def get(self, version: int) -> dict[str, torch.Tensor] | None:
-        return self.states.get(version)
+        """The version's tensors, viewing the payload in place (tied aliases appear once;
+        functional_call ties them again)."""
+        payload = self.payloads.get(version)
+        return payload_tensors(payload) if payload is not None else None
 
 
 def audit_key(secret: bytes) -> bytes:
@@ -124,8 +129,8 @@ class Auditor:
         """What train_step checks groups at the current version against (None: no audit)."""
         return self.cfg.max_mean_abs_logprob_diff if self.cfg.enabled else None
 
-    def published(self, version: int, model: torch.nn.Module, wire_dtype: torch.dtype) -> None:
-        self.cache.add(version, model, wire_dtype)
+    def published(self, version: int, payload: bytes | mmap.mmap) -> None:
+        self.cache.add(version, payload)
 
     def check_stale(self, model: torch.nn.Module, groups: list[TrainGroup], step: int, grpo: GRPOConfig,
                     temperature: float, pad_id: int, precision: Precision) -> list[GroupAudit]:
@@ -135,7 +140,7 @@ class Auditor:
         by_version: dict[int, list[TrainGroup]] = {}
         for group in groups:
             if group.version < step and chosen(self.key, group.group_id, self.cfg.stale_sample_fraction):
-                if self.cache.get(group.version) is not None:
+                if group.version in self.cache.payloads:
                     by_version.setdefault(group.version, []).append(group)
         verdicts = []
         for version, members in sorted(by_version.items()):

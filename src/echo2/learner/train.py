@@ -153,9 +153,10 @@ class Learner:
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
         require_finite(unique_tensors(self.model), f"version {version}")  # never sign a broken model
-        info = self.io.publish(version, model_payload(self.model, self.wire_dtype))
+        payload = model_payload(self.model, self.wire_dtype)
+        info = self.io.publish(version, payload)
+        self.auditor.published(version, payload)  # the audit recomputes under what workers got
         elapsed = time.perf_counter() - started
-        self.auditor.published(version, self.model, self.wire_dtype)
         manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
         digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()

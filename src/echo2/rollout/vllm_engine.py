@@ -80,14 +80,14 @@ def _make_llm(model_source: str, device: str, cfg: VLLMConfig):
         # torch_threads sets how many it uses
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     try:
-        import vllm
+        from vllm import LLM
         from vllm.platforms import current_platform
     except ImportError as exc:
         raise ValueError(f"{INSTALL_HINT} ({exc})") from None
     if current_platform.device_type != where.type:
         raise ValueError(f"worker.device={device!r} but this vLLM build runs on {current_platform.device_type!r}: "
                          f"set worker.device={current_platform.device_type!r} or install the other vLLM build")
-    return vllm.LLM(
+    return LLM(
         model=model_source,
         dtype=str(resolve_dtype(cfg.dtype, where)).removeprefix("torch."),
         seed=cfg.seed if cfg.seed is not None else secrets.randbits(31),

@@ -1,0 +1,203 @@
+"""Chaos: a real `echo2 run` while faults are injected on a schedule, next to a clean run of the
+same config. Faults: a worker SIGKILLed, another SIGKILLed just as a version starts to spread
+(its relay dies mid-broadcast), a relay that corrupts every chunk it serves, a worker returning
+tokens it never sampled, and a flood of bad requests from another address. Prints JSON:
+
+- faults injected, and whether the run survived them (every step trained, exit 0);
+- bad requests sent, rejected, and any accepted (must be 0) or answered with a 5xx (0);
+- rollouts lost (prompts handed out that were neither trained, dropped as stale, nor still
+  queued or buffered at the end: must be 0) and duplicates (prompts trained twice: 0);
+- the largest staleness trained (<= S);
+- the rollout audit: when the liar was quarantined, how many of its groups reached a batch and
+  how many were trained, and the honest groups audited and failed (the false-positive count);
+- held-out accuracy of the chaos run against the clean one.
+
+    .venv/bin/python benchmarks/chaos.py [--config configs/demo.toml] [--steps 100] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the adversaries live with the reliability tests
+
+from tests.reliability.accounting import accounting  # noqa: E402
+from tests.reliability.flood import flood  # noqa: E402
+
+TOKEN = "chaos-join-token-0123456789"
+
+
+def _records(run_dir: Path, kind: str | None = None) -> list[dict]:
+    from echo2.report.metrics import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return [r for r in rows if kind is None or r["kind"] == kind]
+
+
+def _wait(predicate, timeout_s: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the run exited ({proc.returncode}) while waiting for {what}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def _last_step(run_dir: Path) -> int:
+    return max((r["step"] for r in _records(run_dir, "train_step")), default=-1)
+
+
+def _start(args: list[str], log: Path, module: str = "echo2") -> subprocess.Popen:
+    handle = open(log, "ab")
+    env = {**os.environ, "ECHO2_AUTH_TOKEN": TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    handle.close()
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _run_args(config: str, run_dir: Path, steps: int) -> list[str]:
+    return ["run", "--config", config, "--set", f"run_dir={run_dir}", "--set", f"train.steps={steps}",
+            "--set", "coordinator.heartbeat_interval_s=0.5", "--set", "coordinator.worker_timeout_s=3"]
+
+
+def clean_run(config: str, run_dir: Path, steps: int) -> dict:
+    proc = _start(_run_args(config, run_dir, steps), run_dir.parent / f"{run_dir.name}.log")
+    if proc.wait(timeout=3600) != 0:
+        raise RuntimeError(f"the clean run failed: see {run_dir.parent / (run_dir.name + '.log')}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+class Flood(threading.Thread):
+    def __init__(self, url: str, duration_s: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.duration_s = url, duration_s
+        self.result: dict = {}
+
+    def run(self) -> None:
+        self.result = asyncio.run(flood(self.url, TOKEN, self.duration_s))
+
+
+def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
+    logs = run_dir.parent
+    faults: dict[str, int] = {}
+    run = _start(_run_args(config, run_dir, steps), logs / f"{run_dir.name}.log")
+    hostile: list[subprocess.Popen] = []
+    try:
+        url = _wait(lambda: (run_dir / "coordinator.json").is_file()
+                    and json.loads((run_dir / "coordinator.json").read_text())["url"], 600, "the coordinator", run)
+        metrics = str(run_dir / "metrics.jsonl")
+        for name, module in (("liar", "tests.reliability.lying_worker"),
+                             ("corrupter", "tests.reliability.corrupting_worker")):
+            hostile.append(_start(["worker", "--coordinator", url, "--metrics", metrics, "--set", f"worker_id={name}"],
+                                  logs / f"{run_dir.name}-{name}.log", module=module))
+        faults["lying_worker"] = faults["corrupting_relay"] = 1
+        flooder = Flood(url, duration_s=24 * 3600)  # stops with the coordinator
+        flooder.start()
+        pids = json.loads((run_dir / "pids.json").read_text())
+        _wait(lambda: _last_step(run_dir) >= steps // 10, 1800, f"step {steps // 10}", run)
+        os.kill(pids["worker-0"], signal.SIGKILL)
+        faults["worker_kill"] = 1
+        _wait(lambda: _last_step(run_dir) >= steps // 3, 1800, f"step {steps // 3}", run)
+        published = len(_records(run_dir, "version_published"))
+        _wait(lambda: len(_records(run_dir, "version_published")) > published, 600, "a new version", run)
+        os.kill(pids["worker-1"], signal.SIGKILL)  # mid-broadcast: its children fail over
+        faults["worker_kill_during_broadcast"] = 1
+        if run.wait(timeout=3600) != 0:
+            raise RuntimeError(f"the chaos run failed: see {logs / (run_dir.name + '.log')}")
+        flooder.join(timeout=30)
+        faults["request_flood"] = 1
+        return {"faults": faults, "flood": flooder.result, "hostile_exit_codes": [p.wait(timeout=60) for p in hostile]}
+    finally:
+        for proc in [run, *hostile]:
+            _stop(proc)
+
+
+def audit_outcome(run_dir: Path) -> dict:
+    quarantined = _records(run_dir, "worker_quarantined")
+    cut_at = quarantined[0]["time"] if quarantined else float("inf")
+    audits = _records(run_dir, "audit")
+    liar = [a["by_worker"]["liar"] for a in audits if "liar" in a["by_worker"]]
+    honest = [s for a in audits for w, s in a["by_worker"].items() if w != "liar"]
+    trained = _records(run_dir, "train_step")
+    assigned = [r for r in _records(run_dir, "batch_assigned") if r["time"] <= cut_at]
+    return {
+        "liar_quarantined": bool(quarantined), "quarantine_reason": quarantined[0]["reason"] if quarantined else None,
+        "liar_groups_audited_before_quarantine": sum(s["audited"] for s in liar),
+        "liar_groups_failed": sum(s["failed"] for s in liar),
+        "liar_groups_trained": sum(r["groups_by_worker"].get("liar", 0) for r in trained),
+        "batches_assigned_before_quarantine": len(assigned),
+        "honest_groups_audited": sum(s["audited"] for s in honest),
+        "honest_groups_failed": sum(s["failed"] for s in honest),
+        "honest_max_mean_abs_logprob_diff": max((s["max_passed_diff"] for s in honest), default=None),
+        "corrupt_relay_reports": sum(1 for r in _records(run_dir, "bad_peer") if r.get("peer_id") == "corrupter"
+                                     and r.get("role") == "coordinator"),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "configs/demo.toml"))
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/chaos_cpu.json"))
+    args = parser.parse_args()
+    from echo2.config.run import load_run_config
+
+    max_staleness = load_run_config(args.config).train.max_staleness
+    base = ROOT / "runs" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}"
+    base.mkdir(parents=True)
+    started = time.perf_counter()
+    clean = clean_run(args.config, base / "clean", args.steps)
+    clean_s = time.perf_counter() - started
+    injected = chaos_run(args.config, base / "chaos", args.steps)
+    chaos_summary = json.loads((base / "chaos" / "summary.json").read_text())
+    books = accounting(base / "chaos", max_staleness)
+    result = {
+        "benchmark": "chaos", "config": args.config, "steps": args.steps, "run_dirs": str(base),
+        "faults_injected": injected["faults"],
+        "survived": books["steps_trained"] == args.steps,
+        "hostile_worker_exit_codes": injected["hostile_exit_codes"],
+        "bad_requests": injected["flood"],
+        **books,
+        "audit": audit_outcome(base / "chaos"),
+        "accuracy_before": chaos_summary["accuracy_before"],
+        "accuracy_after_chaos": chaos_summary["accuracy_after"],
+        "accuracy_after_clean": clean["accuracy_after"],
+        "learner_wall_s_chaos": chaos_summary["learner_wall_s"], "learner_wall_s_clean": clean["learner_wall_s"],
+        "clean_run_s": clean_s,
+    }
+    result["goal_met"] = (result["survived"] and books["rollouts_lost"] == 0 and books["duplicates"] == 0
+                          and books["max_staleness"] <= max_staleness
+                          and result["bad_requests"].get("accepted", 0) == 0
+                          and result["bad_requests"].get("server_errors", 0) == 0
+                          and result["audit"]["liar_quarantined"] and result["audit"]["honest_groups_failed"] == 0)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0 if result["goal_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
