@@ -84,3 +84,9 @@ class WorkerConfig(Frozen):
     """Shared bearer token; empty: taken from $ECHO2_AUTH_TOKEN."""
     request_timeout_s: float = Field(30.0, gt=0)
     """Timeout of one control request; generous because a loaded 2-core box answers slowly."""
+    coordinator_unreachable_s: float = Field(180.0, gt=0)
+    """A worker that has not reached its coordinator for this long exits with an error saying
+    what to check. Minutes, so a coordinator restart or a network blip is ridden out, while a
+    worker pointed at the wrong address does not sit silently on a rented GPU."""
+    log_every_s: float = Field(30.0, gt=0)
+    """How often the worker logs its throughput (rollouts, tokens, version, leases refused)."""

@@ -80,8 +80,9 @@ def _make_llm(model_source: str, device: str, cfg: VLLMConfig):
         # torch_threads sets how many it uses
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     try:
-        import vllm
         from vllm.platforms import current_platform
+
+        import vllm
     except ImportError as exc:
         raise ValueError(f"{INSTALL_HINT} ({exc})") from None
     if current_platform.device_type != where.type:
