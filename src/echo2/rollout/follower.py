@@ -131,10 +131,11 @@ class VersionFollower:
             bytes_relayed_previous=self.receiver.bytes_relayed(previous) if previous >= 0 else 0,
         )
         sources = ", ".join(f"{source} {n / 1e6:.2f} MB" for source, n in fetch.bytes_by_source.items())
+        relayed = f"; relayed {self.receiver.bytes_relayed(previous) / 1e6:.2f} MB of version {previous} to peers" \
+            if previous >= 0 and self.receiver.relay is not None else ""
         log.info("loaded version %d: %.2f MB fetched in %.2f s (from %s), swapped in %.2f s, %.2f s after its "
-                 "publish; relayed %.2f MB of version %d to peers", self.version, fetch.total_bytes / 1e6,
-                 fetch.verified_at - fetch.started_at, sources or "nobody", self.swap_s, fetch.publish_to_loaded_s,
-                 self.receiver.bytes_relayed(previous) / 1e6 if previous >= 0 else 0.0, previous)
+                 "publish%s", self.version, fetch.total_bytes / 1e6, fetch.verified_at - fetch.started_at,
+                 sources or "nobody", self.swap_s, fetch.publish_to_loaded_s, relayed)
 
 
 async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
