@@ -157,3 +157,68 @@ def test_the_probe_dials_only_relay_addresses(state):
     replies = run_with_server(state, scenario)
     assert [status for status, _ in replies] == [422, 422, 422]
     assert all("expected http://HOST:PORT" in reply["error"] for _, reply in replies)
+
+
+def test_the_coordinator_logs_who_works_on_the_run():
+    from echo2.coordinator.log_lines import describe
+
+    joined = describe({"kind": "worker_registered", "worker_id": "w1", "engine": "hf", "price_per_hour": 0.5,
+                       "relay_address": "", "source": "10.0.0.9"})
+    assert joined[1] == "worker w1 joined from 10.0.0.9 (engine hf, $0.5/h, relay none: a broadcast leaf)"
+    activation = {"kind": "activation", "active": ["w1", "w2"], "reason": "cheapest set covering demand",
+                  "trigger": "w3 left", "changed": True}
+    assert describe(activation)[1] == "active workers now w1, w2 after w3 left: cheapest set covering demand"
+    assert describe({**activation, "changed": False}) is None  # re-decided, nothing changed: metrics only
+    assert describe({"kind": "lease_requeued", "worker_id": "w1"}) is None
+
+
+def test_quiet_keeps_only_warnings(capsys):
+    import argparse
+    import logging
+
+    from echo2.cli.logs import setup_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("echo2").level)
+    try:
+        setup_logging(argparse.Namespace(quiet=True, log_level="info"))
+        logging.getLogger("echo2.worker").info("an info line")
+        logging.getLogger("echo2.worker").warning("a warning line")
+        setup_logging(argparse.Namespace(quiet=False, log_level="debug"))
+        logging.getLogger("echo2.learner").debug("a debug line")
+        logging.getLogger("aiohttp.access").info("library noise")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        logging.getLogger("echo2").setLevel(saved[2])
+    err = capsys.readouterr().err
+    assert "a warning line" in err and "an info line" not in err
+    assert "echo2.learner DEBUG a debug line" in err and "library noise" not in err
+
+
+def test_a_worker_joins_again_when_a_restarted_coordinator_no_longer_knows_it(state, tmp_path):
+    """A restarted coordinator has no registry: the worker's credential gets 401, and the worker
+    registers again by itself instead of beating in vain."""
+    async def body(url):
+        worker = Worker(WorkerConfig(device="cpu", worker_id="w7"), url, TOKEN,
+                        MetricsWriter(tmp_path / "m.jsonl", "worker"))
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await _until(lambda: "w7" in state.workers)
+            first = state.workers["w7"].credential_digest
+            state.workers.clear()  # what a restart leaves: accepted work kept, the registry gone
+            state.credentials.clear()
+            await _until(lambda: "w7" in state.workers and state.workers["w7"].credential_digest != first)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 20)
+
+    _with_coordinator(state, body)
+
+
+async def _until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
