@@ -93,22 +93,27 @@ class Worker:
             receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics)
-            reg = await self._register()
-            # beat while the model loads: a slow load must not look like a dead worker
-            background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
-            try:
-                self.engine = await self._load_engine(self.cfg.model_source or reg.model_source)
-                background.append(asyncio.create_task(self.follower.run(stop)))
-                await self._work(stop)
+            try:  # the relay stops even when registration is refused
+                await self._join_and_work(stop)
             finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                await self._leave()
                 await receiver.stop()
-                self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
-                log.info("stopped: %d rollouts (%d tokens) generated, %d groups dropped", self.stats["rollouts"],
-                         self.stats["tokens"], self.stats["dropped"])
+
+    async def _join_and_work(self, stop: asyncio.Event) -> None:
+        reg = await self._register()
+        # beat while the model loads: a slow load must not look like a dead worker
+        background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
+        try:
+            self.engine = await self._load_engine(self.cfg.model_source or reg.model_source)
+            background.append(asyncio.create_task(self.follower.run(stop)))
+            await self._work(stop)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._leave()
+            self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
+            log.info("stopped: %d rollouts (%d tokens) generated, %d groups dropped", self.stats["rollouts"],
+                     self.stats["tokens"], self.stats["dropped"])
 
     async def _load_engine(self, source: str):
         started = time.perf_counter()
