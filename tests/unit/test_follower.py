@@ -34,7 +34,7 @@ def _staged(version: int) -> Staged:
 
 
 def test_a_version_being_swapped_in_counts_as_held(tmp_path):
-    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0), MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0, relay=None), MetricsWriter(tmp_path / "m.jsonl", "worker"))
     follower.version = 13
     follower.staged = _staged(14)
     engine = BlockingEngine()

@@ -89,3 +89,9 @@ class WorkerConfig(Frozen):
     """`cert_file`/`key_file`: the certificate this worker's relay serves (its names must include
     relay_advertise_host); `ca_file`: the CA the coordinator, the origin and other relays must
     chain to when their URLs are https://. Empty: plain HTTP."""
+    coordinator_unreachable_s: float = Field(180.0, gt=0)
+    """A worker that has not reached its coordinator for this long exits with an error saying
+    what to check. Minutes, so a coordinator restart or a network blip is ridden out, while a
+    worker pointed at the wrong address does not sit silently on a rented GPU."""
+    log_every_s: float = Field(30.0, gt=0)
+    """How often the worker logs its throughput (rollouts, tokens, version, leases refused)."""

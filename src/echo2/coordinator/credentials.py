@@ -1,7 +1,7 @@
 """Who may call what on the coordinator. Four credentials, one per role:
 
-- the **join token**, shared with every worker of the run: register, read the broadcast config
-  (peers also authenticate chunk streams between relays with it);
+- the **join token**, shared with every worker of the run: register, read the broadcast config,
+  have a relay address probed (peers also authenticate chunk streams between relays with it);
 - a **worker credential**, issued at registration and bound to that worker id: every later
   worker call (heartbeat, lease, rollout, leave, bad-peer report) must carry it, and may only
   speak for its own worker id;
@@ -34,6 +34,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): OPEN,
     ("POST", "/v1/register"): JOIN,
     ("GET", "/v1/broadcast_config"): JOIN,
+    ("POST", "/v1/probe"): JOIN,
     ("POST", "/v1/heartbeat"): WORKER,
     ("POST", "/v1/lease"): WORKER,
     ("POST", "/v1/rollout"): WORKER,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 
@@ -20,6 +21,8 @@ from echo2.protocol import tls
 from echo2.protocol.messages import SamplingParams
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
+
+log = logging.getLogger("echo2.coordinator")
 
 
 def settings_from(cfg: RunConfig) -> Settings:
@@ -76,6 +79,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     url = tls.base_url(host, port, tls=context is not None)
     (cfg.run_path / "coordinator.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
     metrics.write("coordinator_started", url=url)
+    log.info("listening at %s for run %s (workers: echo2 worker --coordinator http://HOST:%s, HOST an address of "
+             "this machine they can reach)", url, cfg.run_dir, port)
     try:
         await stop.wait()
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import math
 from collections.abc import Awaitable, Callable
 
@@ -12,8 +13,12 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, WORKER, Secrets
+from echo2.coordinator.log_lines import log_event
+from echo2.coordinator.probe import check_relay_address, probe_relay
 from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.protocol.messages import (
+    PROTOCOL_VERSION,
+    RELEASE,
     AuditReport,
     BadPeerRequest,
     BatchResponse,
@@ -21,11 +26,14 @@ from echo2.protocol.messages import (
     Heartbeat,
     LeaseRequest,
     LeaveRequest,
+    ProbeRequest,
+    ProbeResponse,
     PublishRequest,
     RegisterRequest,
     RejectBatchRequest,
     RolloutSubmission,
     TrainGroup,
+    protocol_mismatch,
 )
 from echo2.report.metrics import MetricsWriter
 
@@ -40,6 +48,7 @@ STATE_KEY = web.AppKey("state", CoordinatorState)
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
+JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
 
@@ -124,7 +133,31 @@ def _validation_error(path: str, exc: ValidationError) -> web.Response:
 
 async def _parse(request: web.Request, schema: type[BaseModel]):
     body = await request.read()  # over client_max_size: aiohttp answers 413 itself
-    return schema.model_validate_json(body)
+    try:
+        message = schema.model_validate_json(body)
+    except ValidationError:
+        # another echo2 release's message fails on some field; say that, naming both versions
+        _refuse_other_protocols(*_claimed_protocol(body))
+        raise
+    _refuse_other_protocols(message.protocol, getattr(message, "release", ""))
+    return message
+
+
+def _refuse_other_protocols(sent: object, release: object) -> None:
+    problem = protocol_mismatch(sent, release, "this coordinator", "the request", spoken=PROTOCOL_VERSION)
+    if problem:
+        raise RequestError(426, problem)
+
+
+def _claimed_protocol(body: bytes) -> tuple[object, object]:
+    """(protocol, release) a body that did not validate says it speaks; ours when it says nothing."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return PROTOCOL_VERSION, ""
+    if not isinstance(data, dict):
+        return PROTOCOL_VERSION, ""
+    return data.get("protocol", PROTOCOL_VERSION), data.get("release", "")
 
 
 async def handle_register(request: web.Request) -> web.Response:
@@ -238,7 +271,20 @@ async def handle_state(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    """Open to anyone: liveness, and the protocol and release (`echo2 worker --check` compares)."""
+    return web.json_response({"ok": True, "protocol": PROTOCOL_VERSION, "release": RELEASE})
+
+
+async def handle_probe(request: web.Request) -> web.Response:
+    """Dial a worker's relay address back (echo2.coordinator.probe). Rate-limited with the
+    registrations: each probe makes the coordinator open a connection."""
+    req = await _parse(request, ProbeRequest)
+    problem = check_relay_address(req.relay_address)
+    if problem:
+        raise RequestError(422, problem)
+    request.app[STATE_KEY].take_join_token(request.remote or "")
+    reachable, detail = await probe_relay(req.relay_address, request.app[JOIN_TOKEN_KEY])
+    return _reply(ProbeResponse(reachable=reachable, detail=detail))
 
 
 async def _housekeeping(app: web.Application) -> None:
@@ -253,6 +299,7 @@ async def _housekeeping(app: web.Application) -> None:
             next_control = loop.time() + state.settings.activation.control_period_s
         events, state.events = state.events, []
         for event in events:
+            log_event(event)
             metrics.write(event.pop("kind"), **event)
 
 
@@ -270,6 +317,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     )
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
     app[LIMIT_KEY] = max_request_bytes
+    app[JOIN_TOKEN_KEY] = secrets.join
     app.cleanup_ctx.append(_run_housekeeping)
     app.add_routes(
         [
@@ -285,6 +333,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
             web.post("/v1/audit", handle_audit),
             web.get("/v1/state", handle_state),
             web.get("/v1/broadcast_config", handle_broadcast_config),
+            web.post("/v1/probe", handle_probe),
             web.get("/healthz", handle_health),
         ]
     )

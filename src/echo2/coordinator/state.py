@@ -192,7 +192,7 @@ class CoordinatorState:
         worker must carry. A live worker's id cannot be taken over: only an evicted or departed
         worker's id can register again (its old credential and leases are void). `source`, the
         caller's address, is rate-limited."""
-        self._take_join_token(source)
+        self.take_join_token(source)
         worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
         self._refuse_quarantined(worker_id)
         if worker_id in RESERVED_WORKER_IDS:
@@ -214,7 +214,8 @@ class CoordinatorState:
         self.credentials[digest] = worker_id
         self.controller.join(worker_id, req.price_per_hour)
         self.events.append({"kind": "worker_registered", "worker_id": worker_id, "engine": req.engine,
-                            "price_per_hour": req.price_per_hour})
+                            "price_per_hour": req.price_per_hour, "relay_address": req.relay_address,
+                            "source": source})
         s = self.settings
         return RegisterResponse(
             worker_id=worker_id,
@@ -228,8 +229,9 @@ class CoordinatorState:
             credential=credential,
         )
 
-    def _take_join_token(self, source: str) -> None:
-        """Token bucket per source address: registrations_per_minute, with as large a burst."""
+    def take_join_token(self, source: str) -> None:
+        """Token bucket per source address: registrations_per_minute, with as large a burst (relay
+        probes draw from it too: each makes the coordinator open a connection)."""
         rate = self.settings.registrations_per_minute
         now = self.clock()
         tokens, as_of = self.join_buckets.get(source, (rate, now))

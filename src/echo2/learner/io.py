@@ -4,6 +4,7 @@ coordinator. The torch training loop calls the blocking wrappers and never touch
 
 from __future__ import annotations
 
+import logging
 import mmap
 import time
 from collections.abc import Coroutine
@@ -31,6 +32,7 @@ from echo2.protocol.messages import (
 # before the learner gives up; long enough to ride out a coordinator restart
 RETRY_WINDOW_S = 120.0
 KEY_FILE = "keys/learner_ed25519.pem"
+log = logging.getLogger("echo2.learner")
 
 
 def learner_key(cfg: RunConfig):
@@ -136,9 +138,11 @@ class LearnerIO:
             try:
                 # the request carries its own timeout; this outer one only guards a wedged loop
                 return self._call(make_call(), timeout_s=timeout_s + 10)
-            except TransientError:
+            except TransientError as exc:
                 if time.monotonic() > deadline:
                     raise
+                log.warning("cannot reach the coordinator: %s; next try in %.1f s (giving up %.0f s after the first "
+                            "failure)", exc, delay_s, RETRY_WINDOW_S)
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from echo2.models.weights import model_payload, require_finite, unique_tensors
 from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
+
+log = logging.getLogger("echo2.learner")
 
 
 class Learner:
@@ -76,11 +79,16 @@ class Learner:
                 # logged before the checkpoint: a crash in between re-logs the step on resume
                 # instead of losing its record
                 self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats)
+                log.info("step %d/%d: waited %.1f s for the batch, trained in %.2f s (reward %.3f, loss %.4f, "
+                         "staleness <= %d), published version %d in %.2f s", step + 1, cfg.train.steps, wait_s,
+                         stats["train_s"], stats["reward_mean"], stats["loss"], stats["staleness_max"], step + 1,
+                         publish_s)
                 busy_s = stats["train_s"] + publish_s + self._maybe_checkpoint(step + 1)
                 step += 1
                 if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
                     self._evaluate(step)
             self.metrics.write("learner_done", steps=cfg.train.steps)
+            log.info("done: %d steps trained", cfg.train.steps)
         finally:
             self.io.close()
             self.metrics.close()
@@ -91,6 +99,7 @@ class Learner:
             return 0
         step = self.durable_step = load_checkpoint(path, self.model, self.optimizer)
         self.metrics.write("learner_resumed", step=step, checkpoint=str(path))
+        log.info("resumed at step %d from %s", step, path)
         return step
 
     def _wait_for_batch(self, step: int, busy_s: float | None) -> tuple[list[TrainGroup], float]:
@@ -100,6 +109,9 @@ class Learner:
                                          durable_step=self.durable_step)
             if groups:
                 return groups, time.perf_counter() - started
+            # one line per long poll (train.batch_wait_s): the operator sees the learner is starved
+            log.info("step %d: still waiting for rollouts after %.0f s (are workers registered and loading "
+                     "versions? see the coordinator's log)", step + 1, time.perf_counter() - started)
 
     def _train_audited(self, groups: list[TrainGroup], step: int) -> tuple[dict, list[GroupAudit]]:
         """The step, with the rollout audit around it: chosen older groups are recomputed under
@@ -134,6 +146,10 @@ class Learner:
         failed = {v.group_id for v in verdicts if v.failed}
         audit = stats["skip_kind"] == "audit"
         self.skips_in_a_row += 0 if audit else 1
+        if not audit:
+            log.warning("step %d skipped (%d in a row): %s", step + 1, self.skips_in_a_row, stats["skip_reason"])
+        else:
+            log.warning("step %d skipped by the rollout audit: %s", step + 1, stats["skip_reason"])
         self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
                            skip_kind=stats["skip_kind"], in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
                            prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
@@ -166,6 +182,9 @@ class Learner:
         if version - 1 in self.published:  # its broadcast is (nearly) done: the uplink it cost
             self.metrics.write("origin_bytes", version=version - 1, total_bytes=manifest.total_bytes,
                                bytes_sent=self.io.origin_bytes_sent(version - 1))
+        if not self.published:  # later publishes are in each step's line
+            log.info("published version %d; workers pull versions from the origin at %s (learner.advertise_host)",
+                     version, info.origin_url)
         self.published.add(version)
         return elapsed
 
@@ -187,6 +206,7 @@ class Learner:
             report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens)
         self.metrics.write("eval", step=step, accuracy=report.accuracy, problems=report.problems,
                            eval_s=report.seconds)
+        log.info("eval after step %d: accuracy %.3f on %d held-out problems", step, report.accuracy, report.problems)
 
 
 def wire_dtype(name: str, base_model_path: str) -> torch.dtype:

@@ -44,7 +44,7 @@ async def call(
         hint = " (a TLS server hangs up on plain HTTP: is this URL https://?)" if url.startswith("http:") else ""
         raise TransientError(f"{method} {url}: {exc!r}{hint}") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
-        raise TransientError(f"{method} {url}: {exc!r}") from exc
+        raise TransientError(f"{method} {url}: {_describe(exc, timeout_s)}") from exc
     if resp.status >= 500:
         raise TransientError(f"{method} {url}: HTTP {resp.status}: {text[:200]}")
     if resp.status >= 400:
@@ -59,3 +59,10 @@ def _error_text(text: str) -> str:
         return str(json.loads(text).get("error", text))
     except (ValueError, AttributeError):
         return text[:500]
+
+
+def _describe(exc: Exception, timeout_s: float) -> str:
+    """A failed connection in words an operator can act on (a timeout's own text is empty)."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    return f"{type(exc).__name__}: {exc}"

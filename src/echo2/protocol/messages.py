@@ -12,12 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from echo2 import __version__ as RELEASE
 from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.signing import SignedManifest
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
 PROTOCOL_VERSION = 1
+"""Bumped whenever a message changes incompatibly: peers of different protocols refuse each
+other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
 # the id length bound keeps a hostile client from making us store megabyte-long keys
 _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
@@ -58,6 +61,8 @@ class RegisterRequest(Message):
     upload_bps: float = Field(1e9, gt=0)
     download_bps: float = Field(1e9, gt=0)
     """Declared link speeds (bits/s) the broadcast planner builds the relay tree from."""
+    release: str = Field("", max_length=64)
+    """The worker's echo2 release, named (with the protocol) when its protocol is refused."""
 
 
 class RegisterResponse(Message):
@@ -75,6 +80,19 @@ class RegisterResponse(Message):
     credential: str
     """This worker's own credential: every later call carries it as its bearer token. Issued
     once per registration, bound to `worker_id`."""
+
+
+class ProbeRequest(Message):
+    """`echo2 worker --check`: dial this relay address back and say whether it answers."""
+
+    kind: Literal["probe"] = "probe"
+    relay_address: str = Field(min_length=1, max_length=256)
+
+
+class ProbeResponse(Message):
+    kind: Literal["probe_result"] = "probe_result"
+    reachable: bool
+    detail: str
 
 
 class Heartbeat(Message):
@@ -235,3 +253,14 @@ class BatchResponse(Message):
 class ErrorResponse(Message):
     kind: Literal["error"] = "error"
     error: str
+
+
+def protocol_mismatch(sent: object, sent_release: object, here: str, there: str,
+                      spoken: int = PROTOCOL_VERSION) -> str | None:
+    """Why a message of protocol `sent` (from `there`, running echo2 `sent_release` when known)
+    cannot be understood by `here`, which speaks `spoken`; None when it can."""
+    if sent == spoken:
+        return None
+    theirs = f"protocol {sent!r}" + (f" (echo2 {str(sent_release)[:64]})" if sent_release else "")
+    return (f"incompatible echo2 versions: {here} speaks protocol {spoken} (echo2 {RELEASE}), {there} speaks "
+            f"{theirs}. Run the same echo2 release on the coordinator, the learner and every worker")

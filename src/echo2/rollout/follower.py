@@ -6,6 +6,7 @@ staged weights in between two generations."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ from echo2.broadcast.wire import BroadcastFailed, FetchAborted
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.weights import WeightReceiver
+
+log = logging.getLogger("echo2.worker")
 
 # pause after a failed fetch (every source failed) when nothing newer is out: short enough to
 # catch up within a step or two, long enough not to hammer sources that are restarting
@@ -103,6 +106,7 @@ class VersionFollower:
 
     def _failed(self, target: VersionInfo, error: str) -> None:
         self.metrics.write("weights_fetch_failed", worker_id=self.worker_id, version=target.version, error=error[:300])
+        log.warning("fetching version %d failed: %s", target.version, error[:300])
 
     async def swap_into(self, engine) -> None:
         """Load the staged version, if any, into the engine (between generations only)."""
@@ -126,6 +130,12 @@ class VersionFollower:
             resumed_at_chunks=fetch.resumed_at_chunks, bad_peers=fetch.bad_peers,
             bytes_relayed_previous=self.receiver.bytes_relayed(previous) if previous >= 0 else 0,
         )
+        sources = ", ".join(f"{source} {n / 1e6:.2f} MB" for source, n in fetch.bytes_by_source.items())
+        relayed = f"; relayed {self.receiver.bytes_relayed(previous) / 1e6:.2f} MB of version {previous} to peers" \
+            if previous >= 0 and self.receiver.relay is not None else ""
+        log.info("loaded version %d: %.2f MB fetched in %.2f s (from %s), swapped in %.2f s, %.2f s after its "
+                 "publish%s", self.version, fetch.total_bytes / 1e6, fetch.verified_at - fetch.started_at,
+                 sources or "nobody", self.swap_s, fetch.publish_to_loaded_s, relayed)
 
 
 async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:

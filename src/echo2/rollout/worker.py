@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+from collections import Counter
 
 import aiohttp
 from pydantic import ValidationError
@@ -18,6 +20,7 @@ from echo2.config.worker import WorkerConfig
 from echo2.protocol import tls
 from echo2.protocol.http import RefusedError, TransientError, call
 from echo2.protocol.messages import (
+    RELEASE,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -29,11 +32,15 @@ from echo2.protocol.messages import (
     RolloutSubmission,
     SubmitResponse,
     Task,
+    protocol_mismatch,
 )
 from echo2.report.metrics import MetricsWriter
+from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, unreachable_fix
 from echo2.rollout.engine import GenRequest, make_engine
 from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver
+
+log = logging.getLogger("echo2.worker")
 
 # a heartbeat slower than this is as good as lost (the coordinator evicts after a few missed)
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -58,43 +65,64 @@ class Worker:
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
         self.generation_s: float | None = None  # last lease-generate-submit cycle
-        self.refusal = ""  # why the coordinator cut this worker off (403), if it did
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
+        self.last_contact = time.monotonic()  # of any answer from the coordinator
+        self.failure: WorkerFailed | None = None  # set by a background loop that gave up
+        self.refusals: Counter[str] = Counter()  # lease refusals since the last throughput line
+        self.last_refusal = ""
 
     @property
     def version(self) -> int:
         return self.follower.version
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop` is set. Raises WorkerFailed when the coordinator refuses this worker
+        or stays unreachable for cfg.coordinator_unreachable_s."""
         self.stop = stop
         try:
             await self._run(stop)
         except Stopping:
             pass  # asked to stop while the coordinator was unreachable
+        if self.failure is not None:
+            raise self.failure
 
     async def _run(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         tls.warn_plain_url(self.url, "the coordinator")
         async with aiohttp.ClientSession(headers=headers, connector=tls.connector(self.cfg.tls)) as self.session:
+            log.info("contacting the coordinator at %s", self.url)
             broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
             receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics)
-            reg = await self._register()
-            # beat while the model loads: a slow load must not look like a dead worker
-            background = [asyncio.create_task(self._heartbeats(stop))]
-            try:
-                source = self.cfg.model_source or reg.model_source
-                self.engine = await asyncio.to_thread(make_engine, self.cfg, source)
-                background.append(asyncio.create_task(self.follower.run(stop)))
-                await self._work(stop)
+            try:  # the relay stops even when registration is refused
+                await self._join_and_work(stop)
             finally:
-                for task in background:
-                    task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                await self._leave()
                 await receiver.stop()
-                self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
+
+    async def _join_and_work(self, stop: asyncio.Event) -> None:
+        reg = await self._register()
+        # beat while the model loads: a slow load must not look like a dead worker
+        background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
+        try:
+            self.engine = await self._load_engine(self.cfg.model_source or reg.model_source)
+            background.append(asyncio.create_task(self.follower.run(stop)))
+            await self._work(stop)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._leave()
+            self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
+            log.info("stopped: %d rollouts (%d tokens) generated, %d groups dropped", self.stats["rollouts"],
+                     self.stats["tokens"], self.stats["dropped"])
+
+    async def _load_engine(self, source: str):
+        started = time.perf_counter()
+        engine = await asyncio.to_thread(make_engine, self.cfg, source)
+        log.info("model loaded from %s in %.1f s (engine %s, device %s); waiting for a policy version", source,
+                 time.perf_counter() - started, self.cfg.engine, self.cfg.device)
+        return engine
 
     async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -108,6 +136,7 @@ class Worker:
             cycle_started = time.perf_counter()
             lease = await self._lease()
             if lease is None or not lease.tasks:
+                self._note_refusal(lease.reason if lease else "")
                 await wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
                 continue
             await self._generate_and_submit(lease.tasks)
@@ -115,20 +144,50 @@ class Worker:
             self.generation_s = time.perf_counter() - cycle_started
             self.stats["busy_s"] += self.generation_s
 
+    def _note_refusal(self, reason: str) -> None:
+        """A lease came back empty: say why when the reason changes (the same reason many times a
+        second would drown the log); the throughput line counts them."""
+        reason = reason or "refused (see the warning above)"
+        self.refusals[reason.split(":")[0]] += 1
+        if reason != self.last_refusal:
+            log.info("no prompts leased: %s", reason)
+            self.last_refusal = reason
+
+    async def _report(self, stop: asyncio.Event) -> None:
+        """One throughput line every cfg.log_every_s: what this worker did, or why it did not."""
+        last, last_at = dict(self.stats), time.monotonic()
+        while not stop.is_set():
+            await wait_either(stop, stop, timeout_s=self.cfg.log_every_s)
+            now = time.monotonic()
+            rollouts, tokens = (self.stats[k] - last[k] for k in ("rollouts", "tokens"))
+            refused = ", ".join(f"{n}x {why}" for why, n in self.refusals.most_common(3)) or "none"
+            log.info("last %.0f s: %d rollouts (%.1f/s), %d tokens (%.0f/s), version %d, %s; leases refused: %s",
+                     now - last_at, rollouts, rollouts / (now - last_at), tokens, tokens / (now - last_at),
+                     self.follower.version, "active" if self.active else "idle (not activated)", refused)
+            last, last_at = dict(self.stats), now
+            self.refusals.clear()
+
     def _too_stale(self) -> bool:
         latest = self.follower.latest
         return latest is not None and latest.version - self.version > self.max_staleness
 
     # ---- control plane ----
     async def _broadcast_config(self) -> dict:
-        return json.loads(await self._retrying("GET", "/v1/broadcast_config", None, token=self.token))
+        path = "/v1/broadcast_config"
+        try:
+            return json.loads(await self._retrying("GET", path, None, token=self.token))
+        except RefusedError as exc:  # a wrong token or a wrong URL: retrying cannot help
+            raise WorkerFailed(refusal_fix(exc, self.url, path)) from None
 
     async def _register(self) -> RegisterResponse:
         cfg = self.cfg
         req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
-                              download_bps=cfg.bandwidth_bps)
-        reg = RegisterResponse.model_validate_json(await self._join(req))
+                              download_bps=cfg.bandwidth_bps, release=RELEASE)
+        try:
+            reg = _registration(await self._join(req))
+        except RefusedError as exc:
+            raise WorkerFailed(refusal_fix(exc, self.url, "/v1/register")) from None
         # every later call speaks with this worker's own credential, not the shared join token
         self.session.headers["Authorization"] = f"Bearer {reg.credential}"
         self.worker_id, self.max_staleness = reg.worker_id, reg.max_staleness
@@ -139,6 +198,10 @@ class Worker:
         self.beat_now.set()  # the first heartbeat brings this worker's broadcast assignment
         self.metrics.write("worker_registered", worker_id=self.worker_id, engine=cfg.engine,
                            relay_address=self.relay_address)
+        where = f"relaying to peers from {self.relay_address}" if self.relay_address else \
+            "a broadcast leaf (accepts_incoming=false: no relay)"
+        log.info("registered as worker %s (S=%d, heartbeat every %.1f s), %s", self.worker_id, self.max_staleness,
+                 self.heartbeat_interval_s, where)
         return reg
 
     async def _join(self, req: RegisterRequest) -> str:
@@ -152,6 +215,7 @@ class Worker:
             except RefusedError as exc:
                 if exc.status not in (409, 429) or time.monotonic() > deadline:
                     raise
+                log.info("registration deferred (HTTP %d: %s); trying again in 1 s", exc.status, exc.message)
                 await wait_either(self.stop, self.stop, timeout_s=1.0)
                 if self.stop.is_set():
                     raise Stopping from None
@@ -170,19 +234,41 @@ class Worker:
             pass  # the coordinator will time us out instead
 
     async def _retrying(self, method: str, path: str, body, token: str | None = None) -> str:
-        """Transient failures are retried with backoff until the worker is told to stop;
+        """Transient failures are logged and retried with backoff until the worker is told to
+        stop or has not reached the coordinator for cfg.coordinator_unreachable_s (WorkerFailed);
         refusals propagate."""
         delay_s = 0.2
         while True:
             try:
-                return await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s, token)
-            except TransientError:
+                text = await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s, token)
+                self.last_contact = time.monotonic()
+                return text
+            except TransientError as exc:
                 if self.stop.is_set():
                     raise Stopping from None
+                self._check_reachable(exc, next_try_s=delay_s)
                 await wait_either(self.stop, self.stop, timeout_s=delay_s)
                 delay_s = min(2 * delay_s, 5.0)
 
+    def _check_reachable(self, exc: TransientError, next_try_s: float) -> None:
+        """Log a failed call; give up once the coordinator has been silent too long."""
+        silent_s, limit_s = time.monotonic() - self.last_contact, self.cfg.coordinator_unreachable_s
+        if silent_s > limit_s:
+            raise WorkerFailed(f"no answer from the coordinator at {self.url} for {silent_s:.0f} s "
+                               f"(coordinator_unreachable_s={limit_s:g}; last error: {exc}): {unreachable_fix(self.url)}")
+        log.warning("cannot reach the coordinator: %s; next try in %.1f s (giving up after %.0f s without an "
+                    "answer)", exc, next_try_s, limit_s)
+
     async def _heartbeats(self, stop: asyncio.Event) -> None:
+        """Beat until stopped. Finding that the worker cannot go on (refused on joining again,
+        or the coordinator silent too long) stops the worker; run() raises the reason."""
+        try:
+            await self._beat(stop)
+        except WorkerFailed as failed:
+            self.failure = failed
+            stop.set()
+
+    async def _beat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
             body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.follower.swap_s,
@@ -191,18 +277,29 @@ class Worker:
             seen_at = self.registered_at
             try:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
+                self.last_contact = time.monotonic()
                 reply = HeartbeatResponse.model_validate_json(text)
                 self.follower.note(reply.latest, reply.assignment, reply.learner_public_key)
-                self.active = reply.active
+                self._set_active(reply.active)
             except RefusedError as exc:
-                if exc.status == 404:  # evicted (or the coordinator restarted): join again
+                # 404: evicted; 401: our credential is unknown (the coordinator restarted): join again
+                log.warning("heartbeat refused (HTTP %d: %s)%s", exc.status, exc.message,
+                            "; registering again" if exc.status in (401, 404) else "")
+                if exc.status in (401, 404):
                     await self._reregister(seen_at)
                 self._cut_off(exc)
-            except TransientError:
-                pass  # the next beat will try again; eviction takes several missed beats
+            except TransientError as exc:
+                # the next beat will try again; eviction takes several missed beats
+                self._check_reachable(exc, next_try_s=self.heartbeat_interval_s)
             except ValidationError as exc:  # a malformed reply must not end the heartbeats
                 self.metrics.write("worker_bad_reply", worker_id=self.worker_id, what="heartbeat",
                                    error=str(exc)[:300])
+
+    def _set_active(self, active: bool) -> None:
+        if active != self.active:
+            log.info("the coordinator %s this worker", "activated" if active else
+                     "deactivated (cost-aware activation): no leases until activated, weights kept current")
+        self.active = active
 
     def _note_version_number(self, version: int) -> None:
         latest = self.follower.latest
@@ -218,6 +315,7 @@ class Worker:
             return reply
         except RefusedError as exc:
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="lease", error=exc.message)
+            log.warning("lease refused (HTTP %d): %s", exc.status, exc.message)
             if exc.status == 404:
                 await self._reregister(seen_at)
             self._cut_off(exc)
@@ -226,9 +324,9 @@ class Worker:
     def _cut_off(self, exc: RefusedError) -> None:
         """403: the coordinator refuses this worker for good (quarantined by the rollout audit, or
         a credential that is not its own). Retrying cannot help: stop, and say why."""
-        if exc.status == 403 and not self.refusal:
-            self.refusal = exc.message
+        if exc.status == 403 and self.failure is None:
             self.metrics.write("worker_cut_off", worker_id=self.worker_id, reason=exc.message)
+            self.failure = WorkerFailed(f"the coordinator refused this worker for good: {exc.message}")
             self.stop.set()
 
     # ---- rollouts ----
@@ -263,3 +361,21 @@ class Worker:
             # 409: our lease expired and the prompt went to someone else; the group is discarded
             self.stats["dropped"] += 1
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="rollout", error=exc.message)
+            log.warning("rollout refused (HTTP %d): %s", exc.status, exc.message)
+
+
+def _registration(text: str) -> RegisterResponse:
+    """The coordinator's answer to a registration; one from another echo2 release is refused
+    with both versions named, not as some malformed field."""
+    try:
+        return RegisterResponse.model_validate_json(text)
+    except ValidationError:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise WorkerFailed(f"the coordinator's registration reply is not JSON: {text[:200]!r}") from None
+        problem = protocol_mismatch(data.get("protocol") if isinstance(data, dict) else None, "", "this worker",
+                                    "the coordinator")
+        if problem:
+            raise WorkerFailed(problem) from None
+        raise

@@ -4,8 +4,9 @@
 Layout: a hub namespace holds bridge br0; host i gets its own namespace with eth0 = 10.77.0.(i+2),
 joined to br0 by a veth pair created directly between the two namespaces (nothing is added to
 the root namespace). Egress of the host's eth0 is shaped to its uplink, egress of the hub-side
-end to its downlink. Every namespace created is deleted on exit, also on failure; names carry
-this process's pid so concurrent labs never collide.
+end to its downlink. A host may refuse incoming connections, as one behind NAT does. Every
+namespace created is deleted on exit, also on failure; names carry a prefix and this process's
+pid so concurrent labs never collide.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class HostSpec:
     up_bits_per_s: float | None
     """Uplink shaping (None: unshaped)."""
     down_bits_per_s: float | None
+    accepts_incoming: bool = True
+    """False: connections to this host are never set up (its SYN-ACKs are dropped), while its own
+    connections go out as usual: a host behind NAT."""
 
 
 def netns_unavailable_reason() -> str | None:
@@ -48,11 +52,12 @@ def netns_unavailable_reason() -> str | None:
 
 
 class LabNetwork:
-    def __init__(self, hosts: list[HostSpec]) -> None:
+    def __init__(self, hosts: list[HostSpec], prefix: str = "e2l") -> None:
+        """`prefix` starts every namespace name: tests that list their own namespaces use their own."""
         if len(hosts) > 250:
             raise ValueError(f"{len(hosts)} hosts; the lab subnet holds at most 250")
         self.hosts = hosts
-        self.tag = f"e2l{os.getpid()}"
+        self.tag = f"{prefix}{os.getpid()}"
         self.hub = f"{self.tag}-hub"
         self._created: list[str] = []
 
@@ -109,15 +114,33 @@ class LabNetwork:
         _run(["ip", "-n", self.hub, "link", "set", hub_end, "up"])
         _run(["ip", "-n", ns, "addr", "add", f"{self.ip(index)}/24", "dev", "eth0"])
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-        _shape(ns, "eth0", host.up_bits_per_s)
+        _shape(ns, "eth0", host.up_bits_per_s, refuse_incoming=not host.accepts_incoming)
         _shape(self.hub, hub_end, host.down_bits_per_s)
 
 
-def _shape(namespace: str, device: str, bits_per_s: float | None) -> None:
-    if bits_per_s is None:
-        return
-    _run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf",
-          "rate", f"{int(bits_per_s)}bit", "burst", TBF_BURST, "latency", TBF_LATENCY])
+def _shape(namespace: str, device: str, bits_per_s: float | None, refuse_incoming: bool = False) -> None:
+    tc = ["ip", "netns", "exec", namespace, "tc"]
+    parent = ["root"]
+    if bits_per_s is not None:
+        _run([*tc, "qdisc", "add", "dev", device, "root", "handle", "1:", "tbf", "rate", f"{int(bits_per_s)}bit",
+              "burst", TBF_BURST, "latency", TBF_LATENCY])
+        parent = ["parent", "1:1"]
+    if refuse_incoming:
+        _drop_syn_acks(tc, device, parent)
+
+
+def _drop_syn_acks(tc: list[str], device: str, parent: list[str]) -> None:
+    """Send this host's outgoing SYN-ACKs (the answer to a connection attempt) into a queue that
+    holds nothing, so no connection to it is ever set up. This kernel has no iptables and no tc
+    actions: an htb class (classes only shape at 10 Gbit/s, the tbf above does the shaping) with
+    a zero-length pfifo does the dropping. The u32 match reads the TCP flags at byte 33 (a
+    20-byte IP header, as this host's own packets have)."""
+    _run([*tc, "qdisc", "add", "dev", device, *parent, "handle", "10:", "htb", "default", "1", "r2q", "100000"])
+    for minor in ("1", "2"):
+        _run([*tc, "class", "add", "dev", device, "parent", "10:", "classid", f"10:{minor}", "htb", "rate", "10gbit"])
+    _run([*tc, "qdisc", "add", "dev", device, "parent", "10:2", "pfifo", "limit", "0"])
+    _run([*tc, "filter", "add", "dev", device, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+          "match", "ip", "protocol", "6", "0xff", "match", "u8", "0x12", "0x12", "at", "33", "flowid", "10:2"])
 
 
 def _run(argv: list[str]) -> None:
