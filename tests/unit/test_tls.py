@@ -235,3 +235,24 @@ def test_plain_http_off_loopback_is_warned_about(pki, caplog):
     assert [r.getMessage().split(" over")[0] for r in caplog.records] == ["calling a test server at http://10.9.9.9:1"]
     assert [base_url(h, 8470, tls=True) for h in ("0.0.0.0", "::1", "10.0.0.7")] == [
         "https://127.0.0.1:8470", "https://[::1]:8470", "https://10.0.0.7:8470"]
+
+
+def test_the_coordinator_probes_an_https_relay_against_its_ca(pki):
+    """`echo2 worker --check` asks the coordinator to dial the worker's relay back; a TLS relay
+    is checked against the coordinator's CA like any other client would."""
+    from echo2.coordinator.probe import probe_relay
+
+    async def scenario():
+        relay = RelayServer(CONFIG, auth_token=TOKEN, ssl_context=server_context(pki["local"]))
+        await relay.start()
+        try:
+            address = base_url("127.0.0.1", relay.port, tls=True)
+            trusted = await probe_relay(address, TOKEN, pki["local"])
+            wrong_ca = await probe_relay(address, TOKEN, pki["wrong_ca"])
+            return trusted, wrong_ca
+        finally:
+            await relay.stop()
+
+    trusted, wrong_ca = run(scenario())
+    assert trusted == (True, "the relay answered")
+    assert not wrong_ca[0] and "certificate" in wrong_ca[1].lower()

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from echo2.config.tls import TLSConfig
 from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, WORKER, Secrets
 from echo2.coordinator.log_lines import log_event
 from echo2.coordinator.probe import check_relay_address, probe_relay
@@ -48,6 +49,7 @@ STATE_KEY = web.AppKey("state", CoordinatorState)
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
+TLS_KEY = web.AppKey("tls", TLSConfig)
 JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
@@ -283,7 +285,7 @@ async def handle_probe(request: web.Request) -> web.Response:
     if problem:
         raise RequestError(422, problem)
     request.app[STATE_KEY].take_join_token(request.remote or "")
-    reachable, detail = await probe_relay(req.relay_address, request.app[JOIN_TOKEN_KEY])
+    reachable, detail = await probe_relay(req.relay_address, request.app[JOIN_TOKEN_KEY], request.app[TLS_KEY])
     return _reply(ProbeResponse(reachable=reachable, detail=detail))
 
 
@@ -311,13 +313,15 @@ async def _run_housekeeping(app: web.Application):
 
 
 def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
-              max_request_bytes: int) -> web.Application:
+              max_request_bytes: int, tls_config: TLSConfig | None = None) -> web.Application:
+    """`tls_config`: the CA the relay probe checks https:// relays against."""
     app = web.Application(
         client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(secrets, state)]
     )
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
     app[LIMIT_KEY] = max_request_bytes
     app[JOIN_TOKEN_KEY] = secrets.join
+    app[TLS_KEY] = tls_config or TLSConfig()
     app.cleanup_ctx.append(_run_housekeeping)
     app.add_routes(
         [
