@@ -112,11 +112,13 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
         metrics = str(run_dir / "metrics.jsonl")
         for name, module in (("liar", "tests.reliability.lying_worker"),
                              ("corrupter", "tests.reliability.corrupting_worker")):
-            hostile.append(_start(["worker", "--coordinator", url, "--metrics", metrics, "--set", f"worker_id={name}"],
+            # the adversary modules are `echo2 worker` themselves: they take its arguments
+            hostile.append(_start(["--coordinator", url, "--metrics", metrics, "--set", f"worker_id={name}"],
                                   logs / f"{run_dir.name}-{name}.log", module=module))
         faults["lying_worker"] = faults["corrupting_relay"] = 1
         flooder = Flood(url, duration_s=24 * 3600)  # stops with the coordinator
         flooder.start()
+        _wait(lambda: (run_dir / "pids.json").is_file(), 600, "the workers to start", run)
         pids = json.loads((run_dir / "pids.json").read_text())
         _wait(lambda: _last_step(run_dir) >= steps // 10, 1800, f"step {steps // 10}", run)
         os.kill(pids["worker-0"], signal.SIGKILL)

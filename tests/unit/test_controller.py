@@ -143,3 +143,19 @@ def test_measured_latencies_give_s_min():
     for worker_id in PRICES:
         ctl.observe_latencies(worker_id, dissemination_s=1.5, generation_s=1.2)
     assert ctl.s_min() == 3  # ceil((1.5 + 1.2) / 1.0)
+
+
+def test_unmeasured_workers_are_on_probation_and_never_displace_measured_ones():
+    """A stream of fresh registrations claiming $0 (that never lease) once switched every honest
+    worker off: an unmeasured worker now runs beside the cheapest measured cover, never in its
+    place, until the coordinator has measured it."""
+    ctl = make()
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    assert ctl.decide(now=10.0).active == {"cheap1", "cheap2"}
+    for i in range(5):
+        ctl.join(f"free{i}", 0.0)
+    decision = ctl.decide(now=11.0)
+    assert decision.active == {"cheap1", "cheap2"} | {f"free{i}" for i in range(5)}
+    assert "on probation until measured: free0" in decision.reason
+    feed(ctl, {"free0": 100.0, "free1": 100.0})  # two of them measured: now they compete on price
+    assert ctl.decide(now=12.0).active == {"free0", "free1", "free2", "free3", "free4"}

@@ -39,17 +39,6 @@ def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     assert diss.report("w1", "w1") == "none"  # reporting oneself means nothing
 
 
-def test_one_lying_reporter_cannot_cut_an_honest_relay_off():
-    diss = Dissemination(BroadcastConfig(), learner_upload_bps=1e9)
-    diss.plan_version(3, ORIGIN, peers(4))
-    diss.report("w0", "w3")  # w3 lies about w0 (it is not even w0's child)
-    assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources][0] == "w0"
-    plan = diss.plan_version(4, ORIGIN, peers(4))
-    assert plan.origin_children == ["w0"]  # w0 still relays the next version
-    assert "w0" not in [s.peer_id for s in diss.assignment("w3", 4, ORIGIN, peers(4)).sources]
-    diss.forget("w3")  # the liar gone for good: its report goes with it
-    assert "w0" in [s.peer_id for s in diss.assignment("w3", 4, ORIGIN, peers(4)).sources]
-
 
 def test_unreachable_worker_is_a_leaf():
     nat = [Peer("nat", "", 1e9, 1e9, -1)] + peers(2)
@@ -71,25 +60,6 @@ def test_state_hands_assignments_in_heartbeats_and_takes_bad_peer_reports(tmp_pa
     assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == ["origin"]
     assert state.heartbeat(Heartbeat(worker_id="w0", version=0)).assignment is None  # it holds the newest
 
-
-def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_source(tmp_path, tiny_model_dir):
-    """A worker reporting the learner's origin once left first-hop workers with an empty source
-    list; with max_sources = 1 a reported parent did the same."""
-    state = make_state(tmp_path, tiny_model_dir, FakeClock())
-    for i in range(2):
-        state.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
-    publish(state, 0)
-    report = BadPeerReport(version=0, reporter_id="w1", peer_id="origin", url=ORIGIN, chunk_index=0,
-                           reason="corrupt_chunk", detail="lies")
-    state.bad_peer(BadPeerRequest(report=report))
-    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources] == ["origin"]
-    assert "origin" not in state.dissemination.suspects
-    single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
-    single.plan_version(3, ORIGIN, peers(2))
-    assert [s.peer_id for s in single.assignment("w1", 3, ORIGIN, peers(2)).sources] == ["w0"]
-    single.report("w0", "w1")
-    only = single.assignment("w1", 3, ORIGIN, peers(2)).sources
-    assert [(s.peer_id, s.url) for s in only] == [("origin", ORIGIN)]
 
 
 def test_bad_peer_reports_are_bounded():

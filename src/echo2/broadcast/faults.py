@@ -26,6 +26,9 @@ class FaultKind(enum.Enum):
     """Before chunk at_chunk send keepalives forever (an endless stream with no progress)."""
     DRIBBLE = "dribble"
     """Send chunk at_chunk a few bytes at a time (a slow sender that never quite stalls)."""
+    MIX = "mix"
+    """Send, as chunk at_chunk, a genuine chunk from elsewhere: the same index of another
+    version this server holds, else the next chunk of this version (mix-and-match)."""
     HOLD = "hold"
     """Before chunk at_chunk send keepalives until `release` is set, then carry on normally."""
 

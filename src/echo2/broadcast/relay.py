@@ -240,6 +240,13 @@ class RelayServer:
         async with asyncio.timeout(deadline_s):
             await response.write(data)
 
+    def _genuine_elsewhere(self, buffer: VersionBuffer, index: int) -> memoryview:
+        """FaultKind.MIX: a verified chunk that is not chunk `index` of `buffer`."""
+        for version, other in self._complete.items():
+            if version != buffer.version and index < other.manifest.num_chunks:
+                return other.chunk_view(index)
+        return buffer.chunk_view(index + 1 if index + 1 < buffer.verified_chunks else index - 1)
+
     def _crashed(self) -> bool:
         """FaultKind.DIE has fired: behave like a killed process (reset every connection)."""
         return self.fault is not None and self.fault.kind is FaultKind.DIE and self.fault.triggered.is_set()
@@ -299,6 +306,11 @@ class _Stream:
         """Act out the fault before chunk `index`; True when the chunk must not be sent normally."""
         data, write = self.buffer.chunk_view(index), self.relay._write
         kind = fault.kind
+        if kind is FaultKind.MIX:
+            other = self.relay._genuine_elsewhere(self.buffer, index)
+            await write(self.response, wire.data_header(index, len(other)))
+            await write(self.response, other)
+            return True
         if kind is FaultKind.CORRUPT:
             bad = bytearray(data)
             bad[len(bad) // 2] ^= 0xFF

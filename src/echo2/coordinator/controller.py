@@ -176,15 +176,22 @@ class ActivationController:
         return base_throughput_rps(self.batch_rollouts, self.step_time_s.value)
 
     def decide(self, now: float) -> ControlDecision:
+        """Measured workers compete on price for the demand; workers not yet measured are on
+        probation: always active so they can prove themselves, never counted toward covering
+        demand. A worker's price and speed are its claims until the coordinator has measured it:
+        a stream of fresh $0 registrations that never lease once displaced every honest worker
+        (benchmarks/chaos.py)."""
         self.account(now)
         offers = self._offers()
-        current = {worker_id: 1 for worker_id, v in self.workers.items() if v.alive and v.active}
+        probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
+        measured_ids = {o.id for o in offers}
+        current = {worker_id: 1 for worker_id, v in self.workers.items()
+                   if v.alive and v.active and worker_id in measured_ids}
         required = self.required_rps()
-        everyone = {o.id for o in offers}
-        unmeasured = any(math.isnan(o.rollouts_per_s) for o in offers)
-        if not offers:
+        everyone = measured_ids | probation
+        if not everyone:
             decision = ControlDecision(set(), required, "no live workers", False)
-        elif not self.cfg.enabled or not math.isfinite(required) or unmeasured:
+        elif not self.cfg.enabled or not math.isfinite(required) or not offers:
             decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
         else:
             # new sets are sized with headroom; the current one is only replaced when it misses
@@ -197,7 +204,11 @@ class ActivationController:
                 decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
                 if kept.switched and self._too_soon_to_save(current, offers, required, now):
                     decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
-        decision.changed = decision.active != set(current)
+            if probation:
+                decision.active |= probation
+                decision.reason += f"; on probation until measured: {', '.join(sorted(probation))}"
+        previous = {w for w, v in self.workers.items() if v.alive and v.active}
+        decision.changed = decision.active != previous
         if decision.changed:
             self.last_change = now
         decision.estimates = {o.id: o.rollouts_per_s for o in offers}
@@ -211,18 +222,13 @@ class ActivationController:
         _, _, rate = fleet_totals(current, offers)
         return covers(rate, required) and now - self.last_change < self.cfg.scale_down_after_s
 
+    def _measured(self, view: WorkerView) -> bool:
+        return view.rollouts_per_s.samples >= self.cfg.min_samples
+
     def _offers(self) -> list[Offer]:
-        """One offer per live worker at its admissible rate; a worker not yet measured is priced
-        at the average measured rate."""
-        measured = [v.rollouts_per_s.value for v in self.workers.values()
-                    if v.alive and v.rollouts_per_s.samples >= self.cfg.min_samples]
-        prior = sum(measured) / len(measured) if measured else math.nan
-        offers = []
-        for worker_id, v in sorted(self.workers.items()):
-            if v.alive:
-                rate = v.rollouts_per_s.value if v.rollouts_per_s.samples >= self.cfg.min_samples else prior
-                offers.append(Offer(worker_id, v.price_per_hour, self._admissible(rate, v)))
-        return offers
+        """One offer per live measured worker, at its admissible rate."""
+        return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
+                for worker_id, v in sorted(self.workers.items()) if v.alive and self._measured(v)]
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         admitted = view.admitted.value if view.admitted.samples else 1.0

@@ -76,6 +76,26 @@ def test_relay_corrupting_a_chunk_is_bypassed_and_reported() -> None:
     run(scenario())
 
 
+def test_a_genuine_chunk_in_the_wrong_place_is_refused() -> None:
+    """Mix-and-match: a relay sends a real, verified chunk, but the wrong one (another index of
+    the same version here). Its hash is not the manifest's for that index: refused and reported."""
+
+    async def scenario() -> None:
+        cluster = await start_cluster(2, faults={"w0": Fault(FaultKind.MIX, at_chunk=4)})
+        try:
+            data = payload()
+            results = await cluster.fetch_all(cluster.origin.publish(1, data), cluster.plan(1))
+            _assert_all_correct(results, data)
+            w1 = results["w1"].metrics
+            assert w1.bad_peers == ["w0"] and w1.resumed_at_chunks == [4]
+            assert w1.bytes_by_source == {"w0": 4 * CHUNK, "origin": len(data) - 4 * CHUNK}
+            assert [(r.peer_id, r.chunk_index, r.reason) for r in cluster.reports] == [("w0", 4, "corrupt_chunk")]
+        finally:
+            await cluster.stop()
+
+    run(scenario())
+
+
 def test_forged_manifest_is_refused_before_any_traffic() -> None:
     async def scenario() -> None:
         cluster = await start_cluster(2)
