@@ -81,3 +81,16 @@ def test_throughput_is_what_the_coordinator_measures_not_what_a_worker_claims(st
     assert state.controller.workers["boaster"].rollouts_per_s.value == pytest.approx(measured)
     row = state.snapshot()["workers"]["boaster"]
     assert row["rollouts_per_s_claimed"] == pytest.approx(1e12) and row["rollouts_per_s_measured"] == pytest.approx(measured)
+
+
+def test_the_slow_sender_cutoff_follows_measured_rates_above_a_fixed_floor():
+    from echo2.broadcast.fetch import slow_sender_floor
+
+    cfg = BroadcastConfig()  # min_rate 125 kB/s, floor 32 kB/s
+    assert slow_sender_floor(cfg, planned_rate_bytes_per_s=1e9, measured_rate_bytes_per_s=None) == 125_000
+    assert slow_sender_floor(cfg, planned_rate_bytes_per_s=200_000, measured_rate_bytes_per_s=None) == 50_000
+    # a plan built on a relay declaring 100 B/s: the floor holds
+    assert slow_sender_floor(cfg, planned_rate_bytes_per_s=100, measured_rate_bytes_per_s=None) == 32_000
+    # what the worker measured on earlier versions wins over what was declared
+    assert slow_sender_floor(cfg, planned_rate_bytes_per_s=100, measured_rate_bytes_per_s=1e8) == 125_000
+    assert slow_sender_floor(cfg, planned_rate_bytes_per_s=1e9, measured_rate_bytes_per_s=160_000) == 40_000

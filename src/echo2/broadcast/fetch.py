@@ -58,8 +58,12 @@ async def fetch_version(
     report_bad_peer: ReportBadPeer | None = None,
     session: aiohttp.ClientSession | None = None,
     throttle: Throttle | None = None,
+    measured_rate_bytes_per_s: float | None = None,
 ) -> FetchResult:
     """Fetch and verify `signed`'s version from `assignment.sources` (in order).
+    `measured_rate_bytes_per_s`, the rate this worker received its previous versions at, sets the
+    slow-sender cutoff when known; else the plan's rate does (built from declared link speeds).
+    Either way the cutoff never drops below config.rate_floor_bytes_per_s.
 
     Raises ManifestRejected (bad signature, not newer than `held_version`, too large) before any
     network traffic; BroadcastFailed when every source failed (the relay keeps serving the
@@ -71,7 +75,8 @@ async def fetch_version(
     for source in assignment.sources:
         warn_plain_url(source.url, f"weight source {source.peer_id}")
     buffer = relay.begin(manifest) if relay is not None else VersionBuffer(manifest)
-    job = _Fetch(buffer, assignment, config, auth_token, worker_id or assignment.worker_id, report_bad_peer)
+    job = _Fetch(buffer, assignment, config, auth_token, worker_id or assignment.worker_id, report_bad_peer,
+                 measured_rate_bytes_per_s)
     job.throttle = throttle
     owned = session is None
     session = session or new_session(config)
@@ -104,16 +109,24 @@ def _stream_timeout(config: BroadcastConfig) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s, sock_read=config.stall_timeout_s)
 
 
+def slow_sender_floor(config: BroadcastConfig, planned_rate_bytes_per_s: float,
+                      measured_rate_bytes_per_s: float | None) -> float:
+    """The slowest a source may send before it is cut off: config.min_rate_bytes_per_s, lowered
+    to a quarter of the rate this worker measured on earlier versions (else of the plan's rate,
+    which comes from declared link speeds) when that is slower, never below
+    config.rate_floor_bytes_per_s (a relay declaring 100 B/s once held a child for hours)."""
+    basis = measured_rate_bytes_per_s or planned_rate_bytes_per_s
+    return max(config.rate_floor_bytes_per_s, min(config.min_rate_bytes_per_s, basis / 4))
+
+
 class _Fetch:
     def __init__(self, buffer: VersionBuffer, assignment: Assignment, config: BroadcastConfig,
-                 auth_token: str, worker_id: str, report: ReportBadPeer | None) -> None:
+                 auth_token: str, worker_id: str, report: ReportBadPeer | None,
+                 measured_rate_bytes_per_s: float | None = None) -> None:
         self.buffer, self.assignment, self.config = buffer, assignment, config
         self.headers = wire.bearer_headers(auth_token, worker_id)
         self.worker_id, self.report = worker_id, report
-        # a plan's rate comes from what workers declared: it may lower the cutoff, never below
-        # the fixed floor
-        self.rate_floor = max(config.rate_floor_bytes_per_s,
-                              min(config.min_rate_bytes_per_s, assignment.planned_rate_bytes_per_s / 4))
+        self.rate_floor = slow_sender_floor(config, assignment.planned_rate_bytes_per_s, measured_rate_bytes_per_s)
         self.started_at, self.first_chunk_at = time.time(), None
         self.bytes_by_source: dict[str, int] = defaultdict(int)
         self.resumed_at: list[int] = []

@@ -86,16 +86,27 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
     worker_env = {"ECHO2_AUTH_TOKEN": tokens["ECHO2_AUTH_TOKEN"]}
     learner_env = {**worker_env, "ECHO2_LEARNER_TOKEN": tokens["ECHO2_LEARNER_TOKEN"]}
-    coordinator = start_child("coordinator", ["coordinator", "--run-dir", run_dir], logs, tokens)
-    children.append(coordinator)
+    coordinator = _spawn(children, "coordinator", ["coordinator", "--run-dir", run_dir], logs, tokens)
     url = _wait_for_coordinator(cfg.run_path, coordinator)
     metrics = str(cfg.run_path / "metrics.jsonl")
     for index in range(cfg.workers.count):
         args = ["worker", "--coordinator", url, "--metrics", metrics, *_worker_overrides(cfg, index)]
-        children.append(start_child(f"worker-{index}", args, logs, worker_env))
-    children.append(start_child("learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs,
-                                learner_env))
+        _spawn(children, f"worker-{index}", args, logs, worker_env)
+    _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, learner_env)
     (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
+
+
+def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: dict[str, str]) -> Child:
+    """Start a child and record it with SIGTERM and SIGINT held back in between: a stop request
+    arriving after the fork but before the child is on the list once left an orphan behind."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        child = start_child(name, args, logs, env)
+        children.append(child)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+    return child
 
 
 def _worker_overrides(cfg: RunConfig, index: int) -> list[str]:

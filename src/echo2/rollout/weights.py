@@ -31,6 +31,9 @@ class WeightReceiver:
         self.relay: RelayServer | None = None
         self.pinned_key = load_public_key(cfg.learner_public_key) if cfg.learner_public_key else None
         self.worker_id = ""
+        self.measured_rate_bytes_per_s: float | None = None
+        """What this worker received its recent versions at (an EWMA over versions): the
+        slow-sender cutoff follows it rather than the declared rates the plan was built from."""
 
     async def start(self) -> str:
         """Start the relay (unless behind NAT) and return the address peers should pull from."""
@@ -52,11 +55,21 @@ class WeightReceiver:
         """The verified payload of `info.version`. Raises ManifestRejected (bad signature or not
         newer: never retried), BroadcastFailed (every source failed) or FetchAborted."""
         key = self.pinned_key or _announced(announced_key)
-        return await fetch_version(
+        result = await fetch_version(
             info.signed, assignment, public_key=key, held_version=held if held >= 0 else None,
             config=self.broadcast, relay=self.relay, auth_token=self.token, worker_id=self.worker_id,
             report_bad_peer=self._report, session=self.session, throttle=self.throttle,
+            measured_rate_bytes_per_s=self.measured_rate_bytes_per_s,
         )
+        self._measure(result.metrics)
+        return result
+
+    def _measure(self, metrics) -> None:
+        began = metrics.first_chunk_at or metrics.started_at
+        if metrics.verified_at > began and metrics.total_bytes:
+            rate = metrics.total_bytes / (metrics.verified_at - began)
+            previous = self.measured_rate_bytes_per_s
+            self.measured_rate_bytes_per_s = rate if previous is None else 0.5 * rate + 0.5 * previous
 
     def bytes_relayed(self, version: int) -> int:
         return self.relay.bytes_sent(version) if self.relay is not None else 0
