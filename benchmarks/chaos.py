@@ -96,9 +96,10 @@ class Flood(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.duration_s = url, duration_s
         self.result: dict = {}
+        self.stop = threading.Event()
 
     def run(self) -> None:
-        self.result = asyncio.run(flood(self.url, TOKEN, self.duration_s))
+        self.result = asyncio.run(flood(self.url, TOKEN, self.duration_s, stop=self.stop))
 
 
 def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
@@ -116,7 +117,7 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
             hostile.append(_start(["--coordinator", url, "--metrics", metrics, "--set", f"worker_id={name}"],
                                   logs / f"{run_dir.name}-{name}.log", module=module))
         faults["lying_worker"] = faults["corrupting_relay"] = 1
-        flooder = Flood(url, duration_s=24 * 3600)  # stops with the coordinator
+        flooder = Flood(url, duration_s=24 * 3600)  # stopped when the run ends
         flooder.start()
         _wait(lambda: (run_dir / "pids.json").is_file(), 600, "the workers to start", run)
         pids = json.loads((run_dir / "pids.json").read_text())
@@ -128,11 +129,16 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
         _wait(lambda: len(_records(run_dir, "version_published")) > published, 600, "a new version", run)
         os.kill(pids["worker-1"], signal.SIGKILL)  # mid-broadcast: its children fail over
         faults["worker_kill_during_broadcast"] = 1
-        if run.wait(timeout=3600) != 0:
-            raise RuntimeError(f"the chaos run failed: see {logs / (run_dir.name + '.log')}")
+        code = run.wait(timeout=3600)
+        flooder.stop.set()
         flooder.join(timeout=30)
+        if code != 0:
+            raise RuntimeError(f"the chaos run failed: see {logs / (run_dir.name + '.log')}")
         faults["request_flood"] = 1
-        return {"faults": faults, "flood": flooder.result, "hostile_exit_codes": [p.wait(timeout=60) for p in hostile]}
+        liar, corrupter = hostile
+        liar_code = liar.poll()  # quarantined workers exit by themselves
+        _stop(corrupter)  # kept out of the broadcast, but its rollouts are honest: it runs to the end
+        return {"faults": faults, "flood": flooder.result, "liar_exit_code": liar_code}
     finally:
         for proc in [run, *hostile]:
             _stop(proc)
@@ -181,7 +187,7 @@ def main() -> int:
         "benchmark": "chaos", "config": args.config, "steps": args.steps, "run_dirs": str(base),
         "faults_injected": injected["faults"],
         "survived": books["steps_trained"] == args.steps,
-        "hostile_worker_exit_codes": injected["hostile_exit_codes"],
+        "liar_exit_code": injected["liar_exit_code"],
         "bad_requests": injected["flood"],
         **books,
         "audit": audit_outcome(base / "chaos"),

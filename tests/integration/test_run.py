@@ -22,6 +22,7 @@ from tests.integration.runs import (
     wait_for,
     write_config,
 )
+from tests.reliability.accounting import accounting, assert_sound
 
 from echo2.planner.activation import covers
 
@@ -96,6 +97,7 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
         assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
     trained = _trained(cfg.run_path)
     assert len(trained) == 80
+    assert_sound(accounting(cfg.run_path, max_staleness=1), 80)  # nothing lost, nothing twice, <= S
     prompts = [p for r in trained for p in r["prompt_indices"]]
     assert len(prompts) == len(set(prompts))  # nothing trained twice
     lost = [r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == "w0"]

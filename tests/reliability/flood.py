@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
 import time
 from collections import Counter
 
@@ -55,10 +56,11 @@ async def _request(session, url, method, path, body, headers) -> int:
 
 
 async def flood(url: str, join_token: str, duration_s: float, requests_per_s: float = 20.0,
-                source_host: str = "127.0.0.2") -> dict:
+                source_host: str = "127.0.0.2", stop: threading.Event | None = None) -> dict:
     """Send the bad requests round-robin for `duration_s`; returns counts by outcome. A "report
     the origin" reply of 200 is accepted but changes nothing (the origin is never dropped);
-    registrations in the burst that get through are real (idle) workers the coordinator forgets."""
+    registrations in the burst that get through are real (idle) workers the coordinator forgets.
+    `stop` (set from another thread) ends it early."""
     outcomes: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
     connector = aiohttp.TCPConnector(local_addr=(source_host, 0))
@@ -69,7 +71,7 @@ async def flood(url: str, join_token: str, duration_s: float, requests_per_s: fl
         credential = {"Authorization": f"Bearer {reply['credential']}"}
         deadline = time.monotonic() + duration_s
         for seq in itertools.count():
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 break
             for name, method, path, body, headers in _cases(join, credential, "flooder", seq):
                 status = await _request(session, url, method, path, body, headers)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import small_run_config
 from tests.integration.runs import last_step, processes, records, wait_for, write_config
+from tests.reliability.accounting import accounting, assert_sound
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +57,7 @@ def test_learner_resumes_from_checkpoint(tmp_path):
     assert sorted(trained) == list(range(30))
     prompts = [p for r in trained.values() for p in r["prompt_indices"]]
     assert len(prompts) == len(set(prompts))
+    assert_sound(accounting(cfg.run_path, max_staleness=1), 30)
 
 
 def _url(run_dir: Path) -> str | None:
