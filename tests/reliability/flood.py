@@ -77,7 +77,9 @@ async def flood(url: str, join_token: str, duration_s: float, requests_per_s: fl
                 status = await _request(session, url, method, path, body, headers)
                 statuses[f"{name}: {status}"] += 1
                 outcomes["sent"] += 1
-                if status == 0 or 400 <= status < 500:
+                if status == 0:
+                    outcomes["connection_failed"] += 1  # cut off mid-request, or the run has ended
+                elif 400 <= status < 500:
                     outcomes["rejected"] += 1
                 elif status >= 500:
                     outcomes["server_errors"] += 1

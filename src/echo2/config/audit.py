@@ -25,8 +25,9 @@ class AuditConfig(Frozen):
     cached_versions: int | None = Field(None, ge=0)
     """Recent versions the learner keeps to recompute stale groups: their published payloads
     (CPU, wire dtype), shared with the origin, so only versions beyond broadcast.keep_versions
-    cost memory. None: train.max_staleness, which covers every admissible version. Fewer leaves
-    groups older than the cache unaudited."""
+    cost memory. None: train.max_staleness + 1, the current version and every admissible older
+    one. Fewer leaves the oldest admissible groups unaudited (with S = 2 in the demo, most
+    trained groups are two versions old)."""
     flags_to_quarantine: int = Field(2, ge=1)
     """Failed groups after which the coordinator quarantines a worker: its buffered groups are
     dropped, its leases and submissions refused, and its id can never register again. A failed

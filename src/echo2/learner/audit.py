@@ -121,7 +121,9 @@ class Auditor:
     def __init__(self, cfg: AuditConfig, max_staleness: int, secret: bytes) -> None:
         self.cfg = cfg
         self.key = audit_key(secret)
-        capacity = max_staleness if cfg.cached_versions is None else cfg.cached_versions
+        # the current version and every admissible older one (a group trained at step t may be
+        # from version t - S)
+        capacity = max_staleness + 1 if cfg.cached_versions is None else cfg.cached_versions
         self.cache = VersionCache(capacity if cfg.enabled else 0)
 
     @property
