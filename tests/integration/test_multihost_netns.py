@@ -131,7 +131,7 @@ def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
         in text["coordinator"]
     assert re.search(rf"version {STEPS} published: broadcast pipelined", text["coordinator"])
     assert f"step {STEPS}/{STEPS}: waited" in text["learner"]
-    assert "listening at http://0.0.0.0:8470" in text["coordinator"]
+    assert "listening on 0.0.0.0:8470 (http)" in text["coordinator"]
 
 
 def _assert_checks(checks: dict[int, subprocess.CompletedProcess]) -> None:

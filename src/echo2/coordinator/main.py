@@ -79,8 +79,10 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     url = tls.base_url(host, port, tls=context is not None)
     (cfg.run_path / "coordinator.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
     metrics.write("coordinator_started", url=url)
-    log.info("listening at %s for run %s (workers: echo2 worker --coordinator http://HOST:%s, HOST an address of "
-             "this machine they can reach)", url, cfg.run_dir, port)
+    scheme = "https" if context is not None else "http"
+    # the bind address, not coordinator.json's URL: 0.0.0.0 there reads as 127.0.0.1
+    log.info("listening on %s:%s (%s) for run %s (workers: echo2 worker --coordinator %s://HOST:%s, HOST an "
+             "address of this machine they can reach)", host, port, scheme, cfg.run_dir, scheme, port)
     try:
         await stop.wait()
     finally:

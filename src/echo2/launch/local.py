@@ -43,6 +43,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     tokens = _role_tokens(cfg)
     children: list[Child] = []
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
+    signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         _start_roles(cfg, tokens, children)
         _watch(cfg, children, console)
@@ -66,7 +67,14 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     return 0
 
 
+# while a child is being started and recorded, a stop request waits (see _spawn)
+_SPAWNING = {"depth": 0, "pending": False}
+
+
 def _raise_interrupt(signum, frame) -> None:
+    if _SPAWNING["depth"]:
+        _SPAWNING["pending"] = True
+        return
     raise KeyboardInterrupt
 
 
@@ -97,15 +105,19 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
 
 
 def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: dict[str, str]) -> Child:
-    """Start a child and record it with SIGTERM and SIGINT held back in between: a stop request
-    arriving after the fork but before the child is on the list once left an orphan behind."""
-    held = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """Start a child and record it before a stop request (SIGTERM, Ctrl-C) is acted on: one
+    arriving after the fork but before the child was on the list once left an orphan behind.
+    (Not by blocking the signals: a blocked mask is inherited through exec, and the children
+    then ignored SIGTERM.)"""
+    _SPAWNING["depth"] += 1
     try:
         child = start_child(name, args, logs, env)
         children.append(child)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+        _SPAWNING["depth"] -= 1
+    if _SPAWNING["pending"] and not _SPAWNING["depth"]:
+        _SPAWNING["pending"] = False
+        raise KeyboardInterrupt
     return child
 
 
