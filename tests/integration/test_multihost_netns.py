@@ -26,7 +26,7 @@ from echo2.coordinator.credentials import SECRET_VARIABLES
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "multihost.sh"
 LINK_BPS = 100e6
-STEPS = 10
+STEPS = 30  # long enough that every worker, however late it loads the model, relays and loads several versions
 TRAIN_TIMEOUT_S = 240  # torch imports of five processes on a loaded 2-core box, then seconds of training
 
 
