@@ -21,3 +21,18 @@ def test_control_plane_imports_without_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+WIRE_TYPES = ["echo2.protocol.messages", "echo2.broadcast.manifest", "echo2.broadcast.topology"]
+RUNTIME = ["aiohttp", "cryptography", "torch"]
+
+
+def test_message_types_import_without_the_broadcast_runtime():
+    """The wire messages are data: reading or validating one needs neither the HTTP stack nor the
+    signature library (a tool that only parses metrics or messages stays light)."""
+    code = "; ".join(
+        ["import sys, importlib", f"[importlib.import_module(m) for m in {WIRE_TYPES!r}]",
+         f"loaded = [m for m in {RUNTIME!r} if m in sys.modules]", "assert not loaded, loaded"]
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
