@@ -26,13 +26,13 @@ from echo2.broadcast.signing import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig
 from echo2.coordinator.audit import AuditLedger
-from echo2.coordinator.controller import ActivationController
 from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.policy import DataPlane, staleness
+from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
     AuditReport,
     BadPeerRequest,
