@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from echo2.coordinator.admission import is_admissible, lease_capacity, worker_may_lease
+from echo2.policy.admission import is_admissible, lease_capacity, worker_may_lease
 
 
 def test_admission_boundary():

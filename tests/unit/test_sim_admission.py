@@ -1,21 +1,22 @@
-"""Staleness admission in the simulator: the coordinator's own rule (imported, not copied), and
-no trained group is ever older than S, whatever the timing, noise or churn."""
+"""Staleness admission in the simulator: the policy core the coordinator drives (the same
+object, not a copy), and no trained group is ever older than S, whatever the timing, noise or
+churn."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import echo2.coordinator.admission as admission
 from echo2.config.sim import ScenarioConfig
-from echo2.sim import dataplane
-from echo2.sim.dataplane import DataPlane
+from echo2.policy import DataPlane
+from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.simulator import simulate
 
 
-def test_the_simulator_uses_the_coordinators_functions():
-    assert dataplane.is_admissible is admission.is_admissible
-    assert dataplane.lease_capacity is admission.lease_capacity
-    assert dataplane.worker_may_lease is admission.worker_may_lease
+def test_the_simulator_drives_the_coordinators_data_plane():
+    data = SimDataPlane(2, 4)
+    assert type(data.core) is DataPlane
+    data.publish(0)
+    assert data.lease(0, 3) == 3 and data.lease(0, 9, held_by_worker=3) == 1  # per-worker cap: B = 4
 
 
 @settings(max_examples=200, deadline=None)
@@ -26,7 +27,7 @@ def test_the_simulator_uses_the_coordinators_functions():
     ),
 )
 def test_dataplane_never_trains_a_group_older_than_s(max_staleness, ops):
-    data, groups_per_step = DataPlane(max_staleness, 4), 4
+    data, groups_per_step = SimDataPlane(max_staleness, 4, max_leases_per_worker=64), 4
     data.publish(0)
     in_flight: list[tuple[int, int]] = []  # (version, groups)
     step = 0

@@ -19,7 +19,8 @@ def last(topology, n, learner_bps, worker_bps, chunk=MIB64, fanout=2, hop=0.05, 
 
 def formula(topology, n, learner_bps, worker_bps, chunk=MIB64, fanout=2, hop=0.05, size=GB16):
     return closed.dissemination_s(
-        topology, size, n, learner_bps, worker_bps, chunk_bytes=chunk, fanout=fanout, hop_latency_s=hop
+        topology, size, n, learner_bytes_per_s=learner_bps / 8, worker_bytes_per_s=worker_bps / 8,
+        chunk_bytes=chunk, fanout=fanout, hop_latency_s=hop,
     )
 
 
@@ -96,8 +97,8 @@ def test_no_worker_beats_its_own_downlink_and_slowest_formula_bounds_the_rest(
         topology,
         1e9,
         len(bandwidths),
-        learner_bps,
-        min(bandwidths),
+        learner_bytes_per_s=learner_bps / 8,
+        worker_bytes_per_s=min(bandwidths) / 8,
         chunk_bytes=16 << 20,
         fanout=fanout,
         hop_latency_s=0.01,

@@ -13,113 +13,82 @@ relay servers, the worker fetch with failover, the learner origin, topology and 
     result = await fetch_version(signed, assignment, public_key=load_public_key(cfg.learner_public_key),
                                  held_version=held, config=cfg, relay=relay, auth_token=token,
                                  worker_id=me, report_bad_peer=report)  # result.payload, result.metrics
+
+Names resolve lazily (PEP 562): importing one submodule, e.g. `echo2.broadcast.topology` for the
+wire types the protocol carries, must not pull in the runtime (aiohttp, cryptography), which
+the control plane's message types do not need.
 """
 
-from echo2.broadcast.fetch import ReportBadPeer, fetch_version, new_session
-from echo2.broadcast.latency import (
-    chain_s,
-    ideal_s,
-    one_to_many_s,
-    predict_plan_s,
-    predict_worker_s,
-    tree_s,
-)
-from echo2.broadcast.manifest import (
-    Manifest,
-    TensorEntry,
-    build_manifest,
-    chunk_spans,
-    decode_manifest,
-    encode_manifest,
-    verify_chunk,
-    verify_payload,
-)
-from echo2.broadcast.metrics import (
-    BadPeerReport,
-    FetchMetrics,
-    FetchResult,
-    LatencySummary,
-    OriginMetrics,
-    latency_summary,
-)
-from echo2.broadcast.origin import LoopThread, Origin, OriginThread
-from echo2.broadcast.relay import RelayServer
-from echo2.broadcast.signing import (
-    ManifestRejected,
-    SignedManifest,
-    generate_private_key,
-    key_id,
-    load_private_key,
-    load_public_key,
-    public_key_from_hex,
-    public_key_hex,
-    save_private_key,
-    save_public_key,
-    sign_manifest,
-    verify_manifest,
-)
-from echo2.broadcast.topology import (
-    ORIGIN_ID,
-    Assignment,
-    BroadcastPlan,
-    OriginInfo,
-    PeerInfo,
-    Source,
-    late_joiner_assignment,
-    plan_broadcast,
-)
-from echo2.broadcast.wire import BroadcastFailed, FetchAborted, SourceError, SourceMisbehaved
+from __future__ import annotations
 
-__all__ = [
-    "ORIGIN_ID",
-    "Assignment",
-    "BadPeerReport",
-    "BroadcastFailed",
-    "BroadcastPlan",
-    "FetchAborted",
-    "FetchMetrics",
-    "FetchResult",
-    "LatencySummary",
-    "LoopThread",
-    "Manifest",
-    "ManifestRejected",
-    "Origin",
-    "OriginInfo",
-    "OriginMetrics",
-    "OriginThread",
-    "PeerInfo",
-    "RelayServer",
-    "ReportBadPeer",
-    "SignedManifest",
-    "Source",
-    "SourceError",
-    "SourceMisbehaved",
-    "TensorEntry",
-    "build_manifest",
-    "chain_s",
-    "chunk_spans",
-    "decode_manifest",
-    "encode_manifest",
-    "fetch_version",
-    "generate_private_key",
-    "ideal_s",
-    "key_id",
-    "late_joiner_assignment",
-    "latency_summary",
-    "load_private_key",
-    "load_public_key",
-    "new_session",
-    "one_to_many_s",
-    "plan_broadcast",
-    "predict_plan_s",
-    "predict_worker_s",
-    "public_key_from_hex",
-    "public_key_hex",
-    "save_private_key",
-    "save_public_key",
-    "sign_manifest",
-    "tree_s",
-    "verify_chunk",
-    "verify_manifest",
-    "verify_payload",
-]
+import importlib
+from typing import Any
+
+_HOME = {
+    # fetch
+    "ReportBadPeer": "echo2.broadcast.fetch",
+    "fetch_version": "echo2.broadcast.fetch",
+    "new_session": "echo2.broadcast.fetch",
+    # latency
+    "predict_plan_s": "echo2.broadcast.latency",
+    "predict_worker_s": "echo2.broadcast.latency",
+    # manifest
+    "Manifest": "echo2.broadcast.manifest",
+    "TensorEntry": "echo2.broadcast.manifest",
+    "build_manifest": "echo2.broadcast.manifest",
+    "chunk_spans": "echo2.broadcast.manifest",
+    "decode_manifest": "echo2.broadcast.manifest",
+    "encode_manifest": "echo2.broadcast.manifest",
+    "verify_chunk": "echo2.broadcast.manifest",
+    "verify_payload": "echo2.broadcast.manifest",
+    # metrics
+    "BadPeerReport": "echo2.broadcast.metrics",
+    "FetchMetrics": "echo2.broadcast.metrics",
+    "FetchResult": "echo2.broadcast.metrics",
+    "LatencySummary": "echo2.broadcast.metrics",
+    "OriginMetrics": "echo2.broadcast.metrics",
+    "latency_summary": "echo2.broadcast.metrics",
+    # origin
+    "LoopThread": "echo2.broadcast.origin",
+    "Origin": "echo2.broadcast.origin",
+    "OriginThread": "echo2.broadcast.origin",
+    # relay
+    "RelayServer": "echo2.broadcast.relay",
+    # signing
+    "ManifestRejected": "echo2.broadcast.signing",
+    "SignedManifest": "echo2.broadcast.manifest",
+    "generate_private_key": "echo2.broadcast.signing",
+    "key_id": "echo2.broadcast.signing",
+    "load_private_key": "echo2.broadcast.signing",
+    "load_public_key": "echo2.broadcast.signing",
+    "public_key_from_hex": "echo2.broadcast.signing",
+    "public_key_hex": "echo2.broadcast.signing",
+    "save_private_key": "echo2.broadcast.signing",
+    "save_public_key": "echo2.broadcast.signing",
+    "sign_manifest": "echo2.broadcast.signing",
+    "verify_manifest": "echo2.broadcast.signing",
+    # topology
+    "Assignment": "echo2.broadcast.topology",
+    "BroadcastPlan": "echo2.broadcast.topology",
+    "ORIGIN_ID": "echo2.broadcast.topology",
+    "OriginInfo": "echo2.broadcast.topology",
+    "PeerInfo": "echo2.broadcast.topology",
+    "Source": "echo2.broadcast.topology",
+    "late_joiner_assignment": "echo2.broadcast.topology",
+    "plan_broadcast": "echo2.broadcast.topology",
+    # wire
+    "BroadcastFailed": "echo2.broadcast.wire",
+    "FetchAborted": "echo2.broadcast.wire",
+    "SourceError": "echo2.broadcast.wire",
+    "SourceMisbehaved": "echo2.broadcast.wire",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'echo2.broadcast' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = sorted(_HOME)

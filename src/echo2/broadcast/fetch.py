@@ -32,9 +32,10 @@ import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import wire
+from echo2.broadcast.manifest import SignedManifest
 from echo2.broadcast.metrics import BadPeerReport, FetchMetrics, FetchResult
 from echo2.broadcast.relay import RelayServer
-from echo2.broadcast.signing import SignedManifest, verify_manifest
+from echo2.broadcast.signing import verify_manifest
 from echo2.broadcast.store import VersionBuffer
 from echo2.broadcast.throttle import Throttle
 from echo2.broadcast.topology import Assignment, Source

@@ -1,26 +1,14 @@
-"""Latency model of weight dissemination: how long until every worker holds a version.
+"""Latency of one concrete broadcast plan: how long until every worker of a `BroadcastPlan`
+holds the version. The closed forms per topology (one-to-many, chain, tree, ideal) are the
+planner's, `echo2.planner.dissemination`, in the same units (bytes, bytes per second, seconds);
+this module evaluates that model edge by edge on the tree the coordinator actually planned.
 
-Symbols (ECHO2.md section 5): M payload bytes, c chunk bytes, N workers, b_L learner uplink,
-b worker bandwidth (up = down unless stated), d tree fan-out, L per-hop latency (connection setup
-plus one-way delay), all rates in bytes per second.
-
-One-to-many (the learner sends every copy; its uplink is shared N ways):
-    T_1toN = max(N * M / b_L, M / b_down) + L                                   linear in N
-Pipelined chain (relay race; fan-out 1, store-and-forward of whole chunks): worker k receives
-chunk j at (j + k - 1) * c / b, so the last worker finishes at
-    T_chain = M / min(b_L, b) + (N - 1) * c / b + N * L                        ~flat in N if M/c >> N
-Pipelined d-ary tree with depth D (levels below the learner): a parent splits its uplink b_up
-among d children, so each edge runs at r = min(b_up / d, b_down) and a chunk reaches the last
-child of a parent d*c/b_up after the parent has it:
-    T_tree = M / r + (D - 1) * c / r + D * L
-  With b_up = b this is d*M/b + (D-1)*d*c/b: ECHO2.md writes the fill as ceil(log_d N)*c/b, i.e.
-  it counts one chunk time per level; we count d (the parent interleaves its d children), the
-  difference is negligible when M/c >> D. With b_up = d*b (the case the topology picks a tree
-  for) r = b and T_tree = M/b + (D-1)*c/b: a tree is then as good as a chain with D << N hops.
-Any plan (what `predict_plan_s` computes from a `BroadcastPlan`): worker w at depth k with edge
+Symbols (ECHO2.md section 5): M payload bytes, c chunk bytes, L per-hop latency (connection
+setup plus one-way delay). Any plan (what `predict_plan_s` computes from a `BroadcastPlan`): worker w at depth k with edge
 rates r_1..r_k from the learner down,
     T_w = M / min(r_1..r_k) + sum(c / r_i for i = 2..k) + k * L,   T = max over workers.
-Ideal network (every worker receives at its full downlink): T_ideal = M / b_down.
+On the plans `plan_broadcast` makes this reduces to the planner's chain, tree and one-to-many
+forms (tests/unit/broadcast/test_broadcast_latency.py checks it).
 
 Measured (benchmarks/broadcast.py: real processes in network namespaces, every link tbf-shaped
 to 100 Mbit/s both ways, c = 1 MiB, 2 vCPUs; full JSON in benchmarks/results/):
@@ -33,46 +21,12 @@ Measurements sit 5-12% above the model: TCP goodput through tbf is ~95% of the s
 acks of a relay's upload share its shaped downlink), and each hop adds ~40-60 ms beyond c/b
 (store-and-forward of the last chunk, scheduling on a shared 2-core box). One-to-many is linear
 in N (R^2 = 1.000, slope 1.046 x M/b_L per worker); at N = 16 it is 12.5x (64 MiB) and 14.1x
-(256 MiB) slower than the pipelined chain.
+(256 MiB) slower than the pipelined chain. ("model" is `predict_plan_s` on the plan run.)
 """
 
 from __future__ import annotations
 
-import math
-
 from echo2.broadcast.topology import Assignment, BroadcastPlan
-
-
-def ideal_s(total_bytes: int, download_bytes_per_s: float) -> float:
-    return total_bytes / download_bytes_per_s
-
-
-def one_to_many_s(total_bytes: int, n_workers: int, origin_upload_bytes_per_s: float,
-                  worker_download_bytes_per_s: float = math.inf, hop_latency_s: float = 0.0) -> float:
-    copies_s = n_workers * total_bytes / origin_upload_bytes_per_s
-    return max(copies_s, total_bytes / worker_download_bytes_per_s) + hop_latency_s
-
-
-def chain_s(total_bytes: int, chunk_bytes: int, n_workers: int, origin_upload_bytes_per_s: float,
-            worker_bytes_per_s: float, hop_latency_s: float = 0.0) -> float:
-    first = total_bytes / min(origin_upload_bytes_per_s, worker_bytes_per_s)
-    return first + (n_workers - 1) * chunk_bytes / worker_bytes_per_s + n_workers * hop_latency_s
-
-
-def tree_depth(n_workers: int, fanout: int, first_hop: int | None = None) -> int:
-    """Levels below the learner for a full tree: the learner feeds `first_hop` (default `fanout`)
-    workers and every worker feeds `fanout`."""
-    level, placed, depth = first_hop or fanout, 0, 0
-    while placed < n_workers:
-        placed, depth, level = placed + level, depth + 1, level * fanout
-    return depth
-
-
-def tree_s(total_bytes: int, chunk_bytes: int, n_workers: int, fanout: int, worker_upload_bytes_per_s: float,
-           worker_download_bytes_per_s: float, hop_latency_s: float = 0.0) -> float:
-    rate = min(worker_upload_bytes_per_s / fanout, worker_download_bytes_per_s)
-    depth = tree_depth(n_workers, fanout)
-    return total_bytes / rate + (depth - 1) * chunk_bytes / rate + depth * hop_latency_s
 
 
 def predict_worker_s(plan: BroadcastPlan, worker_id: str, total_bytes: int, chunk_bytes: int,

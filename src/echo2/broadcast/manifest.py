@@ -155,3 +155,20 @@ def decode_manifest(data: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES) -
         return Manifest.model_validate_json(data)
     except ValidationError as exc:
         raise ValueError(f"invalid manifest: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+
+
+class SignedManifest(BaseModel):
+    """A manifest with the learner's signature over its exact bytes (see `signing`); a wire type,
+    so it lives here, free of the cryptography the signing itself needs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["signed_manifest"] = "signed_manifest"
+    manifest_json: str
+    """The encoded manifest exactly as signed; parse it with `verify_manifest`."""
+    signature_hex: str
+    key_id: str
+    """Fingerprint of the signing key (see `key_id`), to name a key mismatch clearly."""
+
+    def unverified_manifest(self) -> Manifest:
+        """The manifest without checking the signature: for routing and logs only, never for data."""
+        return decode_manifest(self.manifest_json)

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from echo2.broadcast.faults import Fault
-from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.manifest import SignedManifest, build_manifest
 from echo2.broadcast.metrics import OriginMetrics
 from echo2.broadcast.relay import RelayServer
-from echo2.broadcast.signing import SignedManifest, sign_manifest
+from echo2.broadcast.signing import sign_manifest
 from echo2.config.broadcast import BroadcastConfig
 
 T = TypeVar("T")

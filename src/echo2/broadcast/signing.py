@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from pydantic import BaseModel, ConfigDict
 
-from echo2.broadcast.manifest import Manifest, decode_manifest, encode_manifest
+from echo2.broadcast.manifest import Manifest, SignedManifest, decode_manifest, encode_manifest
 
 _DOMAIN = b"echo2-manifest-v1\n"
 """Signed prefix: a signature over a manifest can never be replayed as one over another message."""
@@ -28,20 +26,6 @@ _DOMAIN = b"echo2-manifest-v1\n"
 
 class ManifestRejected(ValueError):
     """A manifest a worker must not act on: bad signature, wrong key, not newer, too large."""
-
-
-class SignedManifest(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["signed_manifest"] = "signed_manifest"
-    manifest_json: str
-    """The encoded manifest exactly as signed; parse it with `verify_manifest`."""
-    signature_hex: str
-    key_id: str
-    """Fingerprint of the signing key (see `key_id`), to name a key mismatch clearly."""
-
-    def unverified_manifest(self) -> Manifest:
-        """The manifest without checking the signature: for routing and logs only, never for data."""
-        return decode_manifest(self.manifest_json)
 
 
 def generate_private_key() -> Ed25519PrivateKey:

@@ -20,6 +20,7 @@ from echo2.broadcast.topology import (
     plan_broadcast,
 )
 from echo2.config.broadcast import BroadcastConfig
+from echo2.planner.dissemination import bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,10 @@ class Dissemination:
         return Assignment.model_validate({**assignment.model_dump(), "sources": sources})
 
     def _origin(self, url: str) -> OriginInfo:
-        return OriginInfo(url=url, upload_bytes_per_s=self.learner_upload_bps / 8)
+        return OriginInfo(url=url, upload_bytes_per_s=bytes_per_s(self.learner_upload_bps))
 
     def _info(self, peer: Peer) -> PeerInfo:
         reachable = bool(peer.relay_address) and peer.worker_id not in self.suspects
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
-                        upload_bytes_per_s=peer.upload_bps / 8, download_bytes_per_s=peer.download_bps / 8,
+                        upload_bytes_per_s=bytes_per_s(peer.upload_bps), download_bytes_per_s=bytes_per_s(peer.download_bps),
                         reachable=reachable)

@@ -1,6 +1,8 @@
 """The coordinator's state machine, free of HTTP: registry, leases, rollout buffer, staleness
 admission, batches. Every public method either applies a whole change (persisted before it
-returns) or raises `RequestError` having changed nothing.
+returns) or raises `RequestError` having changed nothing. The data-plane rules (lease room,
+admission, stale drops, batches) are the policy core's (`echo2.policy.DataPlane`, which the
+simulator drives too); this class adds the prompts, persistence, the registry and accounting.
 
 Lifecycle of a prompt: queued -> leased to one worker -> (expired: queued again) ->
 submitted as a group -> buffered -> trained in exactly one step's batch, or dropped as stale.
@@ -23,14 +25,14 @@ from echo2.broadcast.signing import (
 )
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig
-from echo2.coordinator import admission
 from echo2.coordinator.audit import AuditLedger
-from echo2.coordinator.controller import ActivationController
 from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
+from echo2.policy import DataPlane, staleness
+from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
     AuditReport,
     BadPeerRequest,
@@ -153,7 +155,6 @@ class CoordinatorState:
     def _restore(self) -> None:
         store = self.store
         self.cursor: int = store.get_meta("cursor", 0)
-        self.learner_step: int = store.get_meta("learner_step", 0)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
         stored, configured = store.get_meta("learner_public_key", ""), self._configured_learner_key()
@@ -168,10 +169,14 @@ class CoordinatorState:
         with store.tx():
             for index in self.queue:
                 store.set_pending(index, None)
-        self.buffer: list[dict] = store.groups_in_state("buffered")
         # steps before the learner's newest checkpoint have no batch left (see `checkpointed`)
         self.durable_step: int = store.get_meta("durable_step", 0)
-        self.steps_taken = max(store.last_batch_step() + 1, self.durable_step)
+        s = self.settings
+        self.plane: DataPlane[dict] = DataPlane(
+            s.max_staleness, s.groups_per_step, _group_version, max_leases_per_worker=s.max_leases_per_worker,
+            buffer=store.groups_in_state("buffered"), learner_step=store.get_meta("learner_step", 0),
+            steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=self.current_version,
+        )
         self.seq = store.max_seq() + 1
 
     def _configured_learner_key(self) -> str:
@@ -185,6 +190,20 @@ class CoordinatorState:
     @property
     def current_version(self) -> int:
         return self.latest.version if self.latest else -1
+
+    @property
+    def buffer(self) -> list[dict]:
+        """Admitted groups waiting for a batch, oldest first (the data plane's)."""
+        return self.plane.buffer
+
+    @property
+    def learner_step(self) -> int:
+        return self.plane.learner_step
+
+    @property
+    def steps_taken(self) -> int:
+        """Steps whose batch was assigned (the next batch is for this step)."""
+        return self.plane.steps_taken
 
     # ---- workers ----
     def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
@@ -310,37 +329,18 @@ class CoordinatorState:
         if self.latest is not None:
             self._check_version(req.version, "lease.version")
         record.version = req.version
-        refusal = self._lease_refusal(record, req.version)
-        if refusal:
-            return LeaseResponse(tasks=[], retry_after_s=refusal[0], reason=refusal[1],
+        if not self.controller.is_active(record.worker_id):
+            return LeaseResponse(tasks=[], retry_after_s=1.0, reason="inactive: idle until activated",
                                  latest_version=self.current_version)
-        outstanding = len(self.leases) + len(self.buffer)
-        capacity = admission.lease_capacity(
-            self.settings.max_staleness, self.settings.groups_per_step, req.version,
-            self.steps_taken, outstanding,
-        )
         held = sum(1 for lease in self.leases.values() if lease.worker_id == record.worker_id)
-        own_room = (self.settings.max_leases_per_worker or self.settings.groups_per_step) - held
-        if own_room <= 0:
-            return LeaseResponse(tasks=[], retry_after_s=0.2, reason=f"holding {held} leases: return some first",
-                                 latest_version=self.current_version)
-        count = min(req.max_tasks, capacity, own_room)
-        if count == 0:
-            return LeaseResponse(tasks=[], retry_after_s=0.1, reason="window full: waiting for the learner",
+        grant = self.plane.grant(req.version, req.max_tasks, leased=len(self.leases), held_by_worker=held)
+        if grant.count == 0:
+            return LeaseResponse(tasks=[], retry_after_s=grant.retry_after_s, reason=grant.reason,
                                  latest_version=self.current_version)
         with self.store.tx():
-            tasks = [self._new_lease(record, req.version) for _ in range(count)]
+            tasks = [self._new_lease(record, req.version) for _ in range(grant.count)]
             self.store.set_meta("cursor", self.cursor)
         return LeaseResponse(tasks=tasks, latest_version=self.current_version)
-
-    def _lease_refusal(self, record: WorkerRecord, version: int) -> tuple[float, str] | None:
-        if not self.controller.is_active(record.worker_id):
-            return 1.0, "inactive: idle until activated"
-        if self.latest is None:
-            return 0.5, "no policy version published yet"
-        if not admission.worker_may_lease(self.current_version, version, self.settings.max_staleness):
-            return 0.2, f"weights too stale: load version >= {self.current_version - self.settings.max_staleness}"
-        return None
 
     def _new_lease(self, record: WorkerRecord, version: int) -> Task:
         if self.queue:
@@ -434,7 +434,7 @@ class CoordinatorState:
         rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
         self._account(record, req)
         self.controller.observe_tokens(req.worker_id, sum(len(c.token_ids) for c in req.completions), req.gen_time_s)
-        fresh = admission.is_admissible(self.learner_step, req.version, self.settings.max_staleness)
+        fresh = self.plane.admits(req.version)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         if fresh:
             self._accept(lease, req, rewards)
@@ -473,7 +473,7 @@ class CoordinatorState:
             self.store.add_group(group["group_id"], self.seq, group)
             self._close_lease(lease, dropped=False)
         self.seq += 1
-        self.buffer.append(group)
+        self.plane.add(group)
 
     def _lease_ended(self, worker_id: str) -> None:
         record = self.workers.get(worker_id)
@@ -528,6 +528,7 @@ class CoordinatorState:
             self.store.set_meta("learner_public_key", pinned)
             self.store.set_meta("latest", info.model_dump())
         self.public_key_hex, self.latest = pinned, info
+        self.plane.publish(info.version)
         self.events.append({
             "kind": "version_published", "version": info.version, "broadcast_mode": plan.mode,
             "first_hop": plan.origin_children, "max_depth": max((a.depth for a in plan.assignments), default=0),
@@ -569,17 +570,15 @@ class CoordinatorState:
         if step < self.steps_taken - 1:
             raise RequestError(409, f"step {step} was never assigned a batch; the learner is at an unknown step")
         self._advance(step)
-        need = self.settings.groups_per_step
-        if len(self.buffer) < need:
+        batch = self.plane.take_batch(step)
+        if batch is None:
             return None
-        batch, self.buffer = self.buffer[:need], self.buffer[need:]
         ids = [g["group_id"] for g in batch]
         with self.store.tx():
             self.store.set_group_state(ids, "trained", step)
             self.store.save_batch(step, ids)
             self.counters.trained += len(batch)
             self._save_counters()
-        self.steps_taken = max(self.steps_taken, step + 1)
         self.events.append(self._batch_event(step, batch))
         return batch
 
@@ -610,8 +609,8 @@ class CoordinatorState:
             self.counters.trained -= len(groups)
             self.counters.rejected_by_learner += len(retired)
             self._save_counters()
-        self.buffer = keep + self.buffer  # the batch took the oldest groups: they stay the oldest
-        self.steps_taken = step
+        self.plane.requeue_front(keep)  # the batch took the oldest groups: they stay the oldest
+        self.plane.steps_taken = step
         redone = {g["group_id"] for g in redo}
         self.events.append({"kind": "batch_rejected", "step": step, "groups": len(retired), "requeued": len(keep),
                             "prompts_redone": len(redo), "reason": reason[:500],
@@ -637,7 +636,7 @@ class CoordinatorState:
             self._redo_prompts(mine)
             self.counters.dropped_quarantined += len(mine)
             self._save_counters()
-        self.buffer = [g for g in self.buffer if g["worker_id"] != worker_id]
+        self.plane.remove(lambda g: g["worker_id"] != worker_id)
         released = self._release_leases(worker_id, reason="worker_quarantined")
         record = self.workers.get(worker_id)
         if record is not None:
@@ -657,12 +656,8 @@ class CoordinatorState:
     def _advance(self, step: int) -> None:
         """Move the learner step forward and drop buffered groups that became too stale."""
         if step != self.learner_step:
-            self.learner_step = step
             self.store.set_meta("learner_step", step)
-        keep, stale = [], []
-        for group in self.buffer:
-            fresh = admission.is_admissible(step, group["version"], self.settings.max_staleness)
-            (keep if fresh else stale).append(group)
+        stale = self.plane.advance(step)
         for group in stale:
             self.controller.observe_outcome(group["worker_id"], admitted=False)
         if stale:
@@ -670,14 +665,13 @@ class CoordinatorState:
                 self.store.set_group_state([g["group_id"] for g in stale], "dropped", step)
                 self.counters.dropped_stale += len(stale)
                 self._save_counters()
-            self.buffer = keep
             # which prompts: an account of where every prompt went (benchmarks/chaos.py checks
             # that none is lost)
             self.events.append({"kind": "groups_dropped", "reason": "stale", "step": step,
                                 "prompt_indices": [g["prompt_index"] for g in stale]})
 
     def _batch_event(self, step: int, batch: list[dict]) -> dict:
-        hist = Counter(admission.staleness(step, g["version"]) for g in batch)
+        hist = Counter(staleness(step, g["version"]) for g in batch)
         return {
             "kind": "batch_assigned",
             "step": step,
@@ -715,3 +709,7 @@ class CoordinatorState:
                 for w in self.workers.values()
             },
         }
+
+
+def _group_version(group: dict) -> int:
+    return group["version"]

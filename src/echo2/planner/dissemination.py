@@ -1,11 +1,26 @@
-"""Dissemination latency models (ECHO2.md section 5): how long until N workers hold a new
-policy version, for the learner sending every copy, a pipelined relay chain and a pipelined
-d-ary relay tree, plus the ideal-network reference.
+"""Dissemination latency model (ECHO2.md section 5), the one closed form the planner, the
+simulator's sweeps and the broadcast benchmark share: how long until N workers hold a new policy
+version, for the learner sending every copy, a pipelined relay chain, a pipelined d-ary relay
+tree, and the ideal network.
 
-Units: sizes in bytes, bandwidths in bits/s (network convention: 16 GB at 1 Gbit/s is 128 s),
-times in seconds. All functions are pure. Chain and tree assume the coordinator orders relays
-fastest first, so a worker is never fed faster than its own link and the formulas using that
-worker's bandwidth are upper bounds on its arrival time.
+Units: sizes in bytes, rates in bytes per second (every rate argument says so in its name and is
+keyword-only, so a caller still passing bits/s positionally fails loudly instead of being 8x
+off), times in seconds. Configs declare links in bits/s (network convention: `*_bps`); convert
+with `bytes_per_s(bits_per_s)` at the call. All functions are pure.
+
+Symbols: M snapshot bytes, c chunk bytes, N workers, b_L learner uplink, b worker link (up = down
+unless given apart), d tree fan-out, L levels below the learner, h per-hop latency.
+    ideal        T = M / b_down
+    one-to-many  T = max(N*M / b_L, M / b_down) + h                      linear in N
+    tree         each parent splits its uplink among f = min(d, N) children, so an edge runs at
+                 r = min(b_up / f, b_down) and the stream at min(b_L / f, r):
+                 T = M / min(b_L / f, r) + (L - 1) * c / r + L * h       L = tree_levels(N, d)
+    chain        a tree with d = 1: T = M / min(b_L, b) + (N - 1) * c / b + N * h, ~flat in N
+The first level's pipeline fill is inside the stream term; each deeper level adds one chunk time
+of its edge (ECHO2.md counts c/b per level; a parent interleaving d children takes d*c/b, the
+difference is negligible when M/c >> L). Chain and tree assume relays ordered fastest first, so a
+worker is never fed faster than its own link and formulas using its rate are upper bounds on its
+arrival. `echo2.broadcast.latency.predict_plan_s` evaluates the same model on a concrete plan.
 """
 
 from __future__ import annotations
@@ -18,102 +33,118 @@ TOPOLOGIES: tuple[str, ...] = ("one_to_many", "chain", "tree", "ideal")
 BITS_PER_BYTE = 8
 
 
-def _check(snapshot_bytes: float, n_workers: int, *bandwidths_bps: float) -> None:
+def bytes_per_s(bits_per_s: float) -> float:
+    """A link declared in bits/s (configs, network convention) as bytes/s (this model)."""
+    return bits_per_s / BITS_PER_BYTE
+
+
+def _check(snapshot_bytes: float, n_workers: int, **rates_bytes_per_s: float) -> None:
     if not snapshot_bytes > 0:
         raise ValueError(f"snapshot_bytes must be > 0 (got {snapshot_bytes!r})")
     if n_workers < 1:
         raise ValueError(f"n_workers must be >= 1 (got {n_workers!r})")
-    for bandwidth in bandwidths_bps:
-        if not bandwidth > 0:
-            raise ValueError(f"bandwidths must be > 0 bits/s (got {bandwidth!r})")
+    for name, rate in rates_bytes_per_s.items():
+        if not rate > 0:
+            raise ValueError(f"{name} must be > 0 bytes/s (got {rate!r})")
 
 
-def ideal_s(snapshot_bytes: float, worker_bps: float) -> float:
+def ideal_s(snapshot_bytes: float, *, worker_bytes_per_s: float) -> float:
     """Every worker receives at its full downlink: T = M / b_down."""
-    _check(snapshot_bytes, 1, worker_bps)
-    return snapshot_bytes * BITS_PER_BYTE / worker_bps
+    _check(snapshot_bytes, 1, worker_bytes_per_s=worker_bytes_per_s)
+    return snapshot_bytes / worker_bytes_per_s
 
 
 def one_to_many_s(
-    snapshot_bytes: float, n_workers: int, learner_bps: float, worker_bps: float, hop_latency_s: float = 0.0
+    snapshot_bytes: float,
+    n_workers: int,
+    *,
+    learner_bytes_per_s: float,
+    worker_bytes_per_s: float,
+    hop_latency_s: float = 0.0,
 ) -> float:
     """The learner sends all N copies over its uplink: T = max(N*M / b_L, M / b) + one hop.
     Linear in N; the max covers a learner faster than the N downlinks together."""
-    _check(snapshot_bytes, n_workers, learner_bps, worker_bps)
-    bits = snapshot_bytes * BITS_PER_BYTE
-    return max(n_workers * bits / learner_bps, bits / worker_bps) + hop_latency_s
+    _check(snapshot_bytes, n_workers, learner_bytes_per_s=learner_bytes_per_s, worker_bytes_per_s=worker_bytes_per_s)
+    copies_s = n_workers * snapshot_bytes / learner_bytes_per_s
+    return max(copies_s, snapshot_bytes / worker_bytes_per_s) + hop_latency_s
 
 
-def tree_levels(n_workers: int, fanout: int) -> int:
-    """Depth L of a complete fanout-ary relay tree holding n_workers below its root: the
-    smallest L with d + d^2 + ... + d^L >= N (a chain, fanout 1, has depth N)."""
+def tree_levels(n_workers: int, fanout: int, first_hop: int | None = None) -> int:
+    """Depth L of a full relay tree holding n_workers below the learner: the learner feeds
+    `first_hop` workers (default `fanout`) and every worker feeds `fanout`, so L is the smallest
+    depth with first_hop * (1 + d + ... + d^(L-1)) >= N (a chain, fanout 1, has depth N)."""
     if fanout < 1:
         raise ValueError(f"fanout must be >= 1 (got {fanout!r})")
-    if n_workers < 1:
-        return 0
-    levels, capacity, width = 0, 0, 1
-    while capacity < n_workers:
-        width *= fanout
-        capacity += width
-        levels += 1
-    return levels
+    level, placed, depth = first_hop or fanout, 0, 0
+    while placed < n_workers:
+        placed, depth, level = placed + level, depth + 1, level * fanout
+    return depth
 
 
 def tree_s(
     snapshot_bytes: float,
     n_workers: int,
-    learner_bps: float,
-    worker_bps: float,
+    *,
+    learner_bytes_per_s: float,
+    worker_upload_bytes_per_s: float,
     chunk_bytes: float,
     fanout: int,
+    worker_download_bytes_per_s: float | None = None,
     hop_latency_s: float = 0.0,
 ) -> float:
-    """Pipelined d-ary tree: each relay uploads to f = min(d, N) children at b/f, so the stream
-    runs at min(b_L, b)/f: T = f*M/min(b_L, b) + (L-1)*f*c/b + L*hop, L = tree_levels(N, d).
-    The first level's pipeline fill is inside the first term; each deeper level adds one chunk."""
-    _check(snapshot_bytes, n_workers, learner_bps, worker_bps)
+    """Pipelined d-ary tree (see the module docstring); the download defaults to the upload."""
+    down = worker_upload_bytes_per_s if worker_download_bytes_per_s is None else worker_download_bytes_per_s
+    _check(snapshot_bytes, n_workers, learner_bytes_per_s=learner_bytes_per_s,
+           worker_upload_bytes_per_s=worker_upload_bytes_per_s, worker_download_bytes_per_s=down)
     if not chunk_bytes > 0:
         raise ValueError(f"chunk_bytes must be > 0 (got {chunk_bytes!r})")
     levels = tree_levels(n_workers, fanout)
     share = min(fanout, n_workers)
-    stream_s = share * snapshot_bytes * BITS_PER_BYTE / min(learner_bps, worker_bps)
-    fill_s = (levels - 1) * share * chunk_bytes * BITS_PER_BYTE / worker_bps
-    return stream_s + fill_s + levels * hop_latency_s
+    edge = min(worker_upload_bytes_per_s / share, down)
+    stream = min(learner_bytes_per_s / share, edge)
+    return snapshot_bytes / stream + (levels - 1) * chunk_bytes / edge + levels * hop_latency_s
 
 
 def chain_s(
     snapshot_bytes: float,
     n_workers: int,
-    learner_bps: float,
-    worker_bps: float,
+    *,
+    learner_bytes_per_s: float,
+    worker_bytes_per_s: float,
     chunk_bytes: float,
     hop_latency_s: float = 0.0,
 ) -> float:
     """Pipelined relay chain (a tree with fanout 1): T = M/min(b_L, b) + (N-1)*c/b + N*hop,
     almost independent of N when M/c >> N."""
-    return tree_s(snapshot_bytes, n_workers, learner_bps, worker_bps, chunk_bytes, 1, hop_latency_s)
+    return tree_s(snapshot_bytes, n_workers, learner_bytes_per_s=learner_bytes_per_s,
+                  worker_upload_bytes_per_s=worker_bytes_per_s, chunk_bytes=chunk_bytes, fanout=1,
+                  hop_latency_s=hop_latency_s)
 
 
 def dissemination_s(
     topology: str,
     snapshot_bytes: float,
     n_workers: int,
-    learner_bps: float,
-    worker_bps: float,
     *,
+    learner_bytes_per_s: float,
+    worker_bytes_per_s: float,
     chunk_bytes: float = 64 << 20,
     fanout: int = 2,
     hop_latency_s: float = 0.0,
 ) -> float:
-    """Transfer time of one version to N workers under `topology` (see TOPOLOGIES)."""
+    """Transfer time of one version to N workers with symmetric links under `topology`."""
+    rates = {"learner_bytes_per_s": learner_bytes_per_s}
     if topology == "one_to_many":
-        return one_to_many_s(snapshot_bytes, n_workers, learner_bps, worker_bps, hop_latency_s)
+        return one_to_many_s(snapshot_bytes, n_workers, **rates, worker_bytes_per_s=worker_bytes_per_s,
+                             hop_latency_s=hop_latency_s)
     if topology == "chain":
-        return chain_s(snapshot_bytes, n_workers, learner_bps, worker_bps, chunk_bytes, hop_latency_s)
+        return chain_s(snapshot_bytes, n_workers, **rates, worker_bytes_per_s=worker_bytes_per_s,
+                       chunk_bytes=chunk_bytes, hop_latency_s=hop_latency_s)
     if topology == "tree":
-        return tree_s(snapshot_bytes, n_workers, learner_bps, worker_bps, chunk_bytes, fanout, hop_latency_s)
+        return tree_s(snapshot_bytes, n_workers, **rates, worker_upload_bytes_per_s=worker_bytes_per_s,
+                      chunk_bytes=chunk_bytes, fanout=fanout, hop_latency_s=hop_latency_s)
     if topology == "ideal":
-        return ideal_s(snapshot_bytes, worker_bps) + hop_latency_s
+        return ideal_s(snapshot_bytes, worker_bytes_per_s=worker_bytes_per_s) + hop_latency_s
     raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {topology!r})")
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from echo2.config.catalog import PlanConfig, WorkerClass
 from echo2.planner import capacity, cost
 from echo2.planner.activation import Activation, Offer, activate
-from echo2.planner.dissemination import dissemination_s
+from echo2.planner.dissemination import bytes_per_s, dissemination_s
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ def _class_plan(cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int)
         net.topology,
         cfg.workload.snapshot_bytes,
         n_workers,
-        cfg.learner.uplink_bps,
-        worker.bandwidth_bps,
+        learner_bytes_per_s=bytes_per_s(cfg.learner.uplink_bps),
+        worker_bytes_per_s=bytes_per_s(worker.bandwidth_bps),
         chunk_bytes=net.chunk_bytes,
         fanout=net.fanout,
         hop_latency_s=net.hop_latency_s,

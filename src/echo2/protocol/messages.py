@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from echo2 import __version__ as RELEASE
+from echo2.broadcast.manifest import SignedManifest
 from echo2.broadcast.metrics import BadPeerReport
-from echo2.broadcast.signing import SignedManifest
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 

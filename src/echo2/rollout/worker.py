@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
+from echo2.policy import too_stale
 from echo2.protocol import tls
 from echo2.protocol.http import RefusedError, TransientError, call
 from echo2.protocol.messages import (
@@ -168,8 +169,9 @@ class Worker:
             self.refusals.clear()
 
     def _too_stale(self) -> bool:
+        """The coordinator would refuse a lease (the same rule): wait for the newer version."""
         latest = self.follower.latest
-        return latest is not None and latest.version - self.version > self.max_staleness
+        return too_stale(latest.version if latest is not None else None, self.version, self.max_staleness)
 
     # ---- control plane ----
     async def _broadcast_config(self) -> dict:

@@ -6,8 +6,8 @@ planner's activation policy) for deployments one machine cannot run.
     result = simulate(load_scenario("configs/sim/qwen3_8b.toml", ["sim.steps=100"]))
     result.utilization, result.total_cost, result.saving_fraction
 
-The admission rule and the activation policy are imported from `echo2.coordinator.admission`
-and `echo2.planner`, never copied. No torch: importable anywhere.
+The data plane is the coordinator's own object (`echo2.policy.DataPlane`) and the activation
+policy comes from `echo2.planner`, never copied. No torch: importable anywhere.
 """
 
 from echo2.config.sim import ScenarioConfig, load_scenario

@@ -1,21 +1,16 @@
-"""The coordinator's data plane as the simulator runs it: leases, the rollout buffer, staleness
-admission and batches. The rules are the coordinator's own (`echo2.coordinator.admission`,
-imported, not copied); only the bookkeeping is lighter: prompts are counts and a buffered
-group is just its version.
-
-Mirrors `CoordinatorState`: a lease is refused while the worker is more than S versions behind
-(`worker_may_lease`) and limited by `lease_capacity` (outstanding = leased + buffered); a
-submitted group is buffered iff `is_admissible(learner_step, version, S)`; when the learner asks
-for step t, buffered groups older than S are dropped, then the oldest B groups form the batch.
+"""The coordinator's data plane as the simulator runs it: the policy core
+(`echo2.policy.DataPlane`, the object `CoordinatorState` drives) over light bookkeeping: prompts
+are counts and a buffered group is just its version. Only the accounting is the simulator's
+(counters, the staleness histogram, waking refused workers when room opens).
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from echo2.coordinator.admission import is_admissible, lease_capacity, staleness, worker_may_lease
+from echo2.policy import DataPlane, staleness
 
 
 @dataclass
@@ -32,39 +27,35 @@ class DataCounters:
     """Staleness (t - v) of every trained group."""
 
 
-class DataPlane:
-    def __init__(self, max_staleness: int, groups_per_step: int) -> None:
-        self.max_staleness = max_staleness
-        self.groups_per_step = groups_per_step
-        self.current_version = -1
-        self.learner_step = 0
-        self.steps_taken = 0
+def _version(group: int) -> int:
+    return group
+
+
+class SimDataPlane:
+    def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0) -> None:
+        self.core: DataPlane[int] = DataPlane(
+            max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker
+        )
         self.in_leases = 0
-        self.buffer: deque[int] = deque()  # versions of accepted groups, oldest submission first
         self.counters = DataCounters()
         self.on_room: Callable[[], None] = lambda: None
         """Called when lease room opens without a version change (drops, requeued leases), so
         workers refused for a full window can ask again."""
 
     @property
+    def current_version(self) -> int:
+        return self.core.current_version
+
+    @property
     def outstanding(self) -> int:
-        return self.in_leases + len(self.buffer)
+        return self.in_leases + len(self.core.buffer)
 
     def may_lease(self, worker_version: int) -> bool:
-        return (
-            self.current_version >= 0
-            and worker_version >= 0
-            and worker_may_lease(self.current_version, worker_version, self.max_staleness)
-        )
+        return self.core.may_lease(worker_version)
 
-    def lease(self, worker_version: int, wanted: int) -> int:
+    def lease(self, worker_version: int, wanted: int, held_by_worker: int = 0) -> int:
         """Groups granted to a worker holding `worker_version` (0: refused or window full)."""
-        if not self.may_lease(worker_version):
-            return 0
-        room = lease_capacity(
-            self.max_staleness, self.groups_per_step, worker_version, self.steps_taken, self.outstanding
-        )
-        granted = min(room, wanted)
+        granted = self.core.grant(worker_version, wanted, leased=self.in_leases, held_by_worker=held_by_worker).count
         self.in_leases += granted
         self.counters.leased += granted
         return granted
@@ -78,8 +69,9 @@ class DataPlane:
     def submit(self, version: int, groups: int) -> int:
         """Groups of one lease arrive; returns how many were dropped as stale."""
         self.in_leases -= groups
-        if is_admissible(self.learner_step, version, self.max_staleness):
-            self.buffer.extend([version] * groups)
+        if self.core.admits(version):
+            for _ in range(groups):
+                self.core.add(version)
             self.counters.accepted += groups
             return 0
         self.counters.dropped_stale += groups
@@ -87,30 +79,16 @@ class DataPlane:
         return groups
 
     def publish(self, version: int) -> None:
-        self.current_version = max(self.current_version, version)
+        self.core.publish(version)
 
     def take_batch(self, step: int) -> list[int] | None:
         """Versions of the batch for `step`, or None while fewer than B admissible groups wait."""
-        self._advance(step)
-        need = self.groups_per_step
-        if len(self.buffer) < need:
-            return None
-        batch = [self.buffer.popleft() for _ in range(need)]
-        self.steps_taken = max(self.steps_taken, step + 1)
-        self.counters.trained += need
-        self.counters.staleness_hist.update(staleness(step, v) for v in batch)
-        return batch
-
-    def _advance(self, step: int) -> int:
-        """Move to `step` and drop buffered groups that became too stale; returns how many."""
-        if step == self.learner_step and step > 0:
-            return 0  # re-asking for the same step: nothing new can have aged
-        self.learner_step = step
-        S = self.max_staleness
-        fresh = [v for v in self.buffer if is_admissible(step, v, S)]
-        dropped = len(self.buffer) - len(fresh)
+        dropped = self.core.advance(step)
         if dropped:
-            self.buffer = deque(fresh)
-            self.counters.dropped_stale += dropped
+            self.counters.dropped_stale += len(dropped)
             self.on_room()
-        return dropped
+        batch = self.core.take_batch(step)
+        if batch is not None:
+            self.counters.trained += len(batch)
+            self.counters.staleness_hist.update(staleness(step, v) for v in batch)
+        return batch

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo2.config.sim import ScenarioConfig, SimWorkerClass
-from echo2.sim.dataplane import DataPlane
+from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.events import EventLoop
 
 
@@ -115,7 +115,7 @@ class Fleet:
     checks for a batch), `on_join` (the broadcast serves newcomers), `on_preempted` (the
     activation controller re-decides) and `publish_time_s` (for publish-to-loaded latency)."""
 
-    def __init__(self, scenario: ScenarioConfig, workers: list[SimWorker], loop: EventLoop, data: DataPlane):
+    def __init__(self, scenario: ScenarioConfig, workers: list[SimWorker], loop: EventLoop, data: SimDataPlane):
         self.workers, self.loop, self.data = workers, loop, data
         sim, work = scenario.sim, scenario.workload
         self.group_size = work.group_size
@@ -287,7 +287,8 @@ class Fleet:
                 self._start_swap(w)
             return  # otherwise drain: no new work with the old weights while new ones wait
         while len(w.generations) < w.slots:
-            groups = self.data.lease(w.version, w.tasks_per_lease)
+            held = sum(g.groups for g in w.generations)
+            groups = self.data.lease(w.version, w.tasks_per_lease, held_by_worker=held)
             if groups == 0:
                 self._refused(w)
                 return

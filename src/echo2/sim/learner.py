@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from echo2.sim.dataplane import DataPlane
+from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.events import EventLoop
 
 
@@ -15,7 +15,7 @@ class Learner:
     def __init__(
         self,
         loop: EventLoop,
-        data: DataPlane,
+        data: SimDataPlane,
         steps: int,
         step_time_s: float,
         step_time_cv: float,

@@ -13,7 +13,7 @@ from echo2.planner.cost import SECONDS_PER_HOUR
 from echo2.sim import result as res
 from echo2.sim.broadcast import Network
 from echo2.sim.control import Controller, initial_counts
-from echo2.sim.dataplane import DataPlane
+from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.events import EventLoop
 from echo2.sim.fleet import Fleet, build_workers
 from echo2.sim.learner import Learner
@@ -32,9 +32,9 @@ class Simulator:
         scenario, work, sim = self.scenario, self.scenario.workload, self.scenario.sim
         loop = EventLoop()
 
-        # the data plane: the coordinator's admission and lease rules
+        # the data plane: the policy core the coordinator drives, over counts
         groups_per_step = work.prompts_per_step
-        data = DataPlane(work.max_staleness, groups_per_step)
+        data = SimDataPlane(work.max_staleness, groups_per_step)
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
@@ -95,7 +95,7 @@ class Simulator:
     def _collect(
         self,
         learner: Learner,
-        data: DataPlane,
+        data: SimDataPlane,
         fleet: Fleet,
         broadcaster: Broadcaster,
         controller: Controller,

@@ -20,10 +20,11 @@ from typing import Any, Literal
 
 import echo2
 from echo2.broadcast.lab.netns import HostSpec, LabNetwork
-from echo2.broadcast.latency import ideal_s, predict_plan_s
+from echo2.broadcast.latency import predict_plan_s
 from echo2.broadcast.metrics import latency_summary
 from echo2.broadcast.topology import OriginInfo, PeerInfo, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
+from echo2.planner.dissemination import ideal_s
 
 MBIT = 1e6
 TOKEN = "lab-token"
@@ -195,7 +196,7 @@ def summarize(spec: LabSpec, config: BroadcastConfig, plan: Any, published: dict
         "chunk_bytes": config.chunk_bytes, "shaped": spec.shaped,
         "measured_s": max(verified_s) if verified_s else None,
         "predicted_s": predict_plan_s(plan, spec.total_bytes, config.chunk_bytes) if spec.shaped else None,
-        "ideal_s": ideal_s(spec.total_bytes, down_bytes_per_s) if spec.shaped else None,
+        "ideal_s": ideal_s(spec.total_bytes, worker_bytes_per_s=down_bytes_per_s) if spec.shaped else None,
         "verified": latency_summary(verified_s).model_dump(), "loaded": latency_summary(loaded_s).model_dump(),
         "per_worker": {n: {"depth": plan.for_worker(n).depth,
                            "first_chunk_s": round(o["metrics"]["first_chunk_at"] - published_at, 3),

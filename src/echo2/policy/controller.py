@@ -10,6 +10,9 @@ the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-n
 worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
 measured latencies feed the reported S_min. It also integrates cost: price x active time per
 worker, plus the learner.
+
+Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
+heartbeats and submissions; it keeps no I/O of its own.
 """
 
 from __future__ import annotations

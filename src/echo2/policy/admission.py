@@ -1,5 +1,5 @@
-"""Bounded-staleness policy: the one place the rule lives (the coordinator and the simulator
-both import it).
+"""Bounded-staleness policy: the one place the rule lives (the coordinator, the simulator and
+the worker all import it; `echo2.policy.dataplane` combines it into leases and batches).
 
 Symbols: learner step t (= its current policy version), rollout version v, staleness bound S,
 groups per learner step B.
@@ -23,6 +23,12 @@ def worker_may_lease(current_version: int, worker_version: int, max_staleness: i
     """A worker more than S versions behind the newest policy takes no new work until updated:
     whatever it produced would already be too stale when it is trained."""
     return current_version - worker_version <= max_staleness
+
+
+def too_stale(latest_version: int | None, held_version: int, max_staleness: int) -> bool:
+    """The worker's side of `worker_may_lease`: with the newest version it has heard of (None:
+    none yet), it need not ask for work the coordinator would refuse."""
+    return latest_version is not None and not worker_may_lease(latest_version, held_version, max_staleness)
 
 
 def lease_capacity(
