@@ -67,16 +67,16 @@ def test_infeasible_request_explains_itself(capsys):
     assert main(["plan", "--catalog", EXAMPLE, "--set", "workload.max_staleness=1"]) == 1
     out = capsys.readouterr().out
     assert "INFEASIBLE" in out
-    assert "S=1 cannot hide" in out and "with a 80 s learner step: S_min=3" in out
-    assert "set workload.max_staleness=3" in out
+    assert "S=1 cannot hide" in out and "with a 80 s learner step: S_min=4" in out
+    assert "set workload.max_staleness=4" in out
 
 
 def test_infeasible_json_carries_reasons_and_fixes(capsys):
     assert main(["plan", "--catalog", EXAMPLE, "--json", "--set", "workload.max_staleness=2"]) == 1
     plan = json.loads(capsys.readouterr().out)
     assert plan["feasible"] is False and plan["gap"] is None
-    assert "S_min=3" in plan["reasons"][0]
-    assert plan["fixes"][0].startswith("set workload.max_staleness=3")
+    assert "S_min=4" in plan["reasons"][0]
+    assert plan["fixes"][0].startswith("set workload.max_staleness=4")
 
 
 def test_overrides_and_workload_file(tmp_path, capsys):

@@ -42,6 +42,7 @@ def _classes(plan: Plan) -> Table:
         "admissible/s",
         "T_dis s",
         "T_gen s",
+        "tail s",
         "S_min",
         "NAT",
     ):
@@ -57,6 +58,7 @@ def _classes(plan: Plan) -> Table:
             _num(c.admissible_rps),
             _num(c.dissemination_s),
             _num(c.generation_s),
+            _num(c.tail_s),
             str(c.s_min),
             "" if c.reachable else "yes",
             style=style,

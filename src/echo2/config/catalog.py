@@ -7,6 +7,7 @@ a workload. Both may live in one TOML file; `--workload FILE` replaces the [work
                        (so `--set workers.NAME.count=8` works)
     [workload]     model size, batch, learner step time, S, generation and load times
     [broadcast]    weight dissemination topology and chunking
+    [plan]         latency percentile and generation-time spread the planner provisions for
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class WorkerClass(_Throughput):
     """Accepts incoming connections; workers behind NAT (false) can only be broadcast leaves."""
     generation_time_s: float | None = Field(None, ge=0)
     """T_gen for this class (one rollout group, slowest completion); default: the workload's."""
+    mean_uptime_s: float | None = Field(None, gt=0)
+    """Mean time to preemption (exponential); None: never preempted. The planner keeps
+    uptime / (uptime + rejoin) of the class's throughput, rejoin being the time a replacement
+    needs before it delivers (next round, transfer, swap, half a generation lost in flight)."""
 
     @model_validator(mode="after")
     def _one_rate(self) -> WorkerClass:
@@ -113,12 +118,27 @@ class BroadcastPlan(Frozen):
     """Per-hop setup and round-trip latency over the WAN."""
 
 
+class PlanSettings(Frozen):
+    """How conservatively the planner reads the latencies it is given."""
+
+    latency_percentile: float = Field(0.9, ge=0.5, lt=1)
+    """Quantile of the fleet's latency distribution the overlap condition must hold for: the
+    wait for a broadcast round plus one group's generation time, taken at this quantile (0.9:
+    p90), plus the transfer to the slowest chain position. 0.5 plans for the median; higher
+    values rent fewer marginal workers and need a larger S."""
+    generation_cv: float = Field(0.3, ge=0, le=5)
+    """Coefficient of variation of one group's generation time around generation_time_s (gamma
+    distributed): long-tailed completion lengths. In an `echo2 sim` scenario the simulator's
+    sim.generation_cv is used instead."""
+
+
 class PlanConfig(Frozen):
     learner: LearnerClass
     workers: dict[str, WorkerClass] = Field(min_length=1)
     """Rollout worker classes by name."""
     workload: Workload
     broadcast: BroadcastPlan = BroadcastPlan()
+    plan: PlanSettings = PlanSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanConfig:

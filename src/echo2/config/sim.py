@@ -6,6 +6,7 @@ control-plane timing, noise) and [sweep] (the grids behind the three plots).
     [workers.NAME]     catalog WorkerClass + slots, tasks_per_lease, churn, start delay
     [workload]         catalog Workload: model size, B, T_train, S, T_gen, T_load
     [broadcast]        catalog BroadcastPlan: topology, chunk bytes, fanout, hop latency
+    [plan]             catalog PlanSettings: latency percentile the planner provisions for
     [sim]              steps, seed, activation, request/poll/announce timing, noise
     [sweep]            plot grids: worker counts, staleness values, bandwidths
 """
@@ -18,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
-from echo2.config.catalog import BroadcastPlan, LearnerClass, PlanConfig, WorkerClass, Workload
+from echo2.config.catalog import BroadcastPlan, LearnerClass, PlanConfig, PlanSettings, WorkerClass, Workload
 
 _PLAN_WORKER_FIELDS = frozenset(WorkerClass.model_fields)
 
@@ -31,8 +32,6 @@ class SimWorkerClass(WorkerClass):
     round(r * T_gen / G), so one group takes about T_gen and the worker sustains r."""
     tasks_per_lease: int = Field(1, ge=1, le=256)
     """Groups leased per request and generated as one batch on one slot."""
-    mean_uptime_s: float | None = Field(None, gt=0)
-    """Mean time to preemption (exponential); None: never preempted."""
     mean_downtime_s: float = Field(600.0, gt=0)
     """Mean time until a preempted worker can be rented again (exponential)."""
     start_delay_s: float = Field(0.0, ge=0)
@@ -120,12 +119,19 @@ class ScenarioConfig(Frozen):
     workers: dict[str, SimWorkerClass] = Field(min_length=1)
     workload: Workload
     broadcast: BroadcastPlan = BroadcastPlan()
+    plan: PlanSettings = PlanSettings()
+    """The planner's settings for `activation = "plan"`; its generation_cv is sim.generation_cv."""
     sim: SimSettings = SimSettings()
     sweep: SweepSettings = SweepSettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> ScenarioConfig:
         self.plan_config()  # the catalog's own checks (tokens_per_rollout when tokens_per_s is used)
+        if "generation_cv" in self.plan.model_fields_set and self.plan.generation_cv != self.sim.generation_cv:
+            raise ValueError(
+                f"plan.generation_cv={self.plan.generation_cv} differs from sim.generation_cv="
+                f"{self.sim.generation_cv}: in a scenario the planner reads sim.generation_cv; set only that"
+            )
         return self
 
     def plan_config(self) -> PlanConfig:
@@ -135,6 +141,7 @@ class ScenarioConfig(Frozen):
             workers={name: w.plan_class() for name, w in self.workers.items()},
             workload=self.workload,
             broadcast=self.broadcast,
+            plan=self.plan.model_copy(update={"generation_cv": self.sim.generation_cv}),
         )
 
 

@@ -35,18 +35,25 @@ def base_throughput_rps(batch_rollouts: int, step_time_s: float) -> float:
 
 
 def required_throughput_rps(
-    batch_rollouts: int, step_time_s: float, staleness: int, stall_s: float = 0.0
+    batch_rollouts: int,
+    step_time_s: float,
+    staleness: int,
+    stall_s: float = 0.0,
+    swap_interval_s: float | None = None,
 ) -> float:
-    """R_required = (B / T_train) * S*T_train / (S*T_train - T_stall): a worker refreshes its
-    weights once per window of S steps and loses T_stall of that window, so the fleet must be
-    that much faster. math.inf when S*T_train <= T_stall (no fleet size helps)."""
+    """R_required = (B / T_train) * I / (I - T_stall): a worker swaps in a version every I
+    seconds and loses T_stall of each interval, so the fleet must be that much faster. Workers
+    swap every version they receive (I = max(T_train, round period): `tail.swap_interval_s`);
+    without I, once per window of S steps (I = S*T_train, a worker that refreshes only when
+    refused). math.inf when I <= T_stall (no fleet size helps), and with S = 0."""
     _check_non_negative("staleness", staleness)
     _check_non_negative("stall_s", stall_s)
     window_s = staleness * step_time_s
+    interval_s = window_s if swap_interval_s is None else swap_interval_s
     base = base_throughput_rps(batch_rollouts, step_time_s)
-    if window_s <= stall_s:
+    if window_s == 0 or interval_s <= stall_s:
         return math.inf
-    return base * window_s / (window_s - stall_s)
+    return base * interval_s / (interval_s - stall_s)
 
 
 def min_staleness(dissemination_s: float, generation_s: float, step_time_s: float) -> int:
@@ -72,17 +79,20 @@ def effective_throughput_rps(
     dissemination_s: float = 0.0,
     generation_s: float = 0.0,
     stall_s: float = 0.0,
+    swap_interval_s: float | None = None,
 ) -> float:
-    """Admissible rollouts/s one worker delivers: r * (1 - T_stall / (S*T_train)), and 0 when
+    """Admissible rollouts/s one worker delivers: r * (1 - T_stall / I), I the seconds between
+    its swaps (default one per window, S*T_train; see `required_throughput_rps`), and 0 when
     the overlap condition fails for it (everything it produces arrives older than S). With one
-    T_stall for all workers, sum of these >= B/T_train is exactly R >= R_required."""
+    T_stall and I for all workers, sum of these >= B/T_train is exactly R >= R_required."""
     _check_non_negative("throughput_rps", throughput_rps)
     if not overlap_holds(dissemination_s, generation_s, staleness, step_time_s):
         return 0.0
     window_s = staleness * step_time_s
-    if window_s <= stall_s:
+    interval_s = window_s if swap_interval_s is None else swap_interval_s
+    if window_s == 0 or interval_s <= stall_s:
         return 0.0
-    return throughput_rps * (1.0 - stall_s / window_s)
+    return throughput_rps * (1.0 - stall_s / interval_s)
 
 
 def learner_utilization(admissible_rps: float, batch_rollouts: int, step_time_s: float) -> float:

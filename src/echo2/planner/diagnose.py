@@ -32,7 +32,7 @@ def diagnose(cfg: PlanConfig) -> tuple[list[str], list[str], tuple[str, ...]]:
         return ["the catalog has no workers (every count is 0)"], ["add workers: workers.NAME.count"], ()
     if not any(c.admissible_rps > 0 for c in rentable):
         reasons, fixes = _overlap(
-            cfg, min(rentable, key=lambda c: (c.s_min, c.dissemination_s + c.generation_s))
+            cfg, min(rentable, key=lambda c: (c.s_min, c.dissemination_s + c.tail_s))
         )
     else:
         reasons, fixes = _capacity(cfg)
@@ -46,16 +46,17 @@ def diagnose(cfg: PlanConfig) -> tuple[list[str], list[str], tuple[str, ...]]:
 
 def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
     work = cfg.workload
+    percentile = round(100 * cfg.plan.latency_percentile)
     reason = (
         f"S={work.max_staleness} cannot hide {best.dissemination_s:.0f} s of dissemination and "
-        f"{best.generation_s:.0f} s of generation with a {work.step_time_s:.0f} s learner step: "
-        f"S_min={best.s_min} (fastest class: {best.name})"
+        f"{best.tail_s:.0f} s of wait and generation (p{percentile}; T_gen {best.generation_s:.0f} s) "
+        f"with a {work.step_time_s:.0f} s learner step: S_min={best.s_min} (fastest class: {best.name})"
     )
     fixes = []
-    if work.max_staleness > 0:
-        step_s = (best.dissemination_s + best.generation_s) / work.max_staleness
+    if work.max_staleness > 0:  # the tail holds up to one step of lease spread: a lower bound
+        step_s = (best.dissemination_s + best.tail_s) / work.max_staleness
         fixes.append(f"a learner step of at least {math.ceil(step_s)} s (a larger batch per step)")
-    budget_s = work.max_staleness * work.step_time_s - best.generation_s - work.load_time_s
+    budget_s = work.max_staleness * work.step_time_s - best.tail_s - work.load_time_s
     if budget_s > 0:
         gbit = cfg.workload.snapshot_bytes * BITS_PER_BYTE / budget_s / 1e9
         fixes.append(
@@ -63,7 +64,7 @@ def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
             f"about {gbit:.2f} Gbit/s per worker and learner uplink, or smaller (delta) updates"
         )
     else:
-        fixes.append("shorter generations: T_gen + load_time_s alone fill the window")
+        fixes.append("shorter generations: the generation tail and load_time_s alone fill the window")
     return [reason], fixes
 
 

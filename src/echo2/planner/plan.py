@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 
 from echo2.config.catalog import PlanConfig, WorkerClass
-from echo2.planner import capacity, cost
-from echo2.planner.activation import Activation, Offer, activate
+from echo2.planner import capacity, cost, tail
+from echo2.planner.activation import Activation, Offer, activate, covers
 from echo2.planner.dissemination import bytes_per_s, dissemination_s
 
 
@@ -31,10 +31,20 @@ class ClassPlan:
     price_per_hour: float
     rollouts_per_s: float
     admissible_rps: float
-    """Per worker, after the stall fraction; 0 if its rollouts arrive staler than S."""
+    """Per worker, after swap stalls and preemptions; 0 if its rollouts arrive staler than S."""
     dissemination_s: float
+    """Transfer to the slowest position of the broadcast plus T_load (publish -> loaded)."""
     generation_s: float
+    """Mean time for one group (T_gen)."""
+    tail_s: float
+    """The latency percentile of (wait for a broadcast round + one group's generation)."""
     stall_s: float
+    swap_interval_s: float
+    """Seconds between two versions reaching a worker (it swaps each one in)."""
+    availability: float
+    """Fraction of time a worker of this class delivers, preemptions and rejoins counted."""
+    on_time: float
+    """Fraction of its groups that land within the staleness window (the rest are dropped)."""
     s_min: int
     reachable: bool
 
@@ -101,16 +111,24 @@ def _json_safe(value):
     return value
 
 
-def class_plans(cfg: PlanConfig, n_workers: int) -> list[ClassPlan]:
-    """Every class's latencies and admissible rate when N = n_workers receive each version."""
-    return [_class_plan(cfg, name, worker, max(1, n_workers)) for name, worker in cfg.workers.items()]
+def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = None) -> list[ClassPlan]:
+    """Every class's latencies and admissible rate when N = n_workers receive each version.
+
+    A shared broadcast round runs at its slowest link, so what a class delivers depends on the
+    slowest class beside it: `slowest_bps` is the slowest bandwidth in the fleet (None: each
+    class alone). A class slower than it is evaluated as the new slowest link."""
+    return [
+        _class_plan(cfg, name, worker, max(1, n_workers), slowest_bps) for name, worker in cfg.workers.items()
+    ]
 
 
-def _class_plan(cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int) -> ClassPlan:
-    work, net = cfg.workload, cfg.broadcast
+def _class_plan(
+    cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int, slowest_bps: float | None
+) -> ClassPlan:
+    work, net, settings = cfg.workload, cfg.broadcast, cfg.plan
     transfer_s = dissemination_s(
         net.topology,
-        cfg.workload.snapshot_bytes,
+        work.snapshot_bytes,
         n_workers,
         learner_bytes_per_s=bytes_per_s(cfg.learner.uplink_bps),
         worker_bytes_per_s=bytes_per_s(worker.bandwidth_bps),
@@ -118,30 +136,60 @@ def _class_plan(cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int)
         fanout=net.fanout,
         hop_latency_s=net.hop_latency_s,
     )
+    floor_bps = worker.bandwidth_bps if slowest_bps is None else min(slowest_bps, worker.bandwidth_bps)
+    if net.topology == "ideal":  # every downlink its own: only the worker's own link matters
+        floor_bps = worker.bandwidth_bps
+    period_s = tail.round_period_s(
+        net.topology, work.snapshot_bytes, n_workers, cfg.learner.uplink_bps, floor_bps, net.fanout
+    )
     dis_s = transfer_s + work.load_time_s
     gen_s = work.generation_time_s if worker.generation_time_s is None else worker.generation_time_s
+    # a round wait, then the step's leases spread over one step, then the generation itself
+    lateness = (tail.max_wait_s(work.step_time_s, period_s), work.step_time_s, gen_s, settings.generation_cv)
+    tail_s = tail.wait_plus_generation_s(*lateness, settings.latency_percentile)
+    on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, *lateness)
     stall_s = work.load_time_s if work.background_fetch else dis_s
+    interval_s = tail.swap_interval_s(work.step_time_s, period_s)
+    # a replacement waits for the next round (P/2 on average), receives and loads the version,
+    # and half a generation was lost in flight
+    up = tail.availability(worker.mean_uptime_s, period_s / 2 + dis_s + gen_s / 2)
     rate = cfg.worker_rps(worker)
+    admissible = capacity.effective_throughput_rps(
+        rate,
+        work.max_staleness,
+        work.step_time_s,
+        dissemination_s=dis_s,
+        generation_s=tail_s,
+        stall_s=stall_s,
+        swap_interval_s=interval_s,
+    )
     return ClassPlan(
         name=name,
         available=worker.count,
         chosen=0,
         price_per_hour=worker.price_per_hour,
         rollouts_per_s=rate,
-        admissible_rps=capacity.effective_throughput_rps(
-            rate,
-            work.max_staleness,
-            work.step_time_s,
-            dissemination_s=dis_s,
-            generation_s=gen_s,
-            stall_s=stall_s,
-        ),
+        admissible_rps=admissible * up * on_time,
         dissemination_s=dis_s,
         generation_s=gen_s,
+        tail_s=tail_s,
         stall_s=stall_s,
-        s_min=capacity.min_staleness(dis_s, gen_s, work.step_time_s),
+        swap_interval_s=interval_s,
+        availability=up,
+        on_time=on_time,
+        s_min=capacity.min_staleness(dis_s, tail_s, work.step_time_s),
         reachable=worker.reachable,
     )
+
+
+def bandwidth_floors(cfg: PlanConfig) -> list[float]:
+    """Candidate slowest links of a fleet: each distinct class bandwidth, fastest first."""
+    return sorted({w.bandwidth_bps for w in cfg.workers.values() if w.count > 0}, reverse=True)
+
+
+def slowest_chosen_bps(cfg: PlanConfig, counts: dict[str, int]) -> float | None:
+    chosen = [cfg.workers[name].bandwidth_bps for name, n in counts.items() if n > 0]
+    return min(chosen, default=None)
 
 
 def leaf_fanout(cfg: PlanConfig) -> int | None:
@@ -162,43 +210,70 @@ def fleet_size_caps(total_workers: int) -> list[int]:
     return caps + [total_workers] if total_workers > 0 else []
 
 
-def offers_for(classes: list[ClassPlan]) -> list[Offer]:
+def offers_for(classes: list[ClassPlan], allowed: set[str] | None = None) -> list[Offer]:
+    """One offer per class; classes outside `allowed` (None: all) or inadmissible offer none."""
     return [
         Offer(
             c.name,
             c.price_per_hour,
             c.admissible_rps,
-            c.available if c.admissible_rps > 0 else 0,
+            c.available if c.admissible_rps > 0 and (allowed is None or c.name in allowed) else 0,
             relay=c.reachable,
         )
         for c in classes
     ]
 
 
+def _most_rps(offers: list[Offer], cap: int) -> float:
+    """Admissible rollouts/s of the `cap` fastest units: no activation with <= cap does better."""
+    total, left = 0.0, cap
+    for o in sorted(offers, key=lambda o: -o.rollouts_per_s):
+        units = min(o.count, left)
+        total, left = total + units * o.rollouts_per_s, left - units
+    return total
+
+
 def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
-    """The cheapest self-consistent activation over the fleet-size grid, or None."""
+    """The cheapest self-consistent activation over the fleet-size grid and the slowest link
+    allowed (a shared round runs at its slowest link, so slow classes slow the others), or None."""
     base_rps = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
     best: Activation | None = None
-    for cap in fleet_size_caps(total_workers(cfg)):
-        found = activate(
-            offers_for(class_plans(cfg, cap)), base_rps, max_workers=cap, leaf_fanout=leaf_fanout(cfg)
-        )
-        if not found.feasible:
-            continue
-        key = (round(found.price_per_hour, 9), found.n_workers)
-        if best is None or key < (round(best.price_per_hour, 9), best.n_workers):
-            best = found
+    solved: set[tuple] = set()
+    for floor_bps in bandwidth_floors(cfg):
+        allowed = {name for name, w in cfg.workers.items() if w.bandwidth_bps >= floor_bps}
+        for cap in fleet_size_caps(total_workers(cfg)):
+            offers = offers_for(class_plans(cfg, cap, floor_bps), allowed)
+            key = (tuple(offers), cap)
+            if key in solved or not covers(_most_rps(offers, cap), base_rps):
+                continue  # the same problem again, or one no set of <= cap workers can cover
+            solved.add(key)
+            found = activate(offers, base_rps, max_workers=cap, leaf_fanout=leaf_fanout(cfg))
+            if not found.feasible or not covers(admissible_rps(cfg, found.counts), base_rps):
+                continue  # priced at a slower link than it has, it swaps more often than assumed
+            key = (round(found.price_per_hour, 9), found.n_workers)
+            if best is None or key < (round(best.price_per_hour, 9), best.n_workers):
+                best = found
     return best
 
 
+def admissible_rps(cfg: PlanConfig, counts: dict[str, int]) -> float:
+    """What the set `counts` delivers at its real size and slowest link."""
+    n = sum(counts.values())
+    classes = class_plans(cfg, max(1, n), slowest_chosen_bps(cfg, counts))
+    return sum(c.admissible_rps * counts.get(c.name, 0) for c in classes)
+
+
 def fastest_fleet(cfg: PlanConfig) -> dict[str, int]:
-    """The set with the most admissible throughput over the fleet-size grid, NAT placement
-    aside: at each cap, the cap fastest admissible workers. What an infeasible plan shows."""
+    """The set with the most admissible throughput over the fleet-size grid and the slowest
+    link allowed, NAT placement aside: at each cap, the cap fastest admissible workers. What an
+    infeasible plan shows."""
     best: dict[str, int] = {}
     best_rps = 0.0
-    for cap in fleet_size_caps(total_workers(cfg)):
+    for floor_bps, cap in ((f, c) for f in bandwidth_floors(cfg) for c in fleet_size_caps(total_workers(cfg))):
         counts, left, rps = {}, cap, 0.0
-        for c in sorted(class_plans(cfg, cap), key=lambda c: -c.admissible_rps):
+        for c in sorted(class_plans(cfg, cap, floor_bps), key=lambda c: -c.admissible_rps):
+            if cfg.workers[c.name].bandwidth_bps < floor_bps:
+                continue
             units = min(c.available, left) if c.admissible_rps > 0 else 0
             if units:
                 counts[c.name], left, rps = units, left - units, rps + units * c.admissible_rps
@@ -236,11 +311,15 @@ def assemble(
     """All the plan's numbers for the set `counts`, with latencies at its real size."""
     work = cfg.workload
     n = sum(counts.values())
-    classes = tuple(dataclasses.replace(c, chosen=counts.get(c.name, 0)) for c in class_plans(cfg, max(1, n)))
+    floor_bps = slowest_chosen_bps(cfg, counts)
+    classes = tuple(
+        dataclasses.replace(c, chosen=counts.get(c.name, 0)) for c in class_plans(cfg, max(1, n), floor_bps)
+    )
     chosen = [c for c in classes if c.chosen]
     gross = sum(c.rollouts_per_s * c.chosen for c in chosen)
     admissible = sum(c.admissible_rps * c.chosen for c in chosen)
     stall = max((c.stall_s for c in chosen), default=work.load_time_s)
+    interval = min((c.swap_interval_s for c in chosen), default=None)
     step_s = capacity.step_wall_s(admissible, cfg.workload.batch_rollouts, work.step_time_s)
     fleet_price = sum(c.price_per_hour * c.chosen for c in chosen)
     total_price = fleet_price + cfg.learner.price_per_hour
@@ -256,7 +335,11 @@ def assemble(
         snapshot_bytes=cfg.workload.snapshot_bytes,
         base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s),
         required_rps=capacity.required_throughput_rps(
-            cfg.workload.batch_rollouts, work.step_time_s, work.max_staleness, stall
+            cfg.workload.batch_rollouts,
+            work.step_time_s,
+            work.max_staleness,
+            stall,
+            interval if interval is not None else work.step_time_s,
         ),
         s_min=_s_min(classes, chosen),
         n_workers=n,

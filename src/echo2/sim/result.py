@@ -110,7 +110,8 @@ def centralized_baseline(scenario: ScenarioConfig, steps: int) -> Baseline | Non
 
 
 def saving(total_cost: float, baseline: Baseline | None) -> float | None:
-    if baseline is None or not math.isfinite(total_cost):
+    """None without a baseline, or when no step was trained (a starved run: nothing to compare)."""
+    if baseline is None or not math.isfinite(total_cost) or baseline.cost <= 0:
         return None
     return saving_fraction(total_cost, baseline.cost)
 
