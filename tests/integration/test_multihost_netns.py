@@ -96,12 +96,17 @@ def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
         prepared = _step(lab, env, 0, "prepare", timeout_s=300)
         assert prepared.returncode == 0, prepared.stderr[-3000:]
         coordinator = start(0, "coordinator", "coordinator")
-        learner = start(0, "learner", "learner")
         wait_for(lambda: (run_dir / "coordinator.json").is_file(), 120, "the coordinator to listen", alive=coordinator)
         checks = {host: _step(lab, env, host, "check", timeout_s=120) for host in (1, 3)}
         for host, name, step in ((1, "worker-a", "worker"), (2, "worker-b", "worker"),
                                  (3, "worker-nat", "worker-behind-nat")):
             start(host, step, name)
+        # the learner once finished before two slow-starting workers had joined (two cores
+        # importing torch three times over): it starts once all three are in, as an operator
+        # would wait for the fleet before training
+        wait_for(lambda: (logs / "coordinator.log").read_text(errors="replace").count(" joined from ") >= 3,
+                 180, "three workers to join", alive=coordinator)
+        learner = start(0, "learner", "learner")
         try:
             assert learner.wait(timeout=TRAIN_TIMEOUT_S) == 0
         except (AssertionError, subprocess.TimeoutExpired):
