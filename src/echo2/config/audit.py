@@ -14,7 +14,7 @@ class AuditConfig(Frozen):
     workers' log-probs as they come (only for fleets you control)."""
     max_mean_abs_logprob_diff: float = Field(0.1, gt=0)
     """A group fails the audit when its tokens' mean |learner log-prob - behaviour log-prob|
-    exceeds this (nats). Honest mismatch measured here: at most 2.2e-6 with fp32 HF workers (0 of 794 honest groups failed in benchmarks/chaos.py) and 2e-7
+    exceeds this (nats). Honest mismatch measured here: at most 3.0e-6 with fp32 HF workers (0 of 784 honest groups failed in benchmarks/chaos.py) and 2e-7
     with vLLM on CPU; bf16 GPU engines run larger (around 1e-2). Fabricated log-probs or tokens
     from another model land far above (tens of nats is typical). Tighten it on a uniform fleet:
     the summary reports the largest honest difference seen per worker."""
