@@ -70,15 +70,52 @@ def test_synchronous_runs_everyone():
     assert math.isinf(ctl.required_rps()) and ctl.decide(now=1.0).active == set(PRICES)
 
 
-def test_cost_is_price_times_active_time():
+def test_cost_is_price_times_rented_time_active_or_idle():
+    """Nothing released (the static provider): an idle worker bills like an active one."""
     ctl = make()
     feed(ctl, dict.fromkeys(PRICES, 100.0))
-    ctl.decide(now=0.0)  # cheap1 + cheap2 active from t = 0
+    ctl.decide(now=0.0)  # cheap1 + cheap2 active from t = 0, the dear ones idle
     ctl.account(now=3600.0)
     assert ctl.learner_cost == pytest.approx(10.0)
-    assert ctl.workers["cheap1"].cost == pytest.approx(1.0)
-    assert ctl.workers["dear1"].cost == 0.0
-    assert ctl.total_cost() == pytest.approx(12.0)
+    assert ctl.workers["cheap1"].cost == pytest.approx(1.0) and ctl.workers["cheap1"].active_s == pytest.approx(3600)
+    dear = ctl.snapshot()["workers"]["dear1"]
+    assert dear["cost"] == pytest.approx(5.0) and not dear["active"]
+    assert (dear["active_s"], dear["idle_s"], dear["released_s"]) == (0.0, pytest.approx(3600), 0.0)
+    assert ctl.total_cost() == pytest.approx(10.0 + 1 + 1 + 5 + 5)
+
+
+def test_a_released_worker_bills_nothing_and_can_be_chosen_again():
+    ctl = make()
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    assert ctl.decide(now=0.0).active == {"cheap1", "cheap2"}
+    ctl.account(now=1800.0)  # half an hour idle and rented
+    ctl.release("dear1")
+    ctl.release("dear2")
+    ctl.account(now=3600.0)  # half an hour released
+    dear = ctl.snapshot()["workers"]["dear1"]
+    assert (dear["idle_s"], dear["released_s"]) == (pytest.approx(1800), pytest.approx(1800))
+    assert dear["cost"] == pytest.approx(2.5) and dear["released"] and ctl.is_released("dear1")
+    # the cheap ones are lost: the released workers are the offers left, so they are chosen
+    ctl.vanish("cheap1")
+    ctl.vanish("cheap2")
+    decision = ctl.decide(now=3601.0)
+    assert decision.active == {"dear1", "dear2"} and decision.changed
+    assert not ctl.is_active("dear1")  # chosen, not yet back: nothing bills until it joins
+    ctl.account(now=3700.0)
+    assert ctl.workers["dear1"].cost == pytest.approx(2.5)
+    ctl.join("dear1", 5.0)  # acquired: it keeps its measurements and its bill
+    assert ctl.is_active("dear1") and not ctl.is_released("dear1")
+    assert ctl.workers["dear1"].rollouts_per_s.samples and ctl.workers["dear1"].cost == pytest.approx(2.5)
+
+
+def test_a_lost_worker_is_no_offer():
+    ctl = make()
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    ctl.decide(now=0.0)
+    ctl.vanish("dear1")  # crashed or left: unlike a released one, nobody can bring it back
+    ctl.vanish("cheap1")
+    ctl.vanish("cheap2")
+    assert ctl.decide(now=1.0).active == {"dear2"}
 
 
 def test_rates_come_from_busy_time_and_survive_a_worker_restart():

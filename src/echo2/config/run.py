@@ -172,6 +172,14 @@ class ActivationConfig(Frozen):
     min_samples: int = Field(3, ge=1)
     """Generations a worker must report before its own rate is trusted; until then it is
     assumed to be as fast as the measured average."""
+    provider: Literal["static", "local"] = "static"
+    """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
+    ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the
+    launcher stops a worker process idle for release_after_s (it bills nothing while released)
+    and starts it again when the controller chooses it; its rejoin time is recorded."""
+    release_after_s: float = Field(10.0, ge=0.0)
+    """With a releasable provider: how long a worker must stay inactive before it is released
+    (a short idle spell is cheaper to ride out than a stop and a cold start)."""
 
 
 class LearnerConfig(Frozen):

@@ -268,10 +268,17 @@ class CoordinatorState:
     def leave(self, req: LeaveRequest) -> None:
         """A worker shutting down cleanly: its leases go back at once, no timeout needed."""
         record = self._worker(req.worker_id)
+        # with a releasable provider an idle worker leaving was released: it stays a candidate
+        # the controller may choose again. (An active one leaving is a departure, as always.)
+        fleet_release = self.settings.activation.provider != "static" and not self.controller.is_active(req.worker_id)
         record.alive = False
-        self.controller.vanish(req.worker_id)
+        if fleet_release:
+            self.controller.release(req.worker_id)
+        else:
+            self.controller.vanish(req.worker_id)
         released = self._release_leases(req.worker_id, reason="worker_left")
-        self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released})
+        self.events.append({"kind": "worker_left", "worker_id": req.worker_id, "leases_requeued": released,
+                            "released": fleet_release})
         self.control(trigger=f"{req.worker_id} left")
 
     def _refuse_quarantined(self, worker_id: str) -> None:

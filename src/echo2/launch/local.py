@@ -17,8 +17,9 @@ from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
 from echo2.config.tls import TLSConfig
 from echo2.launch.children import Child, start_child, stop_children
+from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress
-from echo2.report.metrics import iter_metrics
+from echo2.report.metrics import MetricsTail, MetricsWriter, iter_metrics
 from echo2.report.render import render_summary
 from echo2.report.summary import summarize
 
@@ -45,8 +46,8 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
-        _start_roles(cfg, tokens, children)
-        _watch(cfg, children, console)
+        fleet = _start_roles(cfg, tokens, children)
+        _watch(cfg, children, fleet, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes[/]")
         return 130
@@ -87,7 +88,7 @@ def _role_tokens(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) -> None:
+def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) -> FleetSync:
     """Each child gets the secrets of its role only: workers the join token, the learner its own
     and the join token (workers present it at its origin), the coordinator all three."""
     run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
@@ -97,10 +98,33 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     coordinator = _spawn(children, "coordinator", ["coordinator", "--run-dir", run_dir], logs, tokens)
     url = _wait_for_coordinator(cfg.run_path, coordinator)
     metrics = str(cfg.run_path / "metrics.jsonl")
-    for index in range(cfg.workers.count):
+    index_of = _worker_indices(cfg)
+
+    def start_worker(worker_id: str) -> Child:
+        index = index_of[worker_id]
         args = ["worker", "--coordinator", url, "--metrics", metrics, *_worker_overrides(cfg, index)]
-        _spawn(children, f"worker-{index}", args, logs, worker_env)
+        child = _spawn(children, f"worker-{index}", args, logs, worker_env)
+        _write_pids(cfg, children)  # an acquired worker is a new process
+        return child
+
+    workers = {worker_id: start_worker(worker_id) for worker_id in index_of}
     _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, learner_env)
+    _write_pids(cfg, children)
+    activation = cfg.activation
+    if activation.provider == "local":
+        provider: FleetProvider = LocalFleet(workers, start_worker, MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"))
+    else:
+        provider = StaticFleet(set(workers))
+    return FleetSync(provider, activation.release_after_s)
+
+
+def _worker_indices(cfg: RunConfig) -> dict[str, int]:
+    """Worker id -> index of the local worker (its child is `worker-{index}`)."""
+    return {cfg.workers.worker_config(i).worker_id: i for i in range(cfg.workers.count)}
+
+
+def _write_pids(cfg: RunConfig, children: list[Child]) -> None:
+    """Each role's current process (a later one of the same name, an acquired worker, wins)."""
     (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
 
 
@@ -154,13 +178,21 @@ def _wait_for_coordinator(run_path: Path, child: Child) -> str:
     raise RunFailed(f"coordinator did not start within {COORDINATOR_START_TIMEOUT_S:.0f}s", child)
 
 
-def _watch(cfg: RunConfig, children: list[Child], console: Console) -> None:
+def _watch(cfg: RunConfig, children: list[Child], fleet: FleetSync, console: Console) -> None:
+    index_of = _worker_indices(cfg)
     by_name = {c.name: c for c in children}
-    workers = [c for c in children if c.name.startswith("worker-")]
     reported: set[str] = set()
+    tail = MetricsTail(cfg.run_path / "metrics.jsonl")
     with RunProgress(cfg, console) as progress:
         while True:
             progress.refresh_from(cfg.run_path / "metrics.jsonl")
+            for record in tail.read_new():
+                fleet.observe(record, time.monotonic())
+            fleet.step(time.monotonic())
+            # the current process of each worker; one its provider released exited on purpose
+            released = {f"worker-{index_of[w]}" for w in fleet.provider.released()}
+            workers = [c for c in {c.name: c for c in children}.values()
+                       if c.name.startswith("worker-") and c.name not in released]
             learner_code = by_name["learner"].exit_code()
             if learner_code == 0:
                 return
@@ -168,7 +200,7 @@ def _watch(cfg: RunConfig, children: list[Child], console: Console) -> None:
                 if by_name[name].exit_code() is not None:
                     raise RunFailed(f"{name} exited with code {by_name[name].exit_code()}", by_name[name])
             _report_dead_workers(workers, reported, console)
-            if workers and len(reported) == len(workers):
+            if workers and not released and all(w.name in reported for w in workers):
                 raise RunFailed("every worker exited; nothing can generate rollouts", workers[-1])
             time.sleep(POLL_INTERVAL_S)
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from echo2.config.run import RunConfig
-from echo2.report.metrics import segment_path
+from echo2.report.metrics import MetricsTail
 
 
 class RunProgress:
     def __init__(self, cfg: RunConfig, console: Console) -> None:
         self.total = cfg.train.steps
-        self.segment, self.offset = 0, 0  # where the next record is read (metrics.jsonl's segments)
+        self.tail: MetricsTail | None = None
         self.fields = {"reward": "-", "acc": "-", "stale": "-", "wait": "-"}
         self.progress = Progress(
             TextColumn("[bold]learner step"),
@@ -36,25 +35,11 @@ class RunProgress:
         self.progress.stop()
 
     def refresh_from(self, path: Path) -> None:
-        """Apply the records written since the last call, following the file's segments."""
-        while True:
-            current, following = segment_path(path, self.segment), segment_path(path, self.segment + 1)
-            if not current.is_file():
-                return
-            newer = following.is_file()  # looked at first: a line written after it may be missed, never twice
-            self._read_from(current)
-            if not newer:
-                return
-            self.segment, self.offset = self.segment + 1, 0
-
-    def _read_from(self, segment: Path) -> None:
-        with open(segment, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]  # a line being written stays for next time
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            self._apply(json.loads(line))
+        """Apply the records written since the last call."""
+        if self.tail is None or self.tail.path != path:
+            self.tail = MetricsTail(path)
+        for record in self.tail.read_new():
+            self._apply(record)
 
     def _apply(self, record: dict) -> None:
         if record["role"] != "learner":

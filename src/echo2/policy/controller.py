@@ -8,8 +8,9 @@ the planner's activation rule for the cheapest set covering what the learner con
 hysteresis so the set does not flap. The admitted share is measured rather than predicted from
 the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
 worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
-measured latencies feed the reported S_min. It also integrates cost: price x active time per
-worker, plus the learner.
+measured latencies feed the reported S_min. It also integrates cost: a worker bills for every
+second it is rented, active or idle, until its fleet provider releases it (see
+launch/fleet.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
 heartbeats and submissions; it keeps no I/O of its own.
@@ -57,7 +58,13 @@ class WorkerView:
     generation_s: Ewma
     admitted: Ewma
     """Share of its groups admitted (1) rather than dropped as stale (0)."""
+    released: bool = False
+    """Handed back to its fleet provider while idle: bills nothing, and stays a candidate the
+    controller may choose again (the provider then acquires it)."""
     active_s: float = 0.0
+    idle_s: float = 0.0
+    """Rented but not active: billed, since a rented machine costs the same idle."""
+    released_s: float = 0.0
     cost: float = 0.0
     last_counters: tuple[int, float] = (0, 0.0)
 
@@ -92,12 +99,22 @@ class ActivationController:
             view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
             view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s
             view.admitted = old.admitted
-            view.active_s, view.cost = old.active_s, old.cost
+            view.active_s, view.idle_s, view.released_s, view.cost = old.active_s, old.idle_s, old.released_s, old.cost
         self.workers[worker_id] = view
 
     def vanish(self, worker_id: str) -> None:
         if worker_id in self.workers:
             self.workers[worker_id].alive = False
+
+    def release(self, worker_id: str) -> None:
+        """The worker left because its provider released it: not live, but still an offer."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.alive, view.active, view.released = False, False, True
+
+    def is_released(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is not None and view.released and not view.alive
 
     def costless(self, worker_id: str) -> bool:
         view = self.workers.get(worker_id)
@@ -155,14 +172,20 @@ class ActivationController:
 
     # ---- cost ----
     def account(self, now: float) -> None:
-        """Charge everyone for the time since the last tick: active live workers and the learner."""
+        """Charge for the time since the last tick: the learner and every rented (live) worker,
+        active or idle; a released worker costs nothing."""
         dt = max(0.0, now - self.last_tick)
         self.last_tick = now
         self.learner_cost += self.learner_price_per_hour * dt / 3600
         for view in self.workers.values():
-            if view.alive and view.active:
-                view.active_s += dt
+            if view.alive:
+                if view.active:
+                    view.active_s += dt
+                else:
+                    view.idle_s += dt
                 view.cost += view.price_per_hour * dt / 3600
+            elif view.released:
+                view.released_s += dt
 
     def total_cost(self) -> float:
         return self.learner_cost + sum(v.cost for v in self.workers.values())
@@ -189,7 +212,7 @@ class ActivationController:
         probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
         measured_ids = {o.id for o in offers}
         current = {worker_id: 1 for worker_id, v in self.workers.items()
-                   if v.alive and v.active and worker_id in measured_ids}
+                   if _candidate(v) and v.active and worker_id in measured_ids}
         required = self.required_rps()
         everyone = measured_ids | probation
         if not everyone:
@@ -210,7 +233,7 @@ class ActivationController:
             if probation:
                 decision.active |= probation
                 decision.reason += f"; on probation until measured: {', '.join(sorted(probation))}"
-        previous = {w for w, v in self.workers.items() if v.alive and v.active}
+        previous = {w for w, v in self.workers.items() if _candidate(v) and v.active}
         decision.changed = decision.active != previous
         if decision.changed:
             self.last_change = now
@@ -229,9 +252,10 @@ class ActivationController:
         return view.rollouts_per_s.samples >= self.cfg.min_samples
 
     def _offers(self) -> list[Offer]:
-        """One offer per live measured worker, at its admissible rate."""
+        """One offer per measured worker that is live or released (its provider can acquire it
+        again), at its admissible rate."""
         return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
-                for worker_id, v in sorted(self.workers.items()) if v.alive and self._measured(v)]
+                for worker_id, v in sorted(self.workers.items()) if _candidate(v) and self._measured(v)]
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         admitted = view.admitted.value if view.admitted.samples else 1.0
@@ -260,12 +284,19 @@ class ActivationController:
             "cost_total": self.total_cost(),
             "cost_learner": self.learner_cost,
             "workers": {
-                worker_id: {"active": v.alive and v.active, "price_per_hour": v.price_per_hour,
+                worker_id: {"active": v.alive and v.active, "released": v.released and not v.alive,
+                            "price_per_hour": v.price_per_hour,
                             "rollouts_per_s": v.rollouts_per_s.value if v.rollouts_per_s.samples else None,
-                            "active_s": v.active_s, "cost": v.cost}
+                            "active_s": v.active_s, "idle_s": v.idle_s, "released_s": v.released_s,
+                            "cost": v.cost}
                 for worker_id, v in sorted(self.workers.items())
             },
         }
+
+
+def _candidate(view: WorkerView) -> bool:
+    """Live, or released and so acquirable again; a crashed or departed worker is neither."""
+    return view.alive or view.released
 
 
 def _value(ewma: Ewma) -> float:

@@ -90,6 +90,35 @@ def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
 
 
+class MetricsTail:
+    """Reads the records appended since the last call, following the file's segments (for the
+    launcher's live view while the run writes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.segment, self.offset = 0, 0  # where the next record is read
+
+    def read_new(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            current, following = segment_path(self.path, self.segment), segment_path(self.path, self.segment + 1)
+            if not current.is_file():
+                return out
+            newer = following.is_file()  # looked at first: a line written after it may be missed, never twice
+            out += self._read_from(current)
+            if not newer:
+                return out
+            self.segment, self.offset = self.segment + 1, 0
+
+    def _read_from(self, segment: Path) -> list[dict[str, Any]]:
+        with open(segment, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written stays for next time
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records in a list: for tests and small runs; the summary streams `iter_metrics`."""
     return list(iter_metrics(path))

@@ -63,19 +63,26 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(changes)
     workers = Table(title="workers (dissemination = publish -> verified / -> loaded, seconds)")
     for column in ("worker", "tokens/s", "verified p50/p95/max", "loaded p50/p95/max", "versions",
-                   "relayed MB", "$/h", "active s", "$"):
+                   "relayed MB", "$/h", "active s", "idle s", "released s", "$"):
         workers.add_column(column)
     loaded, verified = summary["publish_to_loaded_s"], summary.get("publish_to_verified_s", {})
     relayed, cost = cast.get("bytes_relayed", {}), summary.get("cost_by_worker", {})
     for worker in sorted(set(summary["tokens_per_s"]) | set(loaded) | set(cost)):
-        bill = cost.get(worker, {"price_per_hour": None, "active_s": None, "cost": None})
+        bill = cost.get(worker, {})
         workers.add_row(
             worker, f"{summary['tokens_per_s'].get(worker, 0):.0f}", _spread(verified.get(worker)),
             _spread(loaded.get(worker)), str((loaded.get(worker) or {}).get("n", 0)),
-            f"{relayed.get(worker, 0) / 1e6:.1f}", f"{bill['price_per_hour'] or 0:.2f}",
-            f"{bill['active_s'] or 0:.0f}", f"{bill['cost'] or 0:.4f}",
+            f"{relayed.get(worker, 0) / 1e6:.1f}", f"{bill.get('price_per_hour') or 0:.2f}",
+            f"{bill.get('active_s') or 0:.0f}", f"{bill.get('idle_s') or 0:.0f}", f"{bill.get('released_s') or 0:.0f}",
+            f"{bill.get('cost') or 0:.4f}",
         )
     console.print(workers)
+    fleet = summary.get("fleet") or {}
+    if fleet.get("released") or fleet.get("acquired"):
+        rejoin = fleet["rejoin_s"]
+        rejoined = f"{rejoin['p50']:.1f}/{rejoin['max']:.1f} s" if rejoin["n"] else "-"
+        console.print(f"fleet: released {', '.join(fleet['released']) or '-'}; acquired "
+                      f"{', '.join(fleet['acquired']) or '-'}; rejoin p50/max {rejoined}")
 
 
 def _spread(lat: dict | None) -> str:

@@ -18,6 +18,7 @@ from echo2.broadcast.metrics import latency_summary
 SUMMARY_KINDS = frozenset({
     "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
     "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
+    "worker_released", "worker_acquired", "worker_rejoined",
 })
 
 
@@ -103,6 +104,7 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "broadcast": _broadcast(records),
         **_cost(final[-1].get("cost") if final else None, len(steps)),
         "activation_decisions": _decisions(records),
+        "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
     }
 
@@ -160,8 +162,19 @@ def _cost(cost: dict | None, steps: int) -> dict[str, Any]:
         "cost_total": cost["cost_total"],
         "cost_learner": cost["cost_learner"],
         "cost_per_step": cost["cost_total"] / steps if steps else None,
-        "cost_by_worker": {w: {"cost": v["cost"], "active_s": v["active_s"], "price_per_hour": v["price_per_hour"]}
+        # rented = active + idle (billed); released time bills nothing
+        "cost_by_worker": {w: {"cost": v["cost"], "active_s": v["active_s"], "idle_s": v.get("idle_s", 0.0),
+                               "released_s": v.get("released_s", 0.0), "price_per_hour": v["price_per_hour"]}
                            for w, v in cost["workers"].items()},
+    }
+
+
+def _fleet(records: list[dict]) -> dict[str, Any]:
+    """What the fleet provider did (launch/fleet.py): releases, acquires, measured rejoin times."""
+    return {
+        "released": [r["worker_id"] for r in _of(records, "worker_released", "launcher")],
+        "acquired": [r["worker_id"] for r in _of(records, "worker_acquired", "launcher")],
+        "rejoin_s": percentiles([r["rejoin_s"] for r in _of(records, "worker_rejoined", "launcher")]),
     }
 
 
