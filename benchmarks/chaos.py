@@ -31,33 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the adversaries live with the reliability tests
 
+from tests.integration.runs import coordinator_url, last_step, records, wait_for  # noqa: E402
 from tests.reliability.accounting import accounting  # noqa: E402
 from tests.reliability.flood import flood  # noqa: E402
 
 TOKEN = "chaos-join-token-0123456789"
-
-
-def _records(run_dir: Path, kind: str | None = None) -> list[dict]:
-    from echo2.report.metrics import read_metrics
-
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    return [r for r in rows if kind is None or r["kind"] == kind]
-
-
-def _wait(predicate, timeout_s: float, what: str, proc: subprocess.Popen):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the run exited ({proc.returncode}) while waiting for {what}")
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _last_step(run_dir: Path) -> int:
-    return max((r["step"] for r in _records(run_dir, "train_step")), default=-1)
 
 
 def _start(args: list[str], log: Path, module: str = "echo2") -> subprocess.Popen:
@@ -108,8 +86,7 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
     run = _start(_run_args(config, run_dir, steps), logs / f"{run_dir.name}.log")
     hostile: list[subprocess.Popen] = []
     try:
-        url = _wait(lambda: (run_dir / "coordinator.json").is_file()
-                    and json.loads((run_dir / "coordinator.json").read_text())["url"], 600, "the coordinator", run)
+        url = wait_for(lambda: coordinator_url(run_dir), 600, "the coordinator", alive=run)
         metrics = str(run_dir / "metrics.jsonl")
         for name, module in (("liar", "tests.reliability.lying_worker"),
                              ("corrupter", "tests.reliability.corrupting_worker")):
@@ -119,14 +96,14 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
         faults["lying_worker"] = faults["corrupting_relay"] = 1
         flooder = Flood(url, duration_s=24 * 3600)  # stopped when the run ends
         flooder.start()
-        _wait(lambda: (run_dir / "pids.json").is_file(), 600, "the workers to start", run)
+        wait_for(lambda: (run_dir / "pids.json").is_file(), 600, "the workers to start", alive=run)
         pids = json.loads((run_dir / "pids.json").read_text())
-        _wait(lambda: _last_step(run_dir) >= steps // 10, 1800, f"step {steps // 10}", run)
+        wait_for(lambda: last_step(run_dir) >= steps // 10, 1800, f"step {steps // 10}", alive=run)
         os.kill(pids["worker-0"], signal.SIGKILL)
         faults["worker_kill"] = 1
-        _wait(lambda: _last_step(run_dir) >= steps // 3, 1800, f"step {steps // 3}", run)
-        published = len(_records(run_dir, "version_published"))
-        _wait(lambda: len(_records(run_dir, "version_published")) > published, 600, "a new version", run)
+        wait_for(lambda: last_step(run_dir) >= steps // 3, 1800, f"step {steps // 3}", alive=run)
+        published = len(records(run_dir, "version_published"))
+        wait_for(lambda: len(records(run_dir, "version_published")) > published, 600, "a new version", alive=run)
         os.kill(pids["worker-1"], signal.SIGKILL)  # mid-broadcast: its children fail over
         faults["worker_kill_during_broadcast"] = 1
         code = run.wait(timeout=3600)
@@ -145,13 +122,13 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
 
 
 def audit_outcome(run_dir: Path) -> dict:
-    quarantined = _records(run_dir, "worker_quarantined")
+    quarantined = records(run_dir, "worker_quarantined")
     cut_at = quarantined[0]["time"] if quarantined else float("inf")
-    audits = _records(run_dir, "audit")
+    audits = records(run_dir, "audit")
     liar = [a["by_worker"]["liar"] for a in audits if "liar" in a["by_worker"]]
     honest = [s for a in audits for w, s in a["by_worker"].items() if w != "liar"]
-    trained = _records(run_dir, "train_step")
-    assigned = [r for r in _records(run_dir, "batch_assigned") if r["time"] <= cut_at]
+    trained = records(run_dir, "train_step")
+    assigned = [r for r in records(run_dir, "batch_assigned") if r["time"] <= cut_at]
     return {
         "liar_quarantined": bool(quarantined), "quarantine_reason": quarantined[0]["reason"] if quarantined else None,
         "liar_groups_audited_before_quarantine": sum(s["audited"] for s in liar),
@@ -161,7 +138,7 @@ def audit_outcome(run_dir: Path) -> dict:
         "honest_groups_audited": sum(s["audited"] for s in honest),
         "honest_groups_failed": sum(s["failed"] for s in honest),
         "honest_max_mean_abs_logprob_diff": max((s["max_passed_diff"] for s in honest), default=None),
-        "corrupt_relay_reports": sum(1 for r in _records(run_dir, "bad_peer") if r.get("peer_id") == "corrupter"
+        "corrupt_relay_reports": sum(1 for r in records(run_dir, "bad_peer") if r.get("peer_id") == "corrupter"
                                      and r.get("role") == "coordinator"),
     }
 

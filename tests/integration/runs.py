@@ -88,6 +88,12 @@ def records(run_dir: Path, kind: str | None = None) -> list[dict]:
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
+def coordinator_url(run_dir: Path) -> str | None:
+    """The URL a run's coordinator wrote once it listens (None before)."""
+    path = run_dir / "coordinator.json"
+    return json.loads(path.read_text())["url"] if path.is_file() else None
+
+
 def last_step(run_dir: Path) -> int:
     steps = [r["step"] for r in records(run_dir, "train_step")]
     return max(steps, default=-1)

@@ -4,13 +4,12 @@ optimizer and RNG state), and the run completes with every step trained once."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import last_step, processes, records, wait_for, write_config
+from tests.integration.runs import coordinator_url, last_step, processes, records, wait_for, write_config
 from tests.reliability.accounting import accounting, assert_sound
 
 pytestmark = pytest.mark.integration
@@ -32,7 +31,7 @@ def test_learner_resumes_from_checkpoint(tmp_path):
     with processes() as start:
         assert start(["prepare", "--config", str(config)], logs / "prepare.log").wait(timeout=120) == 0
         coordinator = start(["coordinator", "--run-dir", run_dir], logs / "coordinator.log")
-        url = wait_for(lambda: _url(cfg.run_path), 60, "coordinator address", alive=coordinator)
+        url = wait_for(lambda: coordinator_url(cfg.run_path), 60, "coordinator address", alive=coordinator)
         for i in range(2):
             start(["worker", "--coordinator", url, "--metrics", metrics, "--set", f"worker_id=w{i}"], logs / f"w{i}.log")
         learner = start(["learner", "--run-dir", run_dir], logs / "learner1.log")
@@ -58,8 +57,3 @@ def test_learner_resumes_from_checkpoint(tmp_path):
     prompts = [p for r in trained.values() for p in r["prompt_indices"]]
     assert len(prompts) == len(set(prompts))
     assert_sound(accounting(cfg.run_path, max_staleness=1), 30)
-
-
-def _url(run_dir: Path) -> str | None:
-    path = run_dir / "coordinator.json"
-    return json.loads(path.read_text())["url"] if path.is_file() else None

@@ -13,16 +13,11 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import TOKEN, processes, records, wait_for, write_config
+from tests.integration.runs import TOKEN, coordinator_url, processes, records, wait_for, write_config
 from tests.reliability.accounting import accounting, assert_sound
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _url(run_dir: Path) -> str | None:
-    path = run_dir / "coordinator.json"
-    return json.loads(path.read_text())["url"] if path.is_file() else None
 
 
 def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(tmp_path):
@@ -31,7 +26,7 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
     metrics = cfg.run_path / "metrics.jsonl"
     with processes() as start:
         run = start(["run", "--config", str(config)], tmp_path / "run.log")
-        url = wait_for(lambda: _url(cfg.run_path), 120, "the coordinator's address", alive=run)
+        url = wait_for(lambda: coordinator_url(cfg.run_path), 120, "the coordinator's address", alive=run)
         log = open(tmp_path / "liar.log", "wb")
         liar = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.lying_worker", "--coordinator", url, "--metrics", str(metrics),
