@@ -101,11 +101,13 @@ def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
         for host, name, step in ((1, "worker-a", "worker"), (2, "worker-b", "worker"),
                                  (3, "worker-nat", "worker-behind-nat")):
             start(host, step, name)
-        # the learner once finished before two slow-starting workers had joined (two cores
-        # importing torch three times over): it starts once all three are in, as an operator
-        # would wait for the fleet before training
-        wait_for(lambda: (logs / "coordinator.log").read_text(errors="replace").count(" joined from ") >= 3,
-                 180, "three workers to join", alive=coordinator)
+        # the learner once finished its 30 steps before slow-starting workers (two cores
+        # importing torch three times over) had loaded the model: it starts once all three have
+        # joined and loaded it, as an operator would wait for the fleet before training
+        wait_for(lambda: (logs / "coordinator.log").read_text(errors="replace").count(" joined from ") >= 3
+                 and all("waiting for a policy version" in (logs / f"{name}.log").read_text(errors="replace")
+                         for name in ("worker-a", "worker-b", "worker-nat")),
+                 240, "three workers to join and load the model", alive=coordinator)
         learner = start(0, "learner", "learner")
         try:
             assert learner.wait(timeout=TRAIN_TIMEOUT_S) == 0

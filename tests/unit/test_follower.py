@@ -71,3 +71,48 @@ def test_a_failed_swap_leaves_the_old_version_held(tmp_path):
     else:
         raise AssertionError("the engine's error was swallowed")
     assert follower.version == 13 and follower.holding() == 13  # version 14 can be fetched again
+
+
+def _info(version: int, published_at: float = 100.0):
+    return SimpleNamespace(version=version, published_at=published_at)
+
+
+class GoneEverywhere:
+    """A receiver whose every source answers 410 for versions below `newest`: the follower must
+    not fetch such a version again, and must ask the coordinator for the newest at once."""
+
+    worker_id = "w0"
+
+    def __init__(self, newest: int) -> None:
+        self.newest, self.fetched = newest, []
+
+    async def fetch(self, target, assignment, held, learner_key):
+        from echo2.broadcast.wire import BroadcastFailed
+
+        self.fetched.append(target.version)
+        if target.version < self.newest:
+            raise BroadcastFailed(f"version {target.version}: every source failed: HTTP 410", obsolete=True)
+        return SimpleNamespace(payload=b"", metrics=None)
+
+
+def test_a_version_gone_everywhere_is_not_fetched_again_and_the_newest_is_asked_for(tmp_path, monkeypatch):
+    import echo2.rollout.follower as follower_module
+
+    monkeypatch.setattr(follower_module, "_deserialize", lambda payload: {"w": 1})
+    receiver, asked = GoneEverywhere(newest=25), []
+    follower = VersionFollower(receiver, MetricsWriter(tmp_path / "m.jsonl", "worker"),
+                               ask_newest=lambda: asked.append(True))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        follower.latest, follower.assignment = _info(19), SimpleNamespace(version=19)
+        loop = asyncio.create_task(follower.run(stop))
+        await asyncio.sleep(1.5)  # without the fix: v19 again every FETCH_RETRY_S
+        assert receiver.fetched == [19] and asked == [True]
+        follower.note(_info(25), SimpleNamespace(version=25), "")  # the heartbeat's answer
+        await asyncio.wait_for(follower.ready.wait(), 5)
+        stop.set()
+        await loop
+
+    asyncio.run(asyncio.wait_for(main(), timeout=30))
+    assert receiver.fetched == [19, 25] and follower.staged.info.version == 25

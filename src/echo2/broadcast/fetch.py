@@ -133,6 +133,7 @@ class _Fetch:
         self.resumed_at: list[int] = []
         self.failures: list[str] = []
         self.bad_peers: list[str] = []
+        self.gone: set[str] = set()  # sources that will never serve this version (HTTP 410, skipped)
         self.report_failures = 0
         self.throttle: Throttle | None = None
 
@@ -151,7 +152,8 @@ class _Fetch:
         if not self.buffer.done:
             raise wire.BroadcastFailed(
                 f"version {self.buffer.version}: every source failed at chunk {self.buffer.verified_chunks}/"
-                f"{self.buffer.manifest.num_chunks}: {'; '.join(self.failures[-4:])}"
+                f"{self.buffer.manifest.num_chunks}: {'; '.join(self.failures[-4:])}",
+                obsolete=all(s.peer_id in self.gone for s in self.assignment.sources),
             )
 
     async def _try_source(self, session: aiohttp.ClientSession, source: Source, banned: set[str]) -> None:
@@ -166,6 +168,7 @@ class _Fetch:
             await self._report(source, exc)
         except wire.SourceGone as exc:
             banned.add(source.peer_id)
+            self.gone.add(source.peer_id)
             self._note_failure(source, exc)
         except wire.SourceError as exc:
             self._note_failure(source, exc)

@@ -72,7 +72,13 @@ class SourceMisbehaved(SourceError):
 
 
 class BroadcastFailed(Exception):
-    """Every source failed; the worker keeps its previous version and reports the failure."""
+    """Every source failed; the worker keeps its previous version and reports the failure.
+    `obsolete`: every source said it will never serve this version (a newer one superseded it),
+    so asking again is pointless: the worker should ask the coordinator for the newest one."""
+
+    def __init__(self, message: str, *, obsolete: bool = False) -> None:
+        super().__init__(message)
+        self.obsolete = obsolete
 
 
 class FetchAborted(Exception):

@@ -33,8 +33,10 @@ class Staged:
 
 
 class VersionFollower:
-    def __init__(self, receiver: WeightReceiver, metrics: MetricsWriter) -> None:
-        self.receiver, self.metrics = receiver, metrics
+    def __init__(self, receiver: WeightReceiver, metrics: MetricsWriter, ask_newest=lambda: None) -> None:
+        # ask_newest(): have the coordinator announce its newest version now (the worker's next
+        # heartbeat), when every source said the version being fetched is superseded
+        self.receiver, self.metrics, self.ask_newest = receiver, metrics, ask_newest
         self.version = -1  # held by the engine
         self.latest: VersionInfo | None = None
         self.assignment: Assignment | None = None
@@ -43,6 +45,9 @@ class VersionFollower:
         self.staged: Staged | None = None
         self.loading = -1  # being swapped into the engine (no longer staged, not yet `version`)
         self.rejected: set[int] = set()
+        # every source said it no longer serves this announcement: not asked again (a republish
+        # of the same number, after a learner restart, is a different announcement)
+        self.obsolete: VersionInfo | None = None
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
         self.swap_s: float | None = None
@@ -79,7 +84,8 @@ class VersionFollower:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             target, assignment = self.latest, self.assignment
-            if target is None or assignment is None or target.version <= self.holding() or target.version in self.rejected:
+            if (target is None or assignment is None or target.version <= self.holding() or target == self.obsolete
+                    or target.version in self.rejected):
                 await wait_either(self.announced, stop, timeout_s=1.0)
                 continue
             staged = await self._fetch(target, assignment)
@@ -98,7 +104,12 @@ class VersionFollower:
         except ManifestRejected as exc:  # forged, replayed or oversized: never retried
             self.rejected.add(target.version)
             self._failed(target, f"manifest rejected: {exc}")
-        except (BroadcastFailed, FetchAborted, ValueError) as exc:
+        except BroadcastFailed as exc:
+            self._failed(target, str(exc))
+            if exc.obsolete:  # superseded everywhere: wait for the newer announcement, asked for now
+                self.obsolete = target
+                self.ask_newest()
+        except (FetchAborted, ValueError) as exc:
             self._failed(target, str(exc))
         else:
             return Staged(target, tensors, result.metrics)

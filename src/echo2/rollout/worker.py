@@ -95,7 +95,7 @@ class Worker:
             broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
             receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
             self.relay_address = await receiver.start()
-            self.follower = VersionFollower(receiver, self.metrics)
+            self.follower = VersionFollower(receiver, self.metrics, ask_newest=self.beat_now.set)
             try:  # the relay stops even when registration is refused
                 await self._join_and_work(stop)
             finally:

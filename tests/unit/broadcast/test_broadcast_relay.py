@@ -315,6 +315,7 @@ def test_a_version_every_source_has_moved_past_fails_at_once() -> None:
                 await cluster.fetch("w1", signed1, plan1)  # w1's sources: w0, then the origin
             assert loop.time() - started < slow_backoff.retry_backoff_s  # no second round
             assert str(failed.value).count("410") == 2  # each source asked once
+            assert failed.value.obsolete  # the follower asks the coordinator for the newest now
             assert cluster.reports == []  # an obsolete version is nobody's misbehaviour
         finally:
             await cluster.stop()
