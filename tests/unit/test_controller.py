@@ -61,7 +61,19 @@ def test_demand_above_supply_runs_everyone():
     ctl = make()
     feed(ctl, dict.fromkeys(PRICES, 10.0))
     decision = ctl.decide(now=1.0)
-    assert decision.active == set(PRICES) and "no set covers" in decision.reason
+    assert decision.active == set(PRICES) and "no measured set covers" in decision.reason
+
+
+def test_a_short_measured_set_adds_enough_unmeasured_workers_to_cover_the_rest():
+    """Short of demand, every measured worker runs, and unmeasured ones are counted at the
+    measured average: 4 measured at 10/s leave 147.2 - 40 = 107.2/s, so 11 more run, not all 30."""
+    ctl = make(probation_slots=2)
+    feed(ctl, dict.fromkeys(PRICES, 10.0))
+    for i in range(30):
+        ctl.join(f"new{i:02d}", 1.0)
+    decision = ctl.decide(now=1.0)
+    assert decision.active == set(PRICES) | {f"new{i:02d}" for i in range(11)}
+    assert "(19 more waiting)" in decision.reason
 
 
 def test_synchronous_runs_everyone():
@@ -192,7 +204,25 @@ def test_unmeasured_workers_are_on_probation_and_never_displace_measured_ones():
     for i in range(5):
         ctl.join(f"free{i}", 0.0)
     decision = ctl.decide(now=11.0)
-    assert decision.active == {"cheap1", "cheap2"} | {f"free{i}" for i in range(5)}
-    assert "on probation until measured: free0" in decision.reason
+    assert decision.active == {"cheap1", "cheap2"} | {f"free{i}" for i in range(4)}  # 4 probation slots
+    assert "on probation until measured: free0, free1, free2, free3 (1 more waiting)" in decision.reason
     feed(ctl, {"free0": 100.0, "free1": 100.0})  # two of them measured: now they compete on price
     assert ctl.decide(now=12.0).active == {"free0", "free1", "free2", "free3", "free4"}
+
+
+def test_probation_slots_rotate_so_a_worker_that_never_leases_gives_its_slot_up():
+    """Unbounded probation kept every unmeasured worker active (and billed) when a full lease
+    window left them no work to be measured by; slots are bounded and go to the workers that
+    have spent the least time on probation."""
+    ctl = make(probation_slots=2, probation_timeout_s=30.0)
+    feed(ctl, dict.fromkeys(PRICES, 100.0))
+    ctl.decide(now=10.0)
+    for i in range(3):
+        ctl.join(f"new{i}", 1.0)
+    assert ctl.decide(now=11.0).active == {"cheap1", "cheap2", "new0", "new1"}
+    # within their probation_timeout_s, slot holders keep their slots
+    assert ctl.decide(now=31.0).active == {"cheap1", "cheap2", "new0", "new1"}
+    # new0 and new1 ran a minute without being measured; new2 (active only from its join to the
+    # first decision) has the least probation time, then the oldest registration
+    assert ctl.decide(now=71.0).active == {"cheap1", "cheap2", "new2", "new0"}
+    assert [ctl.workers[w].probation_s for w in ("new0", "new1", "new2")] == [61.0, 61.0, 1.0]

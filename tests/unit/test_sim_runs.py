@@ -31,11 +31,11 @@ def test_every_scenario_parses_and_runs(path):
 
 
 def test_same_seed_same_run_other_seed_other_run():
-    scenario = load_scenario(QWEN3_8B, ["sim.steps=30", "sim.control_period_s=1200"])
+    scenario = load_scenario(QWEN3_8B, ["sim.steps=30", "activation.control_period_s=1200"])
     first, again = simulate(scenario), simulate(scenario)
     strip = lambda r: {k: v for k, v in r.to_dict(per_worker=True).items() if k != "run_s"}  # noqa: E731
     assert strip(first) == strip(again)
-    other = simulate(load_scenario(QWEN3_8B, ["sim.steps=30", "sim.control_period_s=1200", "sim.seed=7"]))
+    other = simulate(load_scenario(QWEN3_8B, ["sim.steps=30", "activation.control_period_s=1200", "sim.seed=7"]))
     assert strip(other) != strip(first)
 
 

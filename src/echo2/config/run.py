@@ -170,8 +170,18 @@ class ActivationConfig(Frozen):
     """A cheaper, smaller set replaces the current one only this long after the last change;
     a shortfall is fixed at once (scale up fast, down slowly: no flapping on noisy rates)."""
     min_samples: int = Field(3, ge=1)
-    """Generations a worker must report before its own rate is trusted; until then it is
-    assumed to be as fast as the measured average."""
+    """Rate samples (each at least one lease long) before a worker's measured rate is trusted;
+    until then it is on probation and counts for nothing toward covering demand."""
+    probation_slots: int = Field(4, ge=0)
+    """Unmeasured workers active at once beside a measured set that covers demand, so they can
+    prove themselves; those that have spent the least time on probation go first. Unbounded
+    probation kept a hundred workers active and billed in a simulated 144-worker fleet, since a
+    full lease window left most of them no work to be measured by. When the measured workers
+    fall short, every worker runs."""
+    probation_timeout_s: float = Field(120.0, gt=0)
+    """A worker keeps its probation slot this long (time active, unmeasured) before it goes to
+    the back of the queue: long enough to load the current version and generate min_samples
+    leases, so honest workers are measured, while one that never leases gives its slot up."""
     provider: Literal["static", "local"] = "static"
     """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
     ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the

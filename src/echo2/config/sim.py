@@ -7,6 +7,8 @@ control-plane timing, noise) and [sweep] (the grids behind the three plots).
     [workload]         catalog Workload: model size, B, T_train, S, T_gen, T_load
     [broadcast]        catalog BroadcastPlan: topology, chunk bytes, fanout, hop latency
     [plan]             catalog PlanSettings: latency percentile the planner provisions for
+    [activation]       the coordinator's online controller (config.run.ActivationConfig), at
+                       simulated-fleet time scales by default
     [sim]              steps, seed, activation, request/poll/announce timing, noise
     [sweep]            plot grids: worker counts, staleness values, bandwidths
 """
@@ -20,6 +22,7 @@ from pydantic import Field, model_validator
 
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
 from echo2.config.catalog import BroadcastPlan, LearnerClass, PlanConfig, PlanSettings, WorkerClass, Workload
+from echo2.config.run import ActivationConfig
 
 _PLAN_WORKER_FIELDS = frozenset(WorkerClass.model_fields)
 
@@ -50,14 +53,12 @@ class SimSettings(Frozen):
     """Learner steps of the main run (the summary table and the cost comparison)."""
     seed: int = 0
     """Every random draw (noise, churn, heartbeat phases) derives from it: same seed, same run."""
-    activation: Literal["plan", "all"] = "plan"
-    """"plan": rent the fleet `echo2 plan` chooses and re-decide on churn with the activation
-    rule and hysteresis; "all": rent every worker of every class for the whole run."""
-    control_period_s: float = Field(600.0, gt=0)
-    """"plan": how often the controller looks for a cheaper fleet (preemptions trigger a
-    decision at once); every switch costs newcomers a full download."""
-    hysteresis_margin: float = Field(0.1, ge=0, lt=1)
-    """Re-decisions switch to a cheaper fleet only when it saves more than this fraction."""
+    activation: Literal["plan", "online", "all"] = "plan"
+    """"plan": rent the fleet `echo2 plan` chooses, and let the coordinator's activation
+    controller (policy/controller.py, settings in [activation]) decide online which of those
+    workers are active; "online": rent every worker of every class at the start and let the
+    controller choose among them, as `echo2 run` does with every offered worker; "all": every
+    worker active for the whole run, no controller."""
     request_s: float = Field(0.0, ge=0)
     """Round trip of one control request (lease or submit) to the coordinator."""
     lease_retry_s: float = Field(0.0, ge=0)
@@ -112,6 +113,25 @@ class SweepSettings(Frozen):
         return self
 
 
+class SimActivationConfig(ActivationConfig):
+    """The coordinator's activation controller, with defaults at the time scale of simulated
+    fleets (learner steps of a minute, machines that take minutes to boot) rather than of the
+    local tiny runs; every field means what it means in `echo2 run`'s [activation]."""
+
+    control_period_s: float = Field(60.0, gt=0)
+    """How often the activation set is re-decided; a preempted worker re-decides at once."""
+    scale_down_after_s: float = Field(600.0, ge=0.0)
+    """A cheaper, smaller set replaces the current one only this long after the last change."""
+    provider: Literal["static", "local"] = "local"
+    """"static": idle workers stay rented and bill; "local" (any releasable provider): a worker
+    inactive for release_after_s is released (bills nothing; a later acquire re-downloads)."""
+    release_after_s: float = Field(900.0, ge=0.0)
+    """How long a worker must stay inactive before its provider releases it."""
+    probation_timeout_s: float = Field(1800.0, gt=0)
+    """How long an unmeasured worker keeps its probation slot: a first download of 16 GB and
+    min_samples leases of minutes each take tens of minutes."""
+
+
 class ScenarioConfig(Frozen):
     name: str = ""
     """Label shown in the output; default the file name."""
@@ -121,6 +141,8 @@ class ScenarioConfig(Frozen):
     broadcast: BroadcastPlan = BroadcastPlan()
     plan: PlanSettings = PlanSettings()
     """The planner's settings for `activation = "plan"`; its generation_cv is sim.generation_cv."""
+    activation: SimActivationConfig = SimActivationConfig()
+    """Mode "plan": the online controller's settings (headroom, hysteresis, scale-down delay)."""
     sim: SimSettings = SimSettings()
     sweep: SweepSettings = SweepSettings()
 

@@ -1,52 +1,79 @@
-"""Which workers are rented: the activation policy, the same functions the planner and the
-coordinator's controller use (`echo2.planner`: `make_plan` for the first fleet; then
-`cheapest_fleet`, built on `activate`, over the workers that are up, and `keep_or_switch` with
-hysteresis to decide whether to move to it).
+"""Which workers are rented and which are active.
 
-Re-decisions happen when a rented worker is preempted (the fleet may now fall short) and every
-control period (a cheaper set may have become available). Proposals come from the planner's
-fleet-size search, because dissemination latency grows with the fleet: an activation solved at
-one size can be inadmissible at the size it produces, and a controller that ignores this flips
-between two fleets forever.
+Mode "plan" runs what `echo2 run` runs. The fleet `echo2 plan` provisions (`make_plan`) is
+rented at the start. From then on the coordinator's own `ActivationController`
+(policy/controller.py) decides which rented workers are active, fed the observations the
+coordinator gets:
+- each worker's lease-holding time and rollouts;
+- whether its groups were admitted or dropped as stale;
+- its swap and publish-to-loaded latency;
+- the learner's step time.
 
-Modes: "plan" (cost-aware, as above), "all" (every worker, whole run) and "fixed" (given counts
-per class, e.g. for sweeps). In "all" and "fixed" a preempted worker is rented again when it
-comes back; in "plan" it is released and the controller decides.
+The controller's rules are not written again here. It keeps workers on probation until they are
+measured, sizes sets with headroom, keeps the current set inside the hysteresis band, scales
+down only after `scale_down_after_s`, and falls back to running everything.
+
+The fleet provider follows the decisions, as `launch/fleet.py`'s FleetSync does:
+- an inactive worker stays rented, keeps its weights current and bills as idle;
+- with a releasable provider, a worker inactive for `release_after_s` is released;
+- a released worker the controller chooses again is acquired, and downloads the current version
+  again before it can work.
+A preempted active machine is replaced by the provider with a spare of its class that is up (the
+replacement registers, downloads the current version, and is on probation until measured), and
+the controller re-decides at once. With no spare, the preempted worker stays rented and
+registers again when its machine comes back. This is what the planner's availability term
+assumes (planner/tail.py), in every mode.
+
+Mode "online" rents every worker of the scenario at the start (every offered worker, as `echo2
+run` starts them) and lets the same controller choose among them.
+
+Modes "all" (every worker) and "fixed" (given counts per class, e.g. for sweeps and for checking
+the planner's fleet) rent their workers for the whole run, all active, with no controller.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 from echo2.config.sim import ScenarioConfig
-from echo2.planner import Activation, Offer, base_throughput_rps, keep_or_switch, make_plan
-from echo2.planner.plan import cheapest_fleet, class_plans
+from echo2.planner import make_plan
+from echo2.policy.controller import ActivationController
 from echo2.sim.events import EventLoop
-from echo2.sim.fleet import Fleet
+from echo2.sim.fleet import Fleet, Generation, SimWorker
 
 
 def initial_counts(scenario: ScenarioConfig) -> tuple[dict[str, int], dict]:
     """Workers to rent per class at start, and the plan behind them (JSON-ready)."""
-    if scenario.sim.activation == "all":
+    if scenario.sim.activation in ("all", "online"):
         return {name: cls.count for name, cls in scenario.workers.items()}, {}
     plan = make_plan(scenario.plan_config())
     return {c.name: c.chosen for c in plan.classes if c.chosen}, plan.to_dict()
 
 
+def worker_id(w: SimWorker) -> str:
+    return f"w{w.index}"
+
+
 class Controller:
     def __init__(self, scenario: ScenarioConfig, fleet: Fleet, loop: EventLoop, mode: str) -> None:
         self.scenario, self.fleet, self.loop, self.mode = scenario, fleet, loop, mode
-        self.plan_config = scenario.plan_config()
-        self.required_rps = base_throughput_rps(scenario.workload.batch_rollouts, scenario.workload.step_time_s)
-        self.margin = scenario.sim.hysteresis_margin
-        self.period_s = scenario.sim.control_period_s
+        settings = scenario.activation
+        self.core: ActivationController | None = None
+        self.releasable = settings.provider != "static"
+        self.release_after_s = settings.release_after_s
+        self.inactive_since: dict[SimWorker, float] = {}
         self.decision_pending = False
-        self._proposals: dict[tuple, Activation | None] = {}  # cheapest fleet per set of workers up
         self.decisions = 0
         self.switches = 0
-        if mode == "plan":
-            fleet.release_on_preempt = True  # a preempted spot machine is gone; we decide anew
-            loop.after(self.period_s, self._periodic)
+        self.released = 0
+        self.acquired = 0
+        self.replaced = 0
+        fleet.on_preempted = self.on_preempted
+        if mode in ("plan", "online"):
+            work = scenario.workload
+            self.core = ActivationController(settings, work.batch_rollouts, work.max_staleness,
+                                             scenario.learner.price_per_hour, now=0.0)
+            fleet.on_registered, fleet.on_left = self._registered, self._left
+            fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
+            loop.after(settings.control_period_s, self._periodic)
 
     def rent_initial(self, counts: dict[str, int]) -> None:
         """Rent the first `counts[class]` workers of each class (they come up at their start delay)."""
@@ -56,59 +83,79 @@ class Controller:
                 left[w.cls] -= 1
                 self.fleet.rent(w, True)
 
-    def on_preempted(self) -> None:
-        """A rented worker went away: decide now (once for a burst at the same instant)."""
-        if self.mode == "plan" and not self.decision_pending:
+    # ---- what the coordinator observes ----
+    def _registered(self, w: SimWorker) -> None:
+        assert self.core is not None
+        self.core.join(worker_id(w), w.price_per_hour)  # a returning worker keeps its measurements
+        self.fleet.set_active(w, True)  # on probation, or active until the next decision
+
+    def _left(self, w: SimWorker, released: bool) -> None:
+        assert self.core is not None
+        (self.core.release if released else self.core.vanish)(worker_id(w))
+        self.inactive_since.pop(w, None)
+
+    def _finished(self, w: SimWorker, g: Generation, dropped: int) -> None:
+        assert self.core is not None
+        wid = worker_id(w)
+        busy_s = w.busy_s + (self.loop.now_s - w.busy_since_s if w.busy_since_s is not None else 0.0)
+        self.core.observe_busy(wid, w.rollouts, busy_s)
+        self.core.observe_latencies(wid, None, self.loop.now_s - g.started_s)
+        for i in range(g.groups):
+            self.core.observe_outcome(wid, admitted=i >= dropped)
+
+    def _loaded(self, w: SimWorker, latency_s: float) -> None:
+        assert self.core is not None
+        self.core.observe_swap(w.load_s)
+        self.core.observe_latencies(worker_id(w), latency_s, None)
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        if self.core is not None:
+            self.core.observe_step_time(step_time_s)
+
+    # ---- decisions ----
+    def on_preempted(self, w: SimWorker) -> None:
+        """A rented worker went away: replace it with a spare of its class that is up, if any,
+        and decide now (once for a burst at the same instant)."""
+        spare = None if not w.active else next(  # an idle worker lost is no capacity lost
+            (s for s in self.fleet.workers if s.cls == w.cls and s.alive and not s.rented), None)
+        if spare is not None:
+            self.replaced += 1
+            self.fleet.rent(w, False)  # its machine is gone for good: the bill stopped at the preemption
+            self.fleet.rent(spare, True)
+        if self.core is not None and not self.decision_pending:
             self.decision_pending = True
             self.loop.after(0.0, self.decide)
 
     def _periodic(self) -> None:
         self.decide()
-        self.loop.after(self.period_s, self._periodic)
+        self.loop.after(self.scenario.activation.control_period_s, self._periodic)
 
     def decide(self) -> None:
-        """The planner's cheapest fleet over what is up now; keep the current set unless it
-        falls short or the proposal is cheaper by more than the hysteresis margin."""
+        """The coordinator's decision, applied: activate and deactivate rented workers, acquire
+        released ones chosen again, and start the release clock of the newly inactive."""
+        assert self.core is not None
         self.decision_pending = False
+        now = self.loop.now_s
+        decision = self.core.decide(now)
         self.decisions += 1
-        current, up = self.counts(rented=True), self.counts(rented=None)
-        proposal = self._cheapest(up)
-        if proposal is None:
-            return  # nothing up can feed the learner: keep what runs
-        offers = [  # the current set's admissible rates at its own size
-            Offer(c.name, c.price_per_hour, c.admissible_rps, up.get(c.name, 0), relay=c.reachable)
-            for c in class_plans(self.plan_config, max(1, sum(current.values())))
-        ]
-        decision = keep_or_switch(current, proposal, offers, self.required_rps, self.margin)
-        if decision.switched:
-            self.switches += 1
-            self.apply(proposal.counts)
+        self.switches += decision.changed
+        for w in self.fleet.workers:
+            wid, chosen = worker_id(w), worker_id(w) in decision.active
+            if chosen and not w.rented and self.core.is_released(wid):
+                self.acquired += 1
+                self.fleet.rent(w, True)  # registers when up, and downloads the current version
+            elif w.rented and w.alive:
+                self.fleet.set_active(w, chosen)
+                if chosen:
+                    self.inactive_since.pop(w, None)
+                elif w not in self.inactive_since:
+                    self.inactive_since[w] = now
+                    if self.releasable:
+                        self.loop.after(self.release_after_s, self._release_if_idle, w, now)
 
-    def _cheapest(self, up: dict[str, int]) -> Activation | None:
-        """The planner's cheapest fleet among the workers up (an integer program per fleet-size
-        cap, so it is remembered: churn keeps revisiting the same availability)."""
-        key = tuple(sorted(up.items()))
-        if key not in self._proposals:
-            workers = {
-                name: w.model_copy(update={"count": up.get(name, 0)})
-                for name, w in self.plan_config.workers.items()
-            }
-            self._proposals[key] = cheapest_fleet(self.plan_config.model_copy(update={"workers": workers}))
-        return self._proposals[key]
-
-    def counts(self, rented: bool | None) -> dict[str, int]:
-        """Live workers per class: rented ones (True) or all that are up (None)."""
-        return dict(Counter(w.cls for w in self.fleet.workers if w.alive and (rented is None or w.rented)))
-
-    def apply(self, counts: dict[str, int]) -> None:
-        """Reach `counts` live rented workers per class: keep rented ones first (no needless
-        re-download), then rent the lowest-index idle ones; release the surplus."""
-        live = [w for w in self.fleet.workers if w.alive]
-        wanted = dict(counts)
-        keep = set()
-        for w in sorted(live, key=lambda w: (not w.rented, w.index)):
-            if wanted.get(w.cls, 0) > 0:
-                wanted[w.cls] -= 1
-                keep.add(w)
-        for w in live:
-            self.fleet.rent(w, w in keep)
+    def _release_if_idle(self, w: SimWorker, inactive_since_s: float) -> None:
+        """Hand the machine back if it stayed inactive since then (FleetSync's rule)."""
+        if self.inactive_since.get(w) == inactive_since_s and w.rented and w.alive and not w.active:
+            self.inactive_since.pop(w)
+            self.released += 1
+            self.fleet.rent(w, False)

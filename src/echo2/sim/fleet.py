@@ -7,6 +7,8 @@ in the background, pushed by the broadcast (`rounds.Broadcaster`), or, in pull m
 system), fetched from the learner once a heartbeat tells the worker of it; the worker then swaps
 them in, which stalls its generations for T_load. Spot workers are
 preempted and come back after a while; the coordinator requeues their leases once it notices.
+A rented worker the activation controller made inactive leases nothing but keeps its weights
+current and bills as idle; a released one (not rented) bills nothing and holds no version.
 Every scheduled event carries the worker's `epoch`, bumped on preemption, so events of a
 previous life are ignored.
 """
@@ -29,6 +31,7 @@ class Generation:
     groups: int
     version: int
     done_s: float
+    started_s: float
     live: bool = True
 
 
@@ -49,6 +52,8 @@ class SimWorker:
     heartbeat_phase_s: float = 0.0
     alive: bool = False
     rented: bool = False
+    active: bool = True
+    """Chosen by the activation controller: leases work. Rented and inactive: idle, billed."""
     epoch: int = 0
     version: int = -1
     """Version loaded in the engine (-1: none yet)."""
@@ -62,6 +67,14 @@ class SimWorker:
     generations: list[Generation] = field(default_factory=list)
     billed_s: float = 0.0
     billed_from_s: float | None = None
+    billed_active: bool = True
+    """Whether the open billing interval is active time or idle time."""
+    active_s: float = 0.0
+    idle_s: float = 0.0
+    """Billed while rented and up: active_s + idle_s == billed_s."""
+    busy_s: float = 0.0
+    """Wall time holding at least one lease, as the coordinator measures a worker's busy time."""
+    busy_since_s: float | None = None
     rollouts: int = 0
     preemptions: int = 0
     loads: int = 0
@@ -132,9 +145,15 @@ class Fleet:
         """Workers pausing after a refusal, and why: "window" (full) or "stale" (too far behind)."""
         self.on_submit: Callable[[], None] = lambda: None
         self.on_join: Callable[[SimWorker], None] = lambda w: None
-        self.on_preempted: Callable[[], None] = lambda: None
-        self.release_on_preempt = False
-        """True when the activation controller re-decides: a preempted worker is released."""
+        self.on_preempted: Callable[[SimWorker], None] = lambda w: None
+        self.on_registered: Callable[[SimWorker], None] = lambda w: None
+        """A worker is rented and up: it registers with the coordinator."""
+        self.on_left: Callable[[SimWorker, bool], None] = lambda w, released: None
+        """A registered worker is gone: preempted (False) or released by its provider (True)."""
+        self.on_finished: Callable[[SimWorker, Generation, int], None] = lambda w, g, dropped: None
+        """A lease was generated and submitted; how many of its groups were dropped as stale."""
+        self.on_loaded: Callable[[SimWorker, float], None] = lambda w, latency_s: None
+        """A worker swapped a version in, `latency_s` after its publish."""
         self.publish_time_s: list[float] = []
         self.loaded_latency_s: list[float] = []
         self.rollouts = 0
@@ -149,6 +168,7 @@ class Fleet:
             self.loop.after(w.rng.expovariate(1.0 / w.mean_uptime_s), self.preempt, w, w.epoch)
         self._bill(w)
         if w.rented:
+            self.on_registered(w)
             self._connect(w)
 
     def _connect(self, w: SimWorker) -> None:
@@ -160,6 +180,7 @@ class Fleet:
             self.on_join(w)
 
     def rent(self, w: SimWorker, rented: bool) -> None:
+        """Acquire (True) or release (False) the worker's machine."""
         if w.rented == rented:
             return
         w.rented = rented
@@ -167,8 +188,21 @@ class Fleet:
             self._drop_work(w, requeue_after_s=0.0)
             w.version = w.staged = w.incoming = -1
         self._bill(w)
-        if rented and w.alive:
-            self._connect(w)
+        if w.alive:
+            if rented:
+                self.on_registered(w)
+                self._connect(w)
+            else:
+                self.on_left(w, True)
+
+    def set_active(self, w: SimWorker, active: bool) -> None:
+        """The controller's decision: an inactive worker finishes its leases and takes no more."""
+        if w.active == active:
+            return
+        w.active = active
+        self._bill(w)
+        if active:
+            self.fill(w)
 
     def preempt(self, w: SimWorker, epoch: int) -> None:
         if epoch != w.epoch or not w.alive:
@@ -180,9 +214,8 @@ class Fleet:
         self.loop.after(w.rng.expovariate(1.0 / w.mean_downtime_s), self.join, w)
         if was_rented:  # only rented machines matter to the run
             w.preemptions += 1
-            if self.release_on_preempt:
-                self.rent(w, False)
-            self.on_preempted()
+            self.on_left(w, False)
+            self.on_preempted(w)
 
     def _drop_work(self, w: SimWorker, requeue_after_s: float) -> None:
         """Void the worker's pending events; its leases return once the coordinator notices."""
@@ -191,6 +224,7 @@ class Fleet:
         for g in w.generations:
             g.live = False
         w.generations.clear()
+        self._busy_edge(w)
         w.swapping = w.receiving = False
         self.waiting.pop(w, None)
         self.polling.pop(w, None)
@@ -198,13 +232,28 @@ class Fleet:
             self.loop.after(requeue_after_s, self.data.release, leased)
 
     def _bill(self, w: SimWorker) -> None:
-        """Close or open the worker's billing interval: billed while rented and up."""
+        """Close or open the worker's billing interval: billed while rented and up, as active
+        or idle time."""
         now = self.loop.now_s
         if w.billed_from_s is not None:
-            w.billed_s += now - w.billed_from_s
+            spent_s = now - w.billed_from_s
+            w.billed_s += spent_s
+            if w.billed_active:
+                w.active_s += spent_s
+            else:
+                w.idle_s += spent_s
             w.billed_from_s = None
         if w.rented and w.alive:
-            w.billed_from_s = now
+            w.billed_from_s, w.billed_active = now, w.active
+
+    def _busy_edge(self, w: SimWorker) -> None:
+        """Open or close the worker's lease-holding interval after its leases changed."""
+        now = self.loop.now_s
+        if w.generations and w.busy_since_s is None:
+            w.busy_since_s = now
+        elif not w.generations and w.busy_since_s is not None:
+            w.busy_s += now - w.busy_since_s
+            w.busy_since_s = None
 
     def close_billing(self) -> None:
         for w in self.workers:
@@ -256,7 +305,7 @@ class Fleet:
         self.waiting.pop(w, None)
         for g in w.generations:
             g.live = False
-        w.generations = [Generation(g.groups, g.version, g.done_s + w.load_s) for g in w.generations]
+        w.generations = [Generation(g.groups, g.version, g.done_s + w.load_s, g.started_s) for g in w.generations]
         for g in w.generations:
             self.loop.at(g.done_s, self.finish, w, g)
         self.loop.after(w.load_s, self.swapped, w, w.staged, w.epoch)
@@ -271,6 +320,7 @@ class Fleet:
         self.loaded_latency_s.append(latency_s)
         w.loads += 1
         w.loaded_latency_s += latency_s
+        self.on_loaded(w, latency_s)
         if w.staged > w.version:
             self._start_swap(w)
         else:
@@ -280,7 +330,7 @@ class Fleet:
     def fill(self, w: SimWorker) -> None:
         """Lease work for every free slot; refused for a full window: wait (or poll)."""
         self.polling.pop(w, None)
-        if not (w.alive and w.rented) or w.swapping or w.receiving:
+        if not (w.alive and w.rented and w.active) or w.swapping or w.receiving:
             return
         if w.staged > w.version and self.swap_between and not self.lazy_refresh:
             if not w.generations:  # the free moment the staged version waited for
@@ -294,8 +344,9 @@ class Fleet:
                 return
             # lease round trip, generation, then one submit round trip per group
             done_s = self.loop.now_s + w.request_s + self._generation_s(w, groups) + groups * w.request_s
-            g = Generation(groups, w.version, done_s)
+            g = Generation(groups, w.version, done_s, started_s=self.loop.now_s)
             w.generations.append(g)
+            self._busy_edge(w)
             self.loop.at(done_s, self.finish, w, g)
 
     def _refused(self, w: SimWorker) -> None:
@@ -327,10 +378,12 @@ class Fleet:
         if not g.live:
             return
         w.generations.remove(g)
+        self._busy_edge(w)
         rollouts = g.groups * self.group_size
         w.rollouts += rollouts
         self.rollouts += rollouts
-        self.data.submit(g.version, g.groups)
+        dropped = self.data.submit(g.version, g.groups)
+        self.on_finished(w, g, dropped)
         self.on_submit()
         self.fill(w)
 

@@ -25,6 +25,8 @@ class Learner:
         self.loop, self.data, self.steps = loop, data, steps
         self.step_time_s, self.step_time_cv, self.rng = step_time_s, step_time_cv, rng
         self.publish_version = publish
+        self.on_step: Callable[[float], None] = lambda train_s: None
+        """A step was trained in `train_s` (what the learner reports to the coordinator)."""
         self.step = 0
         self.waiting_since_s: float | None = None
         self.busy_s: list[float] = []
@@ -51,7 +53,7 @@ class Learner:
         self.waiting_since_s = None
         train_s = self._sample_step_s()
         self.busy_s.append(train_s)
-        self.loop.after(train_s, self._stepped)
+        self.loop.after(train_s, self._stepped, train_s)
 
     def _sample_step_s(self) -> float:
         cv = self.step_time_cv
@@ -59,7 +61,8 @@ class Learner:
             return self.step_time_s
         return self.step_time_s * self.rng.gammavariate(1.0 / cv**2, cv**2)
 
-    def _stepped(self) -> None:
+    def _stepped(self, train_s: float) -> None:
+        self.on_step(train_s)
         self.step += 1
         self.end_s = self.loop.now_s
         if self.step >= self.steps:

@@ -1,6 +1,9 @@
 """The planner checked against the simulator: for a scenario and a staleness bound, what `echo2
 plan` predicts for the fleet it provisions next to what `echo2 sim` measures when it rents that
-fleet (activation "plan": the same fleet at start, re-decided on preemptions).
+fleet: rented for the whole run ("fixed": what the planner's prediction is about), and with the
+coordinator's activation controller deciding online which of those workers run (mode "plan",
+what `echo2 run` does), so the table also shows what the controller's savings cost in
+utilization.
 
 The planner predicts steady state; the simulated run also pays the first version's download and
 generation before step 0, so both the whole-run and the steady utilization (first step's wait
@@ -38,7 +41,8 @@ def plan_vs_sim(scenario: ScenarioConfig, staleness: int | None = None) -> dict:
     }
     if plan.n_workers == 0:
         return row  # nothing admissible to rent: the simulator would only wait for its horizon
-    result = simulate(scenario.model_copy(update={"sim": scenario.sim.model_copy(update={"activation": "plan"})}))
+    result = simulate(scenario, fleet_counts=row["chosen"])
+    online = simulate(scenario.model_copy(update={"sim": scenario.sim.model_copy(update={"activation": "plan"})}))
     return row | {
         "steps": result.steps_done,
         "sim_utilization": round(result.utilization, 4),
@@ -49,4 +53,9 @@ def plan_vs_sim(scenario: ScenarioConfig, staleness: int | None = None) -> dict:
         "sim_trained_rps": round(result.trained_rollouts_per_s, 3),
         "sim_dropped_stale_groups": result.groups["dropped_stale"],
         "sim_preemptions": result.preemptions,
+        "controller_utilization_steady": round(online.utilization_steady, 4),
+        "controller_cost_per_step": round(online.cost_per_step, 4),
+        "fixed_cost_per_step": round(result.cost_per_step, 4),
+        "controller_fleet_time_h": {k: round(v, 2) for k, v in online.fleet_time_h.items()},
+        "controller_switches": online.controller_switches,
     }

@@ -68,7 +68,10 @@ def rows(result: SimResult) -> list[tuple[str, str, str]]:
             f"p95 {_seconds(result.publish_to_loaded_s['p95'])}",
             "",
         ),
-        ("preemptions / fleet switches", f"{result.preemptions} / {result.controller_switches}", ""),
+        ("preemptions / activation changes", f"{result.preemptions} / {result.controller_switches}", ""),
+        ("worker-hours active / idle / released",
+         " / ".join(f"{result.fleet_time_h[k]:,.1f}" for k in ("active", "idle", "released")),
+         f"releases {result.releases}, acquires {result.acquires}"),
         ("cost: learner + fleet", f"{_money(result.learner_cost)} + {_money(result.fleet_cost)}", ""),
         ("total cost", _money(result.total_cost), "centralized: " + _money(base.cost if base else None)),
         (

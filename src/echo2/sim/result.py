@@ -54,6 +54,13 @@ class SimResult:
     worker_hours: dict[str, float]
     preemptions: int
     controller_switches: int
+    """Activation decisions that changed the active set (mode "plan")."""
+    fleet_time_h: dict[str, float]
+    """Worker-hours active (rented, leasing), idle (rented, billed, no leases) and released or
+    never rented (billing nothing), summed over every worker of the scenario."""
+    releases: int
+    acquires: int
+    """Machines handed back to, and taken again from, the fleet provider by the controller."""
     learner_cost: float
     fleet_cost: float
     total_cost: float
@@ -114,6 +121,14 @@ def saving(total_cost: float, baseline: Baseline | None) -> float | None:
     if baseline is None or not math.isfinite(total_cost) or baseline.cost <= 0:
         return None
     return saving_fraction(total_cost, baseline.cost)
+
+
+def fleet_time_h(workers, wall_s: float) -> dict[str, float]:
+    """Active, idle and not-held worker-hours over the run's `wall_s` (see SimResult)."""
+    active = sum(w.active_s for w in workers) / SECONDS_PER_HOUR
+    idle = sum(w.idle_s for w in workers) / SECONDS_PER_HOUR
+    released = max(0.0, len(workers) * wall_s / SECONDS_PER_HOUR - active - idle)
+    return {"active": active, "idle": idle, "released": released}
 
 
 def worker_hours(classes: list[str], billed_s: list[float]) -> dict[str, float]:

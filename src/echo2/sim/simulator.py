@@ -46,7 +46,6 @@ class Simulator:
         counts, plan = (self.fleet_counts, {}) if self.fleet_counts is not None else initial_counts(scenario)
         controller = Controller(scenario, fleet, loop, mode)
         controller.rent_initial(counts)
-        fleet.on_preempted = controller.on_preempted
 
         # the learner consumes batches and publishes each new version into the broadcast
         learner = Learner(
@@ -59,6 +58,7 @@ class Simulator:
             broadcaster.publish,
         )
         fleet.on_submit = learner.try_take
+        learner.on_step = controller.observe_step_time
 
         # machines come up at their start delay; the learner publishes version 0 and asks
         for w in fleet.workers:
@@ -146,6 +146,9 @@ class Simulator:
             ),
             preemptions=sum(w.preemptions for w in fleet.workers),
             controller_switches=controller.switches,
+            fleet_time_h=res.fleet_time_h(fleet.workers, wall_s),
+            releases=controller.released,
+            acquires=controller.acquired,
             learner_cost=learner_cost,
             fleet_cost=fleet_cost,
             total_cost=total,
@@ -159,6 +162,8 @@ class Simulator:
                     "class": w.cls,
                     "rollouts": w.rollouts,
                     "billed_s": w.billed_s,
+                    "active_s": w.active_s,
+                    "idle_s": w.idle_s,
                     "preemptions": w.preemptions,
                     "versions_loaded": w.loads,
                     "publish_to_loaded_s": w.loaded_latency_s / w.loads if w.loads else None,
