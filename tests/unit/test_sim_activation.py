@@ -1,0 +1,72 @@
+"""Activation in the simulator: the coordinator's own ActivationController decides, the fleet
+provider follows (idle workers bill, releasable ones are handed back), and the summary splits
+worker-hours into active, idle and released."""
+
+import pytest
+
+from echo2.config.sim import ScenarioConfig
+from echo2.policy.controller import ActivationController
+from echo2.sim.control import Controller
+from echo2.sim.dataplane import SimDataPlane
+from echo2.sim.events import EventLoop
+from echo2.sim.fleet import Fleet, build_workers
+from echo2.sim.simulator import simulate
+
+ACTIVATION = {"control_period_s": 10.0, "scale_down_after_s": 30.0, "release_after_s": 60.0,
+              "probation_timeout_s": 120.0}
+
+
+def _scenario(mode: str, provider: str = "local", **workers) -> ScenarioConfig:
+    """B = 4 prompts x G = 4 every 10 s: 1.6 rollouts/s needed; ten cheap workers give 1/s each."""
+    cheap = {"count": 10, "price_per_hour": 0.3, "rollouts_per_s": 1.0, "bandwidth_bps": 1e9, **workers}
+    return ScenarioConfig.model_validate({
+        "learner": {"price_per_hour": 10.0, "uplink_bps": 1e9},
+        "workers": {"cheap": cheap, "dear": {"count": 2, "price_per_hour": 3.0, "rollouts_per_s": 1.0,
+                                             "bandwidth_bps": 1e9}},
+        "workload": {"params": 1e8, "prompts_per_step": 4, "group_size": 4, "step_time_s": 10.0,
+                     "max_staleness": 3, "generation_time_s": 8.0, "load_time_s": 0.5},
+        "activation": {**ACTIVATION, "provider": provider},
+        "sim": {"steps": 300, "activation": mode, "generation_cv": 0.3, "max_sim_s": 20000.0},
+    })
+
+
+def test_the_simulator_drives_the_coordinators_controller():
+    scenario = _scenario("online")
+    loop = EventLoop()
+    data = SimDataPlane(3, 4)
+    controller = Controller(scenario, Fleet(scenario, build_workers(scenario), loop, data), loop, "online")
+    assert type(controller.core) is ActivationController
+
+
+def test_online_activation_runs_a_cheap_cover_and_releases_the_rest():
+    online, everyone = simulate(_scenario("online")), simulate(_scenario("all"))
+    assert online.finished and everyone.finished
+    assert online.utilization_steady >= 0.9  # the chosen set still feeds the learner
+    assert online.releases >= 6 and online.controller_switches >= 1
+    hours = online.fleet_time_h
+    assert hours["idle"] > 0 and hours["released"] > 0
+    assert hours["active"] < 0.5 * everyone.fleet_time_h["active"]
+    assert everyone.fleet_time_h["idle"] == 0 and everyone.releases == 0
+    assert online.fleet_cost < 0.6 * everyone.fleet_cost
+    # the dear workers were the first to go: no cheaper set needs them
+    dear = [w for w in online.to_dict(per_worker=True)["per_worker"] if w["class"] == "dear"]
+    cheap = [w for w in online.to_dict(per_worker=True)["per_worker"] if w["class"] == "cheap"]
+    assert sum(w["active_s"] for w in dear) < sum(w["active_s"] for w in cheap) / 5
+
+
+def test_a_static_provider_never_releases_and_bills_idle_time():
+    static, local = simulate(_scenario("online", provider="static")), simulate(_scenario("online"))
+    assert static.releases == 0 and static.fleet_time_h["released"] == pytest.approx(0.0, abs=1e-9)
+    assert static.fleet_time_h["idle"] > local.fleet_time_h["idle"]
+    assert static.fleet_cost > local.fleet_cost
+    per_worker = static.to_dict(per_worker=True)["per_worker"]
+    assert all(w["active_s"] + w["idle_s"] == pytest.approx(w["billed_s"]) for w in per_worker)
+
+
+def test_a_preempted_active_worker_is_replaced_by_a_spare_of_its_class():
+    scenario = _scenario("plan", mean_uptime_s=300.0, mean_downtime_s=2000.0)
+    result = simulate(scenario)
+    assert result.preemptions > 0 and result.finished
+    rented_at_start = result.fleet["cheap"]
+    joined = [w for w in result.to_dict(per_worker=True)["per_worker"] if w["class"] == "cheap" and w["billed_s"] > 0]
+    assert len(joined) > rented_at_start  # spares took the preempted workers' places
