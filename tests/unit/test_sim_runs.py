@@ -30,6 +30,15 @@ def test_every_scenario_parses_and_runs(path):
     assert 0 < result.utilization <= 1
 
 
+def test_a_scenario_the_planner_cannot_staff_ends_at_once_unfinished():
+    """At S = 4 no worker of the 30B-A3B scenario delivers in time (S_min is 5): nothing is
+    rented, and the run stops at once instead of simulating machines up to max_sim_s."""
+    result = simulate(load_scenario(ROOT / "configs" / "sim" / "qwen3_30b_a3b.toml",
+                                    ["sim.steps=20", "workload.max_staleness=4"]))
+    assert not result.finished and result.steps_done == 0 and result.fleet == {}
+    assert result.events == 0
+
+
 def test_same_seed_same_run_other_seed_other_run():
     scenario = load_scenario(QWEN3_8B, ["sim.steps=30", "activation.control_period_s=1200"])
     first, again = simulate(scenario), simulate(scenario)

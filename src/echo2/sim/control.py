@@ -128,7 +128,12 @@ class Controller:
 
     def _periodic(self) -> None:
         self.decide()
-        self.loop.after(self.scenario.activation.control_period_s, self._periodic)
+        assert self.core is not None
+        if any(w.rented for w in self.fleet.workers) or any(self.core.is_released(worker_id(w))
+                                                             for w in self.fleet.workers):
+            self.loop.after(self.scenario.activation.control_period_s, self._periodic)
+        # else nobody is rented or can be acquired again: no decision can change anything, and
+        # a periodic event would keep a starved run going until max_sim_s
 
     def decide(self) -> None:
         """The coordinator's decision, applied: activate and deactivate rented workers, acquire

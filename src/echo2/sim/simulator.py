@@ -65,7 +65,9 @@ class Simulator:
             loop.at(scenario.workers[w.cls].start_delay_s, fleet.join, w)
         learner.start()
 
-        finished = loop.run(horizon_s=sim.max_sim_s)
+        # nobody rented (the planner found no admissible fleet): nothing can ever feed the
+        # learner, and unrented machines coming and going would only spin until max_sim_s
+        finished = loop.run(horizon_s=sim.max_sim_s) if any(counts.values()) else False
 
         fleet.close_billing()
         return self._collect(
