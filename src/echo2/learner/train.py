@@ -41,12 +41,11 @@ log = logging.getLogger("echo2.learner")
 
 class Learner:
     def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str = "", join_token: str = "",
-                 io: LearnerIO | None = None, shard_one: bool = False) -> None:
-        """`shard_one`: shard the model with FSDP even as a single rank (to measure its cost)."""
+                 io: LearnerIO | None = None) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.torch_threads)
         precision = resolve_precision(cfg.learner)
-        self.ranks, device = init_ranks(precision.device, shard_one)
+        self.ranks, device = init_ranks(precision.device)
         self.precision = dataclasses.replace(precision, device=device)
         self.leader = self.ranks.leader
         if not self.leader:  # rank 0 tells the story; the others speak only of trouble
