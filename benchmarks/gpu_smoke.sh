@@ -9,7 +9,10 @@
 # 1. benchmarks/learner_memory.py: B = 128 completions of 1,024 tokens (plus 64 prompt tokens),
 #    bf16-mixed precision, 16,384-token micro-batches; and B = 32 beside it, so the JSON shows
 #    peak memory does not grow with B on the GPU either -> learner_gpu_smoke.json
-# 2. benchmarks/engines.py: tokens/s of the hf and vllm engines on 64 prompts x G = 8, 256 new
+# 2. benchmarks/learner_scaling.py: step time of the plain learner and of the FSDP2-sharded one
+#    (torchrun, NCCL, bf16 parameters / fp32 reduction) with as many ranks as GPUs; on one GPU the
+#    sharded point is FSDP on 1 rank -> learner_scaling_gpu.json (about a minute on an H200)
+# 3. benchmarks/engines.py: tokens/s of the hf and vllm engines on 64 prompts x G = 8, 256 new
 #    tokens, and the weight-swap time (goal: vllm >= 10x hf) -> engines_gpu.json. vLLM goes in a
 #    venv of its own ($VLLM_PYTHON, default /tmp/echo2-vllm: `pip install -e '.[vllm]'`, which
 #    brings vLLM's own CUDA torch).
@@ -62,7 +65,22 @@ started=$(date +%s)
 "$PY" benchmarks/learner_memory.py "${ARGS[@]}" --out "$OUT_FILE"
 echo "gpu_smoke: wrote $OUT_FILE in $(( $(date +%s) - started )) s" >&2
 
-# 2. the engines, in a venv with vLLM
+# 2. the learner, plain and sharded over the GPUs
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  SCALING_ARGS=(--arch cpu-small --device cpu --precision fp32 --batch 8 --completion-tokens 32 --steps 1)
+  SCALING_OUT="$OUT_DIR/learner_scaling_cpu_path.json"
+else
+  SCALING_ARGS=(--arch qwen3-0.6b --device cuda --precision bf16-mixed --batch 32 --prompt-tokens 64
+                --completion-tokens 256 --micro-batch-tokens 4096 --steps 3)
+  SCALING_OUT="$OUT_DIR/learner_scaling_gpu.json"
+fi
+started=$(date +%s)
+# a failed point is in the JSON (its `error`); the engines step still runs
+"$PY" benchmarks/learner_scaling.py "${SCALING_ARGS[@]}" --out "$SCALING_OUT" >/dev/null \
+  || echo "gpu_smoke: learner_scaling had a failed point (see $SCALING_OUT)" >&2
+echo "gpu_smoke: wrote $SCALING_OUT in $(( $(date +%s) - started )) s" >&2
+
+# 3. the engines, in a venv with vLLM
 if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
   VPY=${VLLM_PYTHON:-.venv-vllm/bin/python}
   ENGINE_ARGS=(--arch tiny --device cpu --prompts 8 --new-tokens 16 --repeats 1)

@@ -197,15 +197,15 @@ def _current_bytes(device) -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _groups(batch: int, group_size: int, prompt_tokens: int, completion_tokens: int, seed: int):
+def _groups(batch: int, group_size: int, prompt_tokens: int, completion_tokens: int, seed: int, vocab: int = VOCAB):
     """batch completions in groups: random tokens of exactly the stated lengths, mixed rewards."""
     from echo2.protocol.messages import RolloutCompletion, TrainGroup
 
     rng = random.Random(seed)
     groups = []
     for g in range(max(1, batch // group_size)):
-        prompt = [rng.randrange(10, VOCAB) for _ in range(prompt_tokens)]
-        completions = [RolloutCompletion(token_ids=[rng.randrange(10, VOCAB) for _ in range(completion_tokens)],
+        prompt = [rng.randrange(10, vocab) for _ in range(prompt_tokens)]
+        completions = [RolloutCompletion(token_ids=[rng.randrange(10, vocab) for _ in range(completion_tokens)],
                                          logprobs=[-12.0] * completion_tokens) for _ in range(min(group_size, batch))]
         groups.append(TrainGroup(group_id=f"{seed}-{g}", prompt_index=g, prompt_ids=prompt, version=1, worker_id="w",
                                  rewards=[float(i % 2) for i in range(len(completions))], completions=completions))

@@ -203,6 +203,12 @@ class LearnerConfig(Frozen):
     gradient_checkpointing: bool = False
     """Recompute each transformer block's activations in the backward pass instead of keeping
     them: about a third more compute for activation memory of one block per micro-batch."""
+    ranks: int = Field(1, ge=1, le=64)
+    """Processes `echo2 run` starts the learner as (`torchrun --standalone --nproc-per-node
+    ranks`), one GPU each on CUDA. Above 1 the model, gradients and AdamW states are sharded
+    with FSDP2 (gloo on the CPU, NCCL on GPUs) and each rank trains on its share of a step's
+    micro-batches; checkpoints are then written sharded, and resume on any number of ranks.
+    `echo2 learner` started by torchrun yourself (several hosts) takes its ranks from torchrun."""
     host: str = "127.0.0.1"
     """Address the learner's broadcast origin binds; workers pull versions from it."""
     advertise_host: str = ""

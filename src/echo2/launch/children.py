@@ -36,12 +36,22 @@ class Child:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_child(name: str, args: list[str], log_dir: Path, env: dict[str, str]) -> Child:
+def echo2_command(args: list[str], ranks: int = 1) -> list[str]:
+    """`python -m echo2 ARGS`; with ranks > 1 under torchrun on this machine (`--standalone`
+    picks a free rendezvous port itself, so runs side by side never race for one)."""
+    if ranks == 1:
+        return [sys.executable, "-m", "echo2", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+            "-m", "echo2", *args]
+
+
+def start_child(name: str, args: list[str], log_dir: Path, env: dict[str, str], ranks: int = 1) -> Child:
+    """`ranks` > 1: torchrun, which stops its ranks when it gets SIGTERM (they exit at once)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "echo2", *args],
+            echo2_command(args, ranks),
             stdout=log,
             stderr=subprocess.STDOUT,
             # a role's secrets come only from `env`: none leak to a child from the launcher's own

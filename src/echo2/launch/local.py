@@ -108,7 +108,8 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
         return child
 
     workers = {worker_id: start_worker(worker_id) for worker_id in index_of}
-    _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, learner_env)
+    _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, learner_env,
+           ranks=cfg.learner.ranks)
     _write_pids(cfg, children)
     activation = cfg.activation
     if activation.provider == "local":
@@ -128,14 +129,15 @@ def _write_pids(cfg: RunConfig, children: list[Child]) -> None:
     (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
 
 
-def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: dict[str, str]) -> Child:
+def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: dict[str, str],
+           ranks: int = 1) -> Child:
     """Start a child and record it before a stop request (SIGTERM, Ctrl-C) is acted on: one
     arriving after the fork but before the child was on the list once left an orphan behind.
     (Not by blocking the signals: a blocked mask is inherited through exec, and the children
     then ignored SIGTERM.)"""
     _SPAWNING["depth"] += 1
     try:
-        child = start_child(name, args, logs, env)
+        child = start_child(name, args, logs, env, ranks)
         children.append(child)
     finally:
         _SPAWNING["depth"] -= 1

@@ -1,7 +1,10 @@
 """Checkpoints for exact resume: model weights (safetensors, fp32 master weights), optimizer
 state, RNG states and the step, written to a temporary directory and renamed into place so a
 crash never leaves a half-written checkpoint that looks complete. Nothing non-finite is ever
-written: a NaN checkpoint would poison every resume from it."""
+written: a NaN checkpoint would poison every resume from it.
+
+A learner of several ranks writes the sharded format instead (sharded_checkpoint.py) in the same
+step directories; either format resumes a learner of any number of ranks."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from echo2.models.weights import load_into, require_finite, save_model_file, uni
 
 KEEP_CHECKPOINTS = 2
 MODEL_FILE = "model.safetensors"
+STATE_FILE = "state.pt"
 
 
 def _name(step: int) -> str:
@@ -28,16 +32,36 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     require_finite(unique_tensors(model), f"checkpoint step {step}: model")
     require_finite(_optimizer_tensors(optimizer), f"checkpoint step {step}: optimizer state")
     root.mkdir(parents=True, exist_ok=True)
-    final, tmp = root / _name(step), root / f".{_name(step)}.tmp"
+    final, tmp = checkpoint_paths(root, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model_file(model, tmp / MODEL_FILE)
     # optimizer and RNG state are our own local files, read back with weights_only=True
-    state = {"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+    torch.save({"optimizer": optimizer.state_dict(), **rng_state()}, tmp / STATE_FILE)
+    write_meta(tmp, step)
+    commit(root, tmp, final)
+    return final
+
+
+def checkpoint_paths(root: Path, step: int) -> tuple[Path, Path]:
+    """The step's directory and the temporary one it is written in."""
+    return root / _name(step), root / f".{_name(step)}.tmp"
+
+
+def rng_state() -> dict[str, torch.Tensor | list[torch.Tensor]]:
+    state: dict[str, torch.Tensor | list[torch.Tensor]] = {"torch_rng": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    torch.save(state, tmp / "state.pt")
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "python_rng": _py_rng_to_json()}))
+    return state
+
+
+def write_meta(tmp: Path, step: int, **extra) -> None:
+    """meta.json, written last: its presence marks a complete checkpoint."""
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "python_rng": _py_rng_to_json(), **extra}))
+
+
+def commit(root: Path, tmp: Path, final: Path) -> None:
+    """Make the written checkpoint durable and rename it into place, then prune old ones."""
     _fsync_dir(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
@@ -45,7 +69,6 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: to
     # the batches of earlier steps are deleted and a lost rename could not be replayed
     _fsync_directory(root)
     _prune(root)
-    return final
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -64,21 +87,38 @@ def checkpoint_at(root: Path, step: int | None) -> Path:
 
 
 def load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    if not (path / MODEL_FILE).is_file():  # written by a learner of several ranks
+        from echo2.learner.sharded_checkpoint import load_sharded_weights
+
+        load_sharded_weights(path, model)
+        return
     load_into(model, load_file(path / MODEL_FILE))
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Restore everything saved at `path`; returns the step to continue from."""
-    load_model_weights(path, model)
-    # optimizer.load_state_dict moves each state tensor to its parameter's device
-    state = torch.load(path / "state.pt", weights_only=True, map_location="cpu")
-    optimizer.load_state_dict(state["optimizer"])
+    """Restore everything saved at `path` (either format, into a plain or a sharded model);
+    returns the step to continue from."""
+    from echo2.learner.sharded_checkpoint import is_sharded_model, load_across_formats
+
+    if is_sharded_model(model) or not (path / MODEL_FILE).is_file():
+        load_across_formats(path, model, optimizer)
+    else:
+        load_model_weights(path, model)
+        # optimizer.load_state_dict moves each state tensor to its parameter's device
+        optimizer.load_state_dict(read_state(path)["optimizer"])
+    state = read_state(path)
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     meta = json.loads((path / "meta.json").read_text())
     random.setstate(_py_rng_from_json(meta["python_rng"]))
     return int(meta["step"])
+
+
+def read_state(path: Path) -> dict:
+    """state.pt: the optimizer (plain format only) and RNG states; our own local file, read
+    back with weights_only=True."""
+    return torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

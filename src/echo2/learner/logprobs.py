@@ -70,15 +70,26 @@ def lean_head_supported(model) -> bool:
             and getattr(model, "base_model", model) is not model)
 
 
+# a model sharded with FSDP (learner/sharding.py) carries lean_logprobs as this method, wrapped
+# so that its root parameters are gathered around the call
+SHARDED_LEAN_METHOD = "echo2_lean_logprobs"
+
+
 def token_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(token | prefix) of every completion token of the micro-batch ([N], fp32, with
     gradients) and the entropy of the distribution it was drawn from ([N], fp32, none)."""
     if lean_head_supported(model):
-        out = model.base_model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False)
-        hidden_NH = out.last_hidden_state[mb.rows_N, mb.cols_N]
-        return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
+        sharded = getattr(model, SHARDED_LEAN_METHOD, None)
+        return sharded(mb, temperature, chunk_tokens) if sharded else lean_logprobs(model, mb, temperature, chunk_tokens)
     logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False).logits
     return logits_logprobs(logits[mb.rows_N, mb.cols_N], mb.targets_N, temperature, chunk_tokens)
+
+
+def lean_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The transformer body, then the LM head on the hidden states that predict completion tokens."""
+    out = model.base_model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False)
+    hidden_NH = out.last_hidden_state[mb.rows_N, mb.cols_N]
+    return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
 
 
 def logits_logprobs(logits_NV: torch.Tensor, targets_N: torch.Tensor, temperature: float,

@@ -13,6 +13,7 @@ import torch
 from echo2.config.run import GRPOConfig
 from echo2.learner.audit import group_mean_abs_diff
 from echo2.learner.batching import Samples, flatten, plan_micro_batches
+from echo2.learner.distributed import SINGLE, Ranks, full_value
 from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
 from echo2.learner.logprobs import collate, token_logprobs
 from echo2.learner.precision import CPU_FP32, Precision, peak_memory_bytes
@@ -30,11 +31,15 @@ def train_step(
     ref_model: torch.nn.Module | None = None,
     precision: Precision = CPU_FP32,
     audit_tolerance: float | None = None,
+    ranks: Ranks = SINGLE,
 ) -> dict:
     """Returns the step's metrics; `skipped` is True when nothing was applied. `group_abs_diff`
     is each group's mean |learner - behaviour| log-prob per token, measured on the way; with
     `audit_tolerance`, a group generated at this version (`step`) above it fails the rollout
-    audit and the step is skipped (`skip_kind` "audit") so its tokens are never trained."""
+    audit and the step is skipped (`skip_kind` "audit") so its tokens are never trained.
+
+    With several ranks, each takes its share of the micro-batches and the metrics are summed
+    over ranks, so every rank returns the same dict (and takes the same decision to skip)."""
     started = time.perf_counter()
     samples = flatten(groups)
     adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
@@ -44,15 +49,23 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     parts, loss, entropy_sum, problem, skip_kind = [], 0.0, 0.0, "", ""
     abs_diff_S = torch.zeros(len(samples))
-    for indices in plan:
+    for indices, counted in ranks.share(plan):
         part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision,
-                           abs_diff_S)
+                           abs_diff_S if counted else torch.zeros(len(samples)), weight=1.0 if counted else 0.0,
+                           always_backward=ranks.sharded)
+        if not counted:
+            continue
         parts.append(part)
         loss += part["loss"]
         entropy_sum += part["entropy_sum"]
-        if not math.isfinite(part["loss"]):
+        if not math.isfinite(part["loss"]) and not problem:
             problem, skip_kind = f"loss is {part['loss']} in micro-batch {len(parts)} of {len(plan)}", "non_finite"
-            break
+            if not ranks.sharded:  # every pass is a collective under FSDP: sharded ranks run them all
+                break
+    if ranks.sharded:
+        loss, entropy_sum, parts, abs_diff_S = _reduce_over_ranks(ranks, loss, entropy_sum, parts, abs_diff_S)
+        if not math.isfinite(loss) and not problem:
+            problem, skip_kind = f"loss is {loss} on another rank", "non_finite"
     group_abs_diff = group_mean_abs_diff(samples, abs_diff_S, len(groups))
     if not problem and audit_tolerance is not None:
         failed = [g for g, d in zip(groups, group_abs_diff, strict=True) if g.version == step and d > audit_tolerance]
@@ -62,7 +75,7 @@ def train_step(
                                   f"{sorted({g.worker_id for g in failed})})"), "audit"
     grad_norm = float("nan")
     if not problem:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
             problem, skip_kind = f"gradient norm is {grad_norm}", "non_finite"
     if not problem:
@@ -91,11 +104,26 @@ def train_step(
     }
 
 
+def _reduce_over_ranks(ranks: Ranks, loss: float, entropy_sum: float, parts: list[dict],
+                       abs_diff_S: torch.Tensor) -> tuple[float, float, list[dict], torch.Tensor]:
+    """The step's sums over every rank's micro-batches: one part holding the sums (ratio_max
+    the maximum), as reduce_stats takes them."""
+    keys = ("tokens", "mismatch_kl_sum", "clipped_tokens", "log_ratio_outliers")
+    local = torch.tensor([loss, entropy_sum, *(sum(p[k] for p in parts) for k in keys)], dtype=torch.float64)
+    total = ranks.sum(local).tolist()
+    ratio_max = float(ranks.max(torch.tensor([max((p["ratio_max"] for p in parts), default=0.0)]))[0])
+    part = {**dict(zip(keys, total[2:], strict=True)), "ratio_max": ratio_max}
+    return total[0], total[1], [part], ranks.sum(abs_diff_S)
+
+
 def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: torch.Tensor, total_tokens: int,
                 cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
-                abs_diff_S: torch.Tensor) -> dict:
+                abs_diff_S: torch.Tensor, weight: float = 1.0, always_backward: bool = False) -> dict:
     """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
-    so the accumulated gradients are those of the full batch."""
+    so the accumulated gradients are those of the full batch. `weight` 0: a pass that only
+    keeps a sharded rank in step with the others (its gradients are zero). `always_backward`:
+    also a non-finite loss goes backward (sharded ranks must all run every pass; the step is
+    skipped anyway)."""
     device = precision.device
     mb = collate([samples.prompts[i] for i in indices], [samples.completions[i] for i in indices], indices,
                  pad_id).to(device)
@@ -110,6 +138,6 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
         abs_diff_S.index_add_(0, mb.sample_N.cpu(), (logp_N.detach().float() - behav_N).abs().cpu())
     out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], torch.ones_like(logp_N), cfg, ref_N, num_tokens=total_tokens)
     loss = float(out.loss.detach())
-    if math.isfinite(loss):
-        out.loss.backward()
+    if math.isfinite(loss) or always_backward:
+        (out.loss * weight if weight != 1.0 else out.loss).backward()
     return {"loss": loss, "entropy_sum": float(entropy_N.sum()), **out.sums}

@@ -2,11 +2,17 @@
 t+1, checkpoint and evaluate on schedule. Resumes from the newest checkpoint in the run dir.
 
 A step whose loss or gradient is not finite changes nothing: its batch goes back to the
-coordinator and step t is tried again on fresh groups."""
+coordinator and step t is tried again on fresh groups.
+
+Under torchrun with several ranks the model is sharded (FSDP2) and every rank runs this loop in
+lockstep: rank 0 fetches each batch and hands it to the others, each rank trains on its share of
+the micro-batches, rank 0 publishes each version from the gathered full weights and alone talks
+to the coordinator and writes metrics."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import logging
 import time
@@ -18,13 +24,14 @@ from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
 from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from echo2.learner.distributed import init_ranks
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
 from echo2.learner.step import train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
-from echo2.models.weights import model_payload, require_finite, unique_tensors
+from echo2.models.weights import require_finite, tensors_payload, unique_tensors
 from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
@@ -37,32 +44,49 @@ class Learner:
                  io: LearnerIO | None = None) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.torch_threads)
-        self.precision = resolve_precision(cfg.learner)
+        precision = resolve_precision(cfg.learner)
+        self.ranks, device = init_ranks(precision.device)
+        self.precision = dataclasses.replace(precision, device=device)
+        self.leader = self.ranks.leader
+        if not self.leader:  # rank 0 tells the story; the others speak only of trouble
+            logging.getLogger("echo2").setLevel(logging.WARNING)
         self.tokenizer = load_tokenizer(cfg.base_model_path)
-        self.model = load_model(cfg.base_model_path, self.precision.device)  # fp32 master weights
+        # fp32 master weights; a sharded model is cut on the CPU and each shard moved to the device
+        self.model = load_model(cfg.base_model_path, "cpu" if self.ranks.sharded else device)
+        self.publish_names = list(unique_tensors(self.model))  # tied weights travel once
         self.wire_dtype = wire_dtype(cfg.broadcast.wire_dtype, cfg.base_model_path)
         if cfg.learner.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
+        self.ref_model = copy.deepcopy(self.model).eval() if cfg.grpo.kl_coef > 0 else None
+        if self.ranks.sharded:
+            from echo2.learner.sharding import shard_model
+
+            for model in filter(None, (self.model, self.ref_model)):
+                shard_model(model, self.precision, self.ranks)
+            log.info("learner sharded over %d ranks (FSDP2, %s): rank 0 talks to the coordinator", self.ranks.world,
+                     torch.distributed.get_backend())
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.grpo.lr, weight_decay=cfg.grpo.weight_decay
         )
-        self.ref_model = copy.deepcopy(self.model).eval() if cfg.grpo.kl_coef > 0 else None
+        self.scoring_model: torch.nn.Module | None = None  # a sharded learner's audit recomputes on it
         self.task = make_task(cfg.task, cfg.seed)
         self.eval_set = self.task.eval_problems()
-        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="learner",
+        self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl" if self.leader else None, role="learner",
                                      segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
         self.durable_step: int | None = None  # step of the newest checkpoint on disk, told to the coordinator
-        self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
+        self.io = (io or LearnerIO(cfg, coordinator_url, learner_token, join_token)) if self.leader else None
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
-        self.auditor = Auditor(cfg.audit, cfg.train.max_staleness, private_key_bytes(self.io.key))
+        # only rank 0 picks stale groups to recompute (with its key) and keeps published versions
+        self.auditor = Auditor(cfg.audit, cfg.train.max_staleness, private_key_bytes(self.io.key) if self.io else b"")
 
     def train(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         step = self._restore()
-        self.io.start()
+        if self.io:
+            self.io.start()
         try:
             self._publish(step)
             if step == 0:
@@ -90,8 +114,10 @@ class Learner:
             self.metrics.write("learner_done", steps=cfg.train.steps)
             log.info("done: %d steps trained", cfg.train.steps)
         finally:
-            self.io.close()
+            if self.io:
+                self.io.close()
             self.metrics.close()
+            self.ranks.close()
 
     def _restore(self) -> int:
         path = latest_checkpoint(self.ckpt_dir)
@@ -104,10 +130,14 @@ class Learner:
 
     def _wait_for_batch(self, step: int, busy_s: float | None) -> tuple[list[TrainGroup], float]:
         started = time.perf_counter()
+        if not self.io:  # another rank: rank 0 fetches and hands the batch on
+            return [TrainGroup.model_validate(g) for g in self.ranks.broadcast_json()], time.perf_counter() - started
         while True:
             groups = self.io.fetch_batch(step, wait_s=self.cfg.train.batch_wait_s, step_time_s=busy_s,
                                          durable_step=self.durable_step)
             if groups:
+                if self.ranks.sharded:
+                    self.ranks.broadcast_json([g.model_dump(mode="json") for g in groups])
                 return groups, time.perf_counter() - started
             # one line per long poll (train.batch_wait_s): the operator sees the learner is starved
             log.info("step %d: still waiting for rollouts after %.0f s (are workers registered and loading "
@@ -118,23 +148,27 @@ class Learner:
         their versions first (a failure skips the step before any training), groups at this
         version are checked inside the step. The verdicts go to the coordinator either way."""
         cfg, started = self.cfg, time.perf_counter()
-        verdicts = self.auditor.check_stale(self.model, groups, step, cfg.grpo, cfg.sampling.temperature,
-                                            self.tokenizer.pad_token_id, self.precision)
+        verdicts = self.auditor.check_stale(self._scoring_model(), groups, step, cfg.grpo, cfg.sampling.temperature,
+                                            self.tokenizer.pad_token_id, self.precision) if self.io else []
         failed = [v for v in verdicts if v.failed]
-        if failed:
+        reason = (f"rollout audit: {len(failed)} group(s) recomputed under their claimed versions differ by more "
+                  f"than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
+                  f"(workers {sorted({v.worker_id for v in failed})})") if failed else ""
+        if self.ranks.sharded:  # every rank skips, or none does
+            reason = self.ranks.broadcast_json(reason)
+        if reason:
             stats = {"skipped": True, "skip_kind": "audit", "train_s": time.perf_counter() - started,
-                     "skip_reason": f"rollout audit: {len(failed)} group(s) recomputed under their claimed versions "
-                                    f"differ by more than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
-                                    f"(workers {sorted({v.worker_id for v in failed})})",
-                     "prompt_indices": [g.prompt_index for g in groups], "log_ratio_outliers": 0}
+                     "skip_reason": reason, "prompt_indices": [g.prompt_index for g in groups],
+                     "log_ratio_outliers": 0}
         else:
             stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo, cfg.sampling.temperature,
-                               self.tokenizer.pad_token_id, self.ref_model, self.precision, self.auditor.tolerance)
+                               self.tokenizer.pad_token_id, self.ref_model, self.precision, self.auditor.tolerance,
+                               self.ranks)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))
         stats.pop("group_abs_diff", None)
-        if verdicts:
+        if verdicts and self.io:
             self.io.report_audit(step, verdicts)
             self.metrics.write("audit", step=step, **audit_summary(verdicts))
         return stats, verdicts
@@ -143,18 +177,10 @@ class Learner:
         """Nothing was applied: record why, hand the batch back, and stop on a run of skips. A
         step skipped by the audit hands back the groups that passed, and does not count
         toward the run of skips (the coordinator quarantines the worker that failed)."""
-        failed = {v.group_id for v in verdicts if v.failed}
         audit = stats["skip_kind"] == "audit"
         self.skips_in_a_row += 0 if audit else 1
-        if not audit:
-            log.warning("step %d skipped (%d in a row): %s", step + 1, self.skips_in_a_row, stats["skip_reason"])
-        else:
-            log.warning("step %d skipped by the rollout audit: %s", step + 1, stats["skip_reason"])
-        self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
-                           skip_kind=stats["skip_kind"], in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
-                           prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
-        requeue = tuple(g.group_id for g in groups if g.group_id not in failed) if audit else ()
-        self.io.reject_batch(step, stats["skip_reason"], requeue)
+        if self.io:  # every rank counts the run of skips; rank 0 reports it and hands the batch back
+            self._report_skip(step, wait_s, stats, groups, {v.group_id for v in verdicts if v.failed})
         if audit:
             return stats["train_s"]
         limit = self.cfg.train.max_consecutive_skips
@@ -166,10 +192,25 @@ class Learner:
             )
         return stats["train_s"]
 
+    def _report_skip(self, step: int, wait_s: float, stats: dict, groups: list[TrainGroup], failed: set[str]) -> None:
+        audit = stats["skip_kind"] == "audit"
+        if not audit:
+            log.warning("step %d skipped (%d in a row): %s", step + 1, self.skips_in_a_row, stats["skip_reason"])
+        else:
+            log.warning("step %d skipped by the rollout audit: %s", step + 1, stats["skip_reason"])
+        self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
+                           skip_kind=stats["skip_kind"], in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
+                           prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
+        requeue = tuple(g.group_id for g in groups if g.group_id not in failed) if audit else ()
+        self.io.reject_batch(step, stats["skip_reason"], requeue)
+
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        require_finite(unique_tensors(self.model), f"version {version}")  # never sign a broken model
-        payload = model_payload(self.model, self.wire_dtype)
+        tensors = self._full_tensors()
+        if not self.io:  # another rank: it gave its shards to rank 0's full copy
+            return time.perf_counter() - started
+        require_finite(tensors, f"version {version}")  # never sign a broken model
+        payload = tensors_payload(tensors, self.wire_dtype)
         info = self.io.publish(version, payload)
         self.auditor.published(version, payload)  # the audit recomputes under what workers got
         elapsed = time.perf_counter() - started
@@ -188,11 +229,38 @@ class Learner:
         self.published.add(version)
         return elapsed
 
+    def _full_tensors(self) -> dict[str, torch.Tensor]:
+        """The weights to publish, tied aliases left out: the model's own tensors, or on a
+        sharded learner the full state dict gathered to rank 0's CPU (every rank takes part;
+        the others get nothing)."""
+        if not self.ranks.sharded:
+            return unique_tensors(self.model)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: full[name] for name in self.publish_names} if self.leader else {}
+
+    def _scoring_model(self) -> torch.nn.Module:
+        """What the audit recomputes stale groups on: the model itself, or for a sharded learner
+        an unsharded copy on rank 0 in the wire dtype (the audit runs it under each version's
+        weights, which rank 0 alone keeps), made on first use."""
+        if not self.ranks.sharded:
+            return self.model
+        if self.scoring_model is None:
+            dtype = str(self.wire_dtype).removeprefix("torch.")
+            self.scoring_model = load_model(self.cfg.base_model_path, self.precision.device, dtype).eval()
+        return self.scoring_model
+
     def _maybe_checkpoint(self, step: int) -> float:
         if step % self.cfg.train.checkpoint_every and step != self.cfg.train.steps:
             return 0.0
         started = time.perf_counter()
-        path = save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
+        if self.ranks.sharded:
+            from echo2.learner.sharded_checkpoint import save_sharded_checkpoint
+
+            path = save_sharded_checkpoint(self.ckpt_dir, step, self.model, self.optimizer, self.ranks)
+        else:
+            path = save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
         self.durable_step = step
         elapsed = time.perf_counter() - started
         # attributed to the step that produced it (step - 1) in the learner's busy time
@@ -203,7 +271,8 @@ class Learner:
         """Greedy pass@1 on the held-out set (task.eval_size problems, every train.eval_every
         steps), with the code `echo2 eval` runs."""
         with self.precision.autocast():
-            report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens)
+            report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens,
+                              synced_ranks=self.ranks.sharded)
         self.metrics.write("eval", step=step, accuracy=report.accuracy, problems=report.problems,
                            eval_s=report.seconds)
         log.info("eval after step %d: accuracy %.3f on %d held-out problems", step, report.accuracy, report.problems)

@@ -37,8 +37,10 @@ class EvalReport:
 
 def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], max_new_tokens: int, *, n: int = 1,
              temperature: float = 0.0, ks: Sequence[int] = (1,), batch_size: int = 64,
-             progress: Callable[[int, int], None] | None = None) -> EvalReport:
-    """Evaluate `model` on `problems`; `ks` beyond n are left out, pass@1 is always there."""
+             progress: Callable[[int, int], None] | None = None, synced_ranks: bool = False) -> EvalReport:
+    """Evaluate `model` on `problems`; `ks` beyond n are left out, pass@1 is always there.
+    `synced_ranks`: the model is sharded over ranks that all evaluate together (each generation
+    step gathers weights from every rank, so all keep stepping until the last one is done)."""
     if n < 1 or temperature < 0:
         raise ValueError(f"evaluation needs n >= 1 and temperature >= 0 (got n={n}, temperature={temperature})")
     if n > 1 and temperature == 0:
@@ -51,7 +53,7 @@ def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], m
     for start in range(0, len(problems), rows):
         chunk = problems[start:start + rows]
         texts = sample_completions(model, tokenizer, [render_prompt(tokenizer, task, p) for p in chunk], n,
-                                   temperature, max_new_tokens)
+                                   temperature, max_new_tokens, synced_ranks)
         counts += [sum(task.is_correct(p, t) for t in texts[i * n:(i + 1) * n]) for i, p in enumerate(chunk)]
         if progress is not None:
             progress(len(counts), len(problems))
@@ -63,7 +65,7 @@ def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], m
 
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: Sequence[str], n: int, temperature: float,
-                       max_new_tokens: int) -> list[str]:
+                       max_new_tokens: int, synced_ranks: bool = False) -> list[str]:
     """n decoded completions per prompt, prompt by prompt; greedy when temperature is 0."""
     input_ids, attention_mask = encode_prompts(tokenizer, prompts)
     device = next(model.parameters()).device
@@ -72,6 +74,7 @@ def sample_completions(model, tokenizer, prompts: Sequence[str], n: int, tempera
     out = model.generate(
         input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
         num_return_sequences=n, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling,
+        synced_gpus=synced_ranks,
     )
     new = out[:, input_ids.shape[1]:].tolist()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -104,7 +104,12 @@ def write_payload(layout: Layout, out: memoryview | mmap.mmap) -> None:
 def model_payload(model: torch.nn.Module, float_dtype: torch.dtype | None = None) -> mmap.mmap:
     """The model's weights as one safetensors payload in anonymous memory (what the learner
     publishes); `float_dtype` is the wire dtype."""
-    layout = plan_layout(unique_tensors(model), float_dtype)
+    return tensors_payload(unique_tensors(model), float_dtype)
+
+
+def tensors_payload(tensors: dict[str, torch.Tensor], float_dtype: torch.dtype | None = None) -> mmap.mmap:
+    """The same from named tensors (a sharded learner's gathered full state dict)."""
+    layout = plan_layout(tensors, float_dtype)
     buffer = mmap.mmap(-1, layout.total_bytes)
     write_payload(layout, buffer)
     return buffer

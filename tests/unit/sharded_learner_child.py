@@ -1,0 +1,61 @@
+"""A learner rank for tests/unit/test_sharded_learner.py, and the settings both sides share.
+
+    torchrun --standalone --nproc-per-node 2 -m tests.unit.sharded_learner_child RUN_DIR MODEL_DIR STEPS OUT
+
+Every rank runs the real Learner; rank 0 gets its batches from StepIO (batch of step t: seed
+t + 1, whatever step a resume starts at) and writes what it published (safetensors payloads)
+and its audit verdicts to OUT."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
+
+from echo2.models.loading import load_tokenizer
+
+
+def sharded_config(run_dir: Path, model_dir: Path, steps: int):
+    # 8 samples of <= 8 tokens, 3 rows a micro-batch: 3 micro-batches, so of 2 ranks one runs a
+    # filler pass; the audit recomputes every stale group (tolerance high: the batches' behaviour
+    # log-probs are made up) so its sharded path runs too
+    return learner_config(run_dir, model_dir, train={"steps": steps, "checkpoint_every": 1},
+                          grpo={"micro_batch_tokens": 24},
+                          audit={"enabled": True, "stale_sample_fraction": 1.0, "max_mean_abs_logprob_diff": 1e6})
+
+
+class StepIO(FakeIO):
+    def __init__(self, tokenizer) -> None:
+        super().__init__([])
+        self.tokenizer = tokenizer
+
+    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
+                    durable_step: int | None = None):
+        self.asked.append(step)
+        return addition_batch(self.tokenizer, step + 1)
+
+
+def write_outputs(io: StepIO, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for version, payload in io.published:
+        (out / f"v{version}.safetensors").write_bytes(payload)
+    verdicts = [[step, [v.model_dump(mode="json") for v in group]] for step, group in io.audits]
+    (out / "audits.json").write_text(json.dumps({"asked": io.asked, "audits": verdicts}))
+
+
+def main(run_dir: str, model_dir: str, steps: str, out: str) -> None:
+    from echo2.learner.train import Learner
+
+    cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
+    io = StepIO(load_tokenizer(model_dir))
+    learner = Learner(cfg, "", "", io=io)
+    leader = learner.leader
+    learner.train()
+    if leader:
+        write_outputs(io, Path(out))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
