@@ -97,9 +97,15 @@ else
     echo "gpu_smoke: installing vLLM into $(dirname "$(dirname "$VPY")")" >&2
     "$PY" -m venv "$(dirname "$(dirname "$VPY")")"
     if [ -d .whl ]; then
-      "$VPY" -m pip install -q --no-index --find-links .whl -e '.[vllm]'
+      INSTALL=("$VPY" -m pip install -q --no-index --find-links .whl -e '.[vllm]')
     else
-      "$VPY" -m pip install -q -e '.[vllm]'
+      INSTALL=("$VPY" -m pip install -q -e '.[vllm]')
+    fi
+    # a machine with no package index and no vLLM wheel at hand (vLLM's CUDA wheels are
+    # hundreds of MB): the learner results above stand, and the engines step says why it is missing
+    if ! "${INSTALL[@]}"; then
+      echo "gpu_smoke: vLLM could not be installed here (offline, no wheel in .whl); engines step skipped" >&2
+      exit 0
     fi
   fi
 fi
