@@ -42,17 +42,20 @@ def test_poker_is_a_function_of_the_seed_and_the_actions(game):
 def test_poker_prompts_show_hand_board_pot_and_legal_actions():
     env = PokerEnv("leduc", OPPONENTS["calling_station"])
     obs = env.reset(7)
-    for part in ("Card ", "Board -", "Pot 2", "To call 0", "Legal c b"):
-        assert part in obs, obs
+    assert obs[0] in "JQK" and obs[1:] == " board - pot 2 call 0 opp - legal cb", obs
     after = env.step("b").observation  # the calling station calls: the board card comes
-    assert "Board -" not in after and "Pot 6" in after and "Legal c b" in after, after
+    assert after[0] == obs[0] and after[8] in "JQK" and after[9:] == " pot 6 call 0 opp call legal cb", after
+    kuhn = PokerEnv("kuhn", OPPONENTS["random"])
+    first = [kuhn.reset(seed) for seed in range(20)]
+    assert {o[2:] for o in first} == {"pot 2 call 0 opp - legal cb", "pot 3 call 1 opp bet legal fc",
+                                      "pot 2 call 0 opp call legal cb"}  # no board in Kuhn poker
 
 
 def test_kuhn_rewards_are_chips_won_over_the_stack():
     env = PokerEnv("kuhn", OPPONENTS["calling_station"])
     for seed in range(40):
-        obs, total, last = play_out(env, seed, lambda o, e, r: "b" if "b" in o.split("Legal ")[1] else "c")
-        card = obs[0].split()[1].rstrip(".")
+        obs, total, last = play_out(env, seed, lambda o, e, r: "b" if "b" in o.split("legal ")[1] else "c")
+        card = obs[0][0]
         # betting and being called: showdown for 2 chips of a stack of 2
         assert total == {"K": 1.0, "J": -1.0}[card] if card != "Q" else total in (1.0, -1.0)
         assert last.won == (total > 0)
@@ -63,10 +66,10 @@ def test_an_illegal_action_ends_the_hand_with_the_penalty(bad):
     env = PokerEnv("kuhn", OPPONENTS["random"], illegal_reward=-0.75)
     for seed in range(20):
         obs = env.reset(seed)
-        if "f" not in obs.split("Legal ")[1]:  # not facing a bet: folding is not legal either
+        if "f" not in obs.split("legal ")[1]:  # not facing a bet: folding is not legal either
             result = env.step(bad)
             assert result.done and result.illegal and result.reward == -0.75 and not result.won
-            assert "legal were c b" in result.observation
+            assert "legal were cb" in result.observation
             return
     raise AssertionError("no seed put the policy first to act")
 

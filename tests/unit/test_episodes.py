@@ -48,11 +48,13 @@ def test_transcript_alternates_actions_and_environment_answers(tiny_model_dir):
                 assert piece[-1] == codec.eos_id and lps == [-0.7, -0.1]
             else:
                 text = codec.tokenizer.decode(piece, skip_special_tokens=False)
-                assert text.startswith("<|end|>\n<|user|>Card ") and text.endswith("<|end|>\n<|assistant|>")
+                assert text.startswith("<|end|>\n<|user|>") and text.endswith("<|end|>\n<|assistant|>")
+                assert text[16] in "JQK" and " legal " in text
                 assert set(lps) == {0.0}
             start += length
     prompt = codec.tokenizer.decode(episodes[0].prompt_ids, skip_special_tokens=False)
-    assert prompt.startswith("<|user|>Card ") and "Reply with one letter" in prompt and prompt.endswith("<|assistant|>")
+    assert prompt[8] in "JQK" and " pot 2 call 0 " in prompt and "\nOne letter: f fold" in prompt
+    assert prompt.startswith("<|user|>") and prompt.endswith("<|assistant|>")
 
 
 def test_budgets_end_an_episode(tiny_model_dir):
@@ -106,8 +108,8 @@ def test_a_doctored_transcript_is_refused(tiny_model_dir):
     # an environment answer the environment never gave (a better card, say)
     forged = list(ids)
     answer = codec.tokenizer.decode(forged[first_env], skip_special_tokens=False)
-    card = answer.split("Card ")[1][0]
-    forged[first_env] = codec.encode(answer.replace(f"Card {card}", f"Card {'K' if card != 'K' else 'Q'}"))
+    card = answer[16]  # after "<|end|>\n<|user|>"
+    forged[first_env] = codec.encode(answer[:16] + ("K" if card != "K" else "Q") + answer[17:])
     with pytest.raises(ReplayMismatch, match="segment 1"):
         replay(fresh(), forged, segments)
     # another action under the same answers

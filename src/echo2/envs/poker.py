@@ -2,8 +2,8 @@
 cards, one betting round) or Leduc hold'em (6 cards, a board card, two rounds, fixed-limit bets).
 
 Made for a character-level model: every action is one letter (f fold, c check or call, b bet or
-raise), and each observation is one short line with the hand, the board, the pot, what it costs
-to call, the opponent's last action and the legal letters. The reward is the chips won divided
+raise), and each observation is one short line with the hand, the board (Leduc), the pot, what it
+costs to call, the opponent's last action and the legal letters. The reward is the chips won divided
 by the starting stack (in [-1, 1]); an action that is not a legal letter ends the hand at once
 with `illegal_reward`.
 
@@ -20,8 +20,8 @@ from echo2.envs.base import Environment, StepResult
 from echo2.envs.opponents import CALL, FOLD, RAISE, Opponent, SeatView
 
 GAMES = ("kuhn", "leduc")
-_WORDS = {FOLD: "fold", CALL: "check/call", RAISE: "bet/raise"}
-ACTION_LEGEND = "Reply with one letter: f=fold c=check/call b=bet/raise."
+_WORDS = {FOLD: "fold", CALL: "call", RAISE: "bet"}
+ACTION_LEGEND = "One letter: f fold, c check/call, b bet/raise."
 
 
 def _game(name: str):
@@ -72,7 +72,7 @@ class PokerEnv(Environment):
         letter = action.strip().lower()
         legal = self._legal()
         if letter not in legal:
-            return StepResult(observation=f"Illegal action {action[:20]!r}: legal were {' '.join(legal)}. Hand over.",
+            return StepResult(observation=f"Illegal action {action[:20]!r}: legal were {''.join(legal)}. Hand over.",
                               reward=self.illegal_reward, done=True, illegal=True)
         self._apply(letter)
         observation = self._advance()
@@ -125,8 +125,10 @@ class PokerEnv(Environment):
                         board_cards_to_come=self.board_size - len(board))
 
     def _observation(self) -> str:
+        """One short line (every character is a token for the tiny model): "K pot 2 call 0 opp bet
+        legal fc", with "board Q" after the hand in games that have a board ("-" before it comes)."""
         state, view = self.state, self._view(self.seat)
-        board = "".join(card.rank for card in view.board) or "-"
-        opponent = self.last_opponent_action or "none"
-        return (f"Card {''.join(card.rank for card in view.hole)}. Board {board}. Pot {state.total_pot_amount}. "
-                f"To call {state.checking_or_calling_amount or 0}. Opp {opponent}. Legal {' '.join(view.legal)}")
+        board = f" board {''.join(card.rank for card in view.board) or '-'}" if self.board_size else ""
+        opponent = self.last_opponent_action or "-"
+        return (f"{''.join(card.rank for card in view.hole)}{board} pot {state.total_pot_amount} call "
+                f"{state.checking_or_calling_amount or 0} opp {opponent} legal {''.join(view.legal)}")

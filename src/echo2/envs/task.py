@@ -59,6 +59,10 @@ class EnvTask(ABC):
         """Who held-out episodes are played against (a game without opponents: one entry, "-")."""
         return ["-"]
 
+    def training_opponent(self) -> str:
+        """Who training episodes are played against (what the in-run evaluation measures)."""
+        return "-"
+
     @property
     def instruction(self) -> str:
         return self.default_instruction if self.cfg.instruction is None else self.cfg.instruction
@@ -114,6 +118,9 @@ class PokerTask(EnvTask):
 
     def eval_opponents(self) -> list[str]:
         return list(self.poker_cfg.eval_opponents)
+
+    def training_opponent(self) -> str:
+        return self.poker_cfg.opponent
 
 
 class GuessNumberConfig(EnvTaskConfigBase):
