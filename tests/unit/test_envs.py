@@ -42,20 +42,21 @@ def test_poker_is_a_function_of_the_seed_and_the_actions(game):
 def test_poker_prompts_show_hand_board_pot_and_legal_actions():
     env = PokerEnv("leduc", OPPONENTS["calling_station"])
     obs = env.reset(7)
-    assert obs[0] in "JQK" and obs[1:] == " board - pot 2 call 0 opp - legal cb", obs
+    assert obs[:-1] == "opp - pot 2 call 0 legal cb board - hand " and obs[-1] in "JQK", obs
     after = env.step("b").observation  # the calling station calls: the board card comes
-    assert after[0] == obs[0] and after[8] in "JQK" and after[9:] == " pot 6 call 0 opp call legal cb", after
+    assert after[:-8] == "opp call pot 6 call 0 legal cb board " and after[-1] == obs[-1], after
+    assert after[-8] in "JQK" and after[-7:-1] == " hand ", after
     kuhn = PokerEnv("kuhn", OPPONENTS["random"])
     first = [kuhn.reset(seed) for seed in range(20)]
-    assert {o[2:] for o in first} == {"pot 2 call 0 opp - legal cb", "pot 3 call 1 opp bet legal fc",
-                                      "pot 2 call 0 opp call legal cb"}  # no board in Kuhn poker
+    assert {o[:-1] for o in first} == {"opp - pot 2 call 0 legal cb hand ", "opp bet pot 3 call 1 legal fc hand ",
+                                       "opp check pot 2 call 0 legal cb hand "}  # no board in Kuhn poker
 
 
 def test_kuhn_rewards_are_chips_won_over_the_stack():
     env = PokerEnv("kuhn", OPPONENTS["calling_station"])
     for seed in range(40):
         obs, total, last = play_out(env, seed, lambda o, e, r: "b" if "b" in o.split("legal ")[1] else "c")
-        card = obs[0][0]
+        card = obs[0][-1]
         # betting and being called: showdown for 2 chips of a stack of 2
         assert total == {"K": 1.0, "J": -1.0}[card] if card != "Q" else total in (1.0, -1.0)
         assert last.won == (total > 0)

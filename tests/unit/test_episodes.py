@@ -49,11 +49,11 @@ def test_transcript_alternates_actions_and_environment_answers(tiny_model_dir):
             else:
                 text = codec.tokenizer.decode(piece, skip_special_tokens=False)
                 assert text.startswith("<|end|>\n<|user|>") and text.endswith("<|end|>\n<|assistant|>")
-                assert text[16] in "JQK" and " legal " in text
+                assert text.split("<|end|>")[1][-1] in "JQK" and " legal " in text
                 assert set(lps) == {0.0}
             start += length
     prompt = codec.tokenizer.decode(episodes[0].prompt_ids, skip_special_tokens=False)
-    assert prompt[8] in "JQK" and " pot 2 call 0 " in prompt and "\nOne letter: f fold" in prompt
+    assert " pot 2 call 0 legal cb board - hand " in prompt and "\nOne letter: f fold" in prompt
     assert prompt.startswith("<|user|>") and prompt.endswith("<|assistant|>")
 
 
@@ -108,8 +108,8 @@ def test_a_doctored_transcript_is_refused(tiny_model_dir):
     # an environment answer the environment never gave (a better card, say)
     forged = list(ids)
     answer = codec.tokenizer.decode(forged[first_env], skip_special_tokens=False)
-    card = answer[16]  # after "<|end|>\n<|user|>"
-    forged[first_env] = codec.encode(answer[:16] + ("K" if card != "K" else "Q") + answer[17:])
+    at = answer.index(" hand ") + 6
+    forged[first_env] = codec.encode(answer[:at] + ("K" if answer[at] != "K" else "Q") + answer[at + 1:])
     with pytest.raises(ReplayMismatch, match="segment 1"):
         replay(fresh(), forged, segments)
     # another action under the same answers

@@ -97,7 +97,8 @@ class PokerEnv(Environment):
                 return self._observation()
             elif state.actor_index is not None:
                 letter = self.opponent(self._view(1 - self.seat), self.rng)
-                self.last_opponent_action = _WORDS[letter]
+                free = letter == CALL and not state.checking_or_calling_amount
+                self.last_opponent_action = "check" if free else _WORDS[letter]
                 self._apply(letter)
             else:  # pragma: no cover  pokerkit automates every other step we did not leave to it
                 raise RuntimeError(f"poker: the hand is stuck (status {state.status}, no actor, no board to deal)")
@@ -125,10 +126,12 @@ class PokerEnv(Environment):
                         board_cards_to_come=self.board_size - len(board))
 
     def _observation(self) -> str:
-        """One short line (every character is a token for the tiny model): "K pot 2 call 0 opp bet
-        legal fc", with "board Q" after the hand in games that have a board ("-" before it comes)."""
+        """One short line (every character is a token for the tiny model): "opp bet pot 3 call 1
+        legal fc hand K", with "board Q" before the hand in games that have one ("-" until it
+        comes). The cards come last, next to where the action is written: a small model finds
+        what it must condition on a few positions back more easily than at the start."""
         state, view = self.state, self._view(self.seat)
         board = f" board {''.join(card.rank for card in view.board) or '-'}" if self.board_size else ""
         opponent = self.last_opponent_action or "-"
-        return (f"{''.join(card.rank for card in view.hole)}{board} pot {state.total_pot_amount} call "
-                f"{state.checking_or_calling_amount or 0} opp {opponent} legal {''.join(view.legal)}")
+        return (f"opp {opponent} pot {state.total_pot_amount} call {state.checking_or_calling_amount or 0} legal "
+                f"{''.join(view.legal)}{board} hand {''.join(card.rank for card in view.hole)}")
