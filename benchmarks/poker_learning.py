@@ -62,8 +62,8 @@ def evaluate(run_dir: Path, episodes: int) -> dict:
     from echo2.learner.checkpoint import latest_checkpoint
     from echo2.learner.eval_run import load_for_eval
     from echo2.models.env_evaluation import evaluate_episodes, mean_ci
-    from echo2.report.summary import summarize
     from echo2.report.metrics import iter_metrics
+    from echo2.report.summary import summarize
     from echo2.tasks import make_task
 
     torch.set_num_threads(2)

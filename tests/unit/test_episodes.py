@@ -130,3 +130,17 @@ def test_a_doctored_transcript_is_refused(tiny_model_dir):
     with pytest.raises(ReplayMismatch):
         for other in range(seed + 1, seed + 40):
             replay(task.episode(codec, other, 4), ids, segments)
+
+
+def test_without_a_chat_template_the_action_follows_each_observation(tiny_model_dir):
+    task = poker("task.chat_template=false", "task.instruction=''", "task.opponent=calling_station")
+    codec = Codec.from_source(str(tiny_model_dir), task.cfg)
+    for e in played(task, codec, range(10)):
+        assert codec.tokenizer.decode(e.prompt_ids).startswith("opp ")
+        assert codec.tokenizer.decode(e.prompt_ids)[-6:-1] == "hand "
+        start = 0
+        for index, length in enumerate(e.segments):
+            if index % 2:
+                text = codec.tokenizer.decode(e.token_ids[start:start + length])
+                assert text.startswith("\nopp ") and text[-6:-1] == "hand ", text
+            start += length

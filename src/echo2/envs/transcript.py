@@ -102,7 +102,9 @@ class Codec:
 
 def _delimiters(chat, cfg: TaskConfigBase) -> TurnDelimiters:
     if not uses_chat_template(chat, cfg):
-        return TurnDelimiters("\n", "\n")  # the plain-text rendering: one line per message
+        # the plain-text rendering, one line per message: the first prompt ends with the
+        # observation, and so does every answer (the action follows it directly)
+        return TurnDelimiters("\n", "")
     messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": _ASSISTANT},
                 {"role": "user", "content": _USER}]
     text = render_messages(chat, messages, cfg)
