@@ -48,7 +48,8 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
         return {"base": cfg.model.source, "warm_start_steps": 0}  # the user's checkpoint as is
     cached = prepared_info(cfg)
     if cached is not None:
-        log(f"base model ready in {cfg.base_model_path} (held-out accuracy {cached['accuracy']:.3f})")
+        log(f"base model ready in {cfg.base_model_path} ({cached.get('measure', 'held-out accuracy')} "
+            f"{cached['accuracy']:.3f})")
         return cached
     if prepared_info(cfg, cache_path(cfg)) is not None:
         _copy_dir(cache_path(cfg), Path(cfg.base_model_path))
@@ -65,7 +66,7 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
     _copy_dir(tmp, cache_path(cfg))
     shutil.rmtree(base, ignore_errors=True)
     os.rename(tmp, base)
-    log(f"base model ready in {base} after {info['seconds']:.0f}s (held-out accuracy {info['accuracy']:.3f})")
+    log(f"base model ready in {base} after {info['seconds']:.0f}s ({info['measure']} {info['accuracy']:.3f})")
     return info
 
 
@@ -105,14 +106,16 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
 
     log(f"warm start: up to {ws.steps} supervised steps on {task.name} (stands in for a pretrained base)")
     loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy, max_action_tokens=max_new)
+    measure = "held-out accuracy"
     if multi_turn:  # the in-run evaluation's measure: mean reward against the training opponent
         summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()])
         accuracy = next(iter(summary["opponents"].values()))["mean_reward"]
+        measure = "held-out mean reward"
     else:
         accuracy = evaluate(model, tokenizer, task, task.eval_problems(), max_new).accuracy
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return {"accuracy": accuracy, "final_loss": loss, "warm_start_steps": steps}
+    return {"accuracy": accuracy, "measure": measure, "final_loss": loss, "warm_start_steps": steps}
 
 
 def _copy_dir(src: Path, dst: Path) -> None:
