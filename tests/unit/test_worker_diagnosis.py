@@ -16,6 +16,7 @@ from tests.unit.test_coordinator_http import TOKEN, _post, _serve, run_with_serv
 
 import echo2.coordinator.server as server
 from echo2.config.worker import WorkerConfig
+from echo2.protocol.messages import PROTOCOL_VERSION
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.check import run_checks
 from echo2.rollout.diagnosis import WorkerFailed
@@ -63,10 +64,10 @@ def test_a_wrong_join_token_is_named_at_once(state, tmp_path):
 
 
 def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "PROTOCOL_VERSION", 2)  # a coordinator of a newer echo2 release
+    monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)  # a coordinator of a newer echo2 release
     message, elapsed_s = _join_fails(state, TOKEN, tmp_path)
-    assert "incompatible echo2 versions: this coordinator speaks protocol 2" in message
-    assert "the request speaks protocol 1 (echo2 0.1.0)" in message and "same echo2 release" in message
+    assert f"incompatible echo2 versions: this coordinator speaks protocol {PROTOCOL_VERSION + 1}" in message
+    assert f"the request speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0)" in message and "same echo2 release" in message
     assert elapsed_s < 5
     assert state.workers == {}
 
@@ -79,7 +80,8 @@ def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
 
     status, reply = run_with_server(state, scenario)
     assert status == 426
-    assert "this coordinator speaks protocol 1 (echo2 0.1.0), the request speaks protocol 7 (echo2 9.9.9)" in reply["error"]
+    assert (f"this coordinator speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0), the request speaks protocol 7 "
+            "(echo2 9.9.9)") in reply["error"]
 
 
 def test_a_wrong_url_is_reported_within_seconds_and_the_worker_gives_up(tmp_path):
@@ -142,10 +144,11 @@ def test_check_names_a_wrong_token_a_wrong_url_and_another_version(state, monkey
     nobody = _checks(state, WorkerConfig(), url=NOBODY)
     assert nobody["reach"][0] == "failed" and "check that the coordinator is running" in nobody["reach"][1]
     assert {nobody[name][0] for name in ("protocol", "auth", "relay")} == {"skipped"}
-    monkeypatch.setattr(server, "PROTOCOL_VERSION", 2)
+    monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     other = _checks(state, WorkerConfig())
-    assert other["protocol"] == ("failed", "incompatible echo2 versions: this worker speaks protocol 1 (echo2 0.1.0), "
-                                           "the coordinator speaks protocol 2 (echo2 0.1.0). Run the same echo2 "
+    assert other["protocol"] == ("failed", f"incompatible echo2 versions: this worker speaks protocol {PROTOCOL_VERSION} "
+                                           f"(echo2 0.1.0), the coordinator speaks protocol {PROTOCOL_VERSION + 1} "
+                                           "(echo2 0.1.0). Run the same echo2 "
                                            "release on the coordinator, the learner and every worker")
 
 
@@ -222,3 +225,11 @@ async def _until(predicate, timeout_s: float = 20.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.05)
+
+
+def test_messages_carry_the_current_protocol_version():
+    from typing import get_args
+
+    from echo2.protocol.messages import Message
+
+    assert get_args(Message.model_fields["protocol"].annotation) == (PROTOCOL_VERSION,)

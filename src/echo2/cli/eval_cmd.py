@@ -1,7 +1,10 @@
 """`echo2 eval`: pass@1 and pass@k of a model on a task's held-out problems, with the code the
 learner's in-run evaluation uses. The model is a Hugging Face model directory or hub id (an
 `echo2 export` output, a base model) or an echo2 checkpoint (`<run>/checkpoints/step_N`, read
-with its run's base model and config). Prints a table, then the result as JSON."""
+with its run's base model and config). A multi-turn task (poker, guess_number) plays the same
+seeded held-out episodes against each of its evaluation opponents and reports mean reward with
+a 95% confidence interval, win rate and illegal-action rate. Prints a table, then the result as
+JSON."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from echo2.cli.common import add_set_arg
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("eval", help="pass@1 / pass@k on a task's held-out problems", description=__doc__)
+    parser = subparsers.add_parser("eval", help="pass@k on held-out problems, or reward and win rate on held-out "
+                                                "episodes", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="HF model dir or hub id, or <run>/checkpoints/step_N")
     parser.add_argument("--config", help="run config TOML for [task] and [sampling] (default: the checkpoint's run's)")
     parser.add_argument("--task", help="shorthand for --set task.name=NAME")
@@ -23,7 +27,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--k", default="", help="comma-separated k values for pass@k (default: 1 and n)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: 0 for n=1, else 1.0)")
     parser.add_argument("--max-new-tokens", type=int, help="default: the config's sampling.max_new_tokens")
-    parser.add_argument("--limit", type=int, help="evaluate only the first N held-out problems")
+    parser.add_argument("--limit", type=int, help="evaluate only the first N held-out problems (multi-turn tasks: N "
+                        "episodes per opponent)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--json", action="store_true", help="print only the JSON")
     parser.set_defaults(handler=run)
@@ -84,6 +89,10 @@ def _table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    if "opponents" in result:
+        _episode_table(result)
+        return
+
     table = Table(title=f"echo2 eval: {result['task']['name']}, {result['problems']} held-out problems, "
                         f"n={result['samples_per_problem']}, temperature {result['temperature']}")
     table.add_column("metric")
@@ -91,4 +100,18 @@ def _table(result: dict) -> None:
     for k, value in result["pass_at_k"].items():
         table.add_row(f"pass@{k}", f"{value:.3f}")
     table.add_row("seconds", f"{result['seconds']:.1f}")
+    Console(file=sys.stderr).print(table)
+
+
+def _episode_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"echo2 eval: {result['task']['name']}, {result['episodes_per_opponent']} held-out episodes "
+                        f"per opponent, temperature {result['temperature']}")
+    for column in ("opponent", "mean reward (95% CI)", "win rate", "illegal", "turns"):
+        table.add_column(column)
+    for name, r in result["opponents"].items():
+        table.add_row(name, f"{r['mean_reward']:+.3f} +- {r['ci95']:.3f}", f"{r['win_rate']:.3f}",
+                      f"{r['illegal_rate']:.3f}", f"{r['mean_turns']:.2f}")
     Console(file=sys.stderr).print(table)

@@ -44,7 +44,8 @@ class ModelConfig(Frozen):
 
 
 class WarmStartConfig(Frozen):
-    """Short supervised fine-tune standing in for the pretrained base a real user brings."""
+    """Short supervised fine-tune standing in for the pretrained base a real user brings
+    (multi-turn tasks: episodes played with random legal moves, so it teaches the format only)."""
 
     steps: int = Field(300, ge=0)
     """Optimizer steps; 0 skips the warm start (use this with a real pretrained model)."""
@@ -55,6 +56,7 @@ class WarmStartConfig(Frozen):
     ones) reaches this, checked every `check_every` steps. Where a tiny model lands after a fixed
     number of steps depends a lot on its initial weights (0.16 to 0.98 held-out accuracy across
     seeds for the demo's 800 steps); this makes the base "sometimes right" whatever the draw.
+    Multi-turn tasks measure the share of training episodes played without an illegal action.
     None: always run `steps`."""
     check_every: int = Field(50, ge=1)
     check_problems: int = Field(200, ge=1, le=10_000)

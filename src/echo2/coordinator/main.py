@@ -13,7 +13,7 @@ from aiohttp import web
 
 from echo2.config.run import RunConfig
 from echo2.coordinator.credentials import coordinator_secrets
-from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.scoring import make_scorer
 from echo2.coordinator.server import build_app
 from echo2.coordinator.state import CoordinatorState, Settings
 from echo2.coordinator.store import Store
@@ -63,7 +63,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     store = Store(cfg.run_path / "coordinator.db")
     task = make_task(cfg.task, cfg.seed)
     task.check()  # loads and validates the task's data before the first lease needs it
-    scorer = Scorer(task, cfg.base_model_path)
+    scorer = make_scorer(task, cfg.base_model_path, cfg.sampling.max_new_tokens)
     state = CoordinatorState(settings_from(cfg), store, scorer)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)

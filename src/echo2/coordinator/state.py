@@ -31,6 +31,7 @@ from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
+from echo2.envs.episode import ReplayMismatch
 from echo2.policy import DataPlane, staleness
 from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
@@ -246,6 +247,7 @@ class CoordinatorState:
             broadcast=s.broadcast.model_dump(),
             learner_public_key=self.public_key_hex,
             credential=credential,
+            task=self.scorer.task_config(),
         )
 
     def take_join_token(self, source: str) -> None:
@@ -360,7 +362,8 @@ class CoordinatorState:
             record.busy_since = lease.leased_at
         record.leases_held += 1
         self.store.set_pending(index, lease.lease_id)
-        return Task(task_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(index), sampling=self.settings.sampling)
+        return Task(task_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(index), sampling=self.settings.sampling,
+                    episode_seed=self.scorer.episode_seed(index))
 
     def _release_leases(self, worker_id: str, reason: str) -> int:
         mine = [lease for lease in self.leases.values() if lease.worker_id == worker_id]
@@ -435,10 +438,10 @@ class CoordinatorState:
         self._check_version(req.version, "rollout.version")
         if req.version < lease.version:
             raise RequestError(422, f"rollout.version={req.version} is older than the lease's version {lease.version}")
-        problem = check_submission(req, self.settings.sampling, self.scorer.vocab_size)
+        problem = check_submission(req, self.settings.sampling, self.scorer.vocab_size, self.scorer.max_episode_tokens)
         if problem:
             raise RequestError(422, problem)
-        rewards = self.scorer.rewards(lease.prompt_index, [c.token_ids for c in req.completions])
+        rewards = self._rewards(lease, req)
         self._account(record, req)
         self.controller.observe_tokens(req.worker_id, sum(len(c.token_ids) for c in req.completions), req.gen_time_s)
         fresh = self.plane.admits(req.version)
@@ -454,6 +457,22 @@ class CoordinatorState:
                             "prompt_indices": [lease.prompt_index]})
         return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.current_version,
                               reason=f"stale: step {self.learner_step} - version {req.version} > S")
+
+    def _rewards(self, lease: Lease, req: RolloutSubmission) -> list[float]:
+        """Computed here, never taken from the worker; a multi-turn transcript that its seed and
+        its own actions do not reproduce is refused whole (and recorded: an honest worker never
+        sends one)."""
+        try:
+            started = time.perf_counter()
+            rewards = self.scorer.rewards(lease.prompt_index, req.completions)
+            if self.scorer.max_episode_tokens is not None:  # what verifying the episodes cost us
+                self.events.append({"kind": "episodes_replayed", "worker_id": req.worker_id,
+                                    "episodes": len(rewards), "replay_s": time.perf_counter() - started})
+            return rewards
+        except ReplayMismatch as exc:
+            self.events.append({"kind": "replay_refused", "worker_id": req.worker_id, "task_id": req.task_id,
+                                "prompt_index": lease.prompt_index, "reason": str(exc)[:500]})
+            raise RequestError(422, f"{exc}; the group is refused") from None
 
     def _measure(self, record: WorkerRecord) -> None:
         """Throughput as the coordinator sees it: validated rollouts per second of holding

@@ -69,11 +69,12 @@ def chosen(key: bytes, group_id: str, fraction: float) -> bool:
 
 
 def group_mean_abs_diff(samples: Samples, abs_diff_sum_S: torch.Tensor, num_groups: int) -> list[float]:
-    """Per group: sum over its samples' tokens of |learner - behaviour| / its token count."""
+    """Per group: sum over its samples' trained tokens of |learner - behaviour| / their count
+    (an environment's tokens have no behaviour log-prob to check)."""
     sums, tokens = [0.0] * num_groups, [0] * num_groups
     for index, group in enumerate(samples.group_ids):
         sums[group] += float(abs_diff_sum_S[index])
-        tokens[group] += len(samples.completions[index])
+        tokens[group] += samples.trained_tokens(index)
     return [s / t if t else 0.0 for s, t in zip(sums, tokens, strict=True)]
 
 
@@ -109,7 +110,8 @@ def recompute_mean_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tenso
                              indices, pad_id).to(device)
                 logp_N = functional_call(scored, params, (mb,))
                 behav_N = torch.tensor([x for i in indices for x in samples.behaviour_logprobs[i]], device=device)
-                abs_diff_S.index_add_(0, mb.sample_N.cpu(), (logp_N.float() - behav_N).abs().cpu())
+                mask_N = torch.tensor([x for i in indices for x in samples.loss_masks[i]], device=device)
+                abs_diff_S.index_add_(0, mb.sample_N.cpu(), ((logp_N.float() - behav_N).abs() * mask_N).cpu())
     finally:
         model.train(was_training)
     return group_mean_abs_diff(samples, abs_diff_S, len(groups))

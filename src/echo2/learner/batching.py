@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo2.protocol.messages import TrainGroup
+from echo2.protocol.messages import RolloutCompletion, TrainGroup
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class Samples:
     behaviour_logprobs: list[list[float]]
     rewards: list[float]
     group_ids: list[int]
+    loss_masks: list[list[float]]
+    """1.0 for the model's tokens (trained), 0.0 for an environment's (context only)."""
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -27,9 +29,23 @@ class Samples:
     def length(self, index: int) -> int:
         return len(self.prompts[index]) + len(self.completions[index])
 
+    def trained_tokens(self, index: int) -> int:
+        return int(sum(self.loss_masks[index]))
+
+
+def loss_mask(completion: RolloutCompletion) -> list[float]:
+    """Per token: 1.0 in the model's segments (the even ones), 0.0 in the environment's; a
+    completion without segments is the model's throughout."""
+    if not completion.segments:
+        return [1.0] * len(completion.token_ids)
+    mask: list[float] = []
+    for index, length in enumerate(completion.segments):
+        mask += [0.0 if index % 2 else 1.0] * length
+    return mask
+
 
 def flatten(groups: list[TrainGroup]) -> Samples:
-    prompts, completions, behav, rewards, group_ids = [], [], [], [], []
+    prompts, completions, behav, rewards, group_ids, masks = [], [], [], [], [], []
     for gi, group in enumerate(groups):
         for completion, reward in zip(group.completions, group.rewards, strict=True):
             prompts.append(group.prompt_ids)
@@ -37,7 +53,8 @@ def flatten(groups: list[TrainGroup]) -> Samples:
             behav.append(completion.logprobs)
             rewards.append(reward)
             group_ids.append(gi)
-    return Samples(prompts, completions, behav, rewards, group_ids)
+            masks.append(loss_mask(completion))
+    return Samples(prompts, completions, behav, rewards, group_ids, masks)
 
 
 def plan_micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:

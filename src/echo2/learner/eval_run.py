@@ -28,7 +28,25 @@ def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks
 
     task = make_task(cfg.task, cfg.seed)
     task.check()
+    if getattr(task, "multi_turn", False):
+        return _run_episodes(task, model, tokenizer, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
+                             limit=limit)
     problems = task.eval_problems()[:limit] if limit else task.eval_problems()
     report = evaluate(model, tokenizer, task, problems, max_new_tokens, n=n, temperature=temperature, ks=ks,
                       progress=progress)
     return report.to_dict()
+
+
+def _run_episodes(task, model, tokenizer, *, n: int, temperature: float, max_new_tokens: int,
+                  limit: int | None) -> dict:
+    """A multi-turn task: `limit` (else task.eval_size) held-out episodes against each of the
+    task's evaluation opponents; n > 1 plays each seed n times (sampled)."""
+    from echo2.models.env_evaluation import evaluate_episodes
+
+    if n > 1 and temperature == 0:
+        raise ValueError("--n > 1 greedy episodes would all be the same; set a --temperature > 0")
+    seeds = task.eval_seeds(limit) * n
+    report = evaluate_episodes(model, tokenizer, task, max_new_tokens, temperature=temperature, seeds=seeds)
+    for result in report["opponents"].values():
+        result.pop("rewards")
+    return {**report, "samples_per_episode": n}

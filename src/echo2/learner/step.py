@@ -43,7 +43,8 @@ def train_step(
     started = time.perf_counter()
     samples = flatten(groups)
     adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
-    total_tokens = sum(len(c) for c in samples.completions)
+    # the loss is a mean over the tokens the model chose (environment tokens are context only)
+    total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
     plan = plan_micro_batches([samples.length(i) for i in range(len(samples))], cfg.micro_batch_tokens)
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -128,6 +129,7 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
     mb = collate([samples.prompts[i] for i in indices], [samples.completions[i] for i in indices], indices,
                  pad_id).to(device)
     behav_N = torch.tensor([x for i in indices for x in samples.behaviour_logprobs[i]], device=device)
+    mask_N = torch.tensor([x for i in indices for x in samples.loss_masks[i]], device=device)
     with precision.autocast():
         logp_N, entropy_N = token_logprobs(model, mb, temperature, cfg.logprob_chunk_tokens)
         ref_N = None
@@ -135,9 +137,9 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
             with torch.no_grad():
                 ref_N, _ = token_logprobs(ref_model, mb, temperature, cfg.logprob_chunk_tokens)
     with torch.no_grad():  # the rollout audit's measure, at no extra cost
-        abs_diff_S.index_add_(0, mb.sample_N.cpu(), (logp_N.detach().float() - behav_N).abs().cpu())
-    out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], torch.ones_like(logp_N), cfg, ref_N, num_tokens=total_tokens)
+        abs_diff_S.index_add_(0, mb.sample_N.cpu(), ((logp_N.detach().float() - behav_N).abs() * mask_N).cpu())
+    out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], mask_N, cfg, ref_N, num_tokens=total_tokens)
     loss = float(out.loss.detach())
     if math.isfinite(loss) or always_backward:
         (out.loss * weight if weight != 1.0 else out.loss).backward()
-    return {"loss": loss, "entropy_sum": float(entropy_N.sum()), **out.sums}
+    return {"loss": loss, "entropy_sum": float((entropy_N * mask_N).sum()), **out.sums}

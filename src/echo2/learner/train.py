@@ -29,6 +29,7 @@ from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
 from echo2.learner.step import train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
+from echo2.models.env_evaluation import evaluate_episodes
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
@@ -70,7 +71,13 @@ class Learner:
         )
         self.scoring_model: torch.nn.Module | None = None  # a sharded learner's audit recomputes on it
         self.task = make_task(cfg.task, cfg.seed)
-        self.eval_set = self.task.eval_problems()
+        self.multi_turn = getattr(self.task, "multi_turn", False)
+        if self.multi_turn and self.ranks.sharded:
+            # episode evaluation generates turn by turn on one rank; sharded ranks would wait on
+            # each other's collectives inside generate
+            raise ValueError(f"learner.ranks={self.ranks.world} with the multi-turn task {cfg.task.name!r}: "
+                             "a sharded learner does not evaluate episodes yet; set learner.ranks=1")
+        self.eval_set = [] if self.multi_turn else self.task.eval_problems()
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl" if self.leader else None, role="learner",
                                      segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
@@ -269,13 +276,30 @@ class Learner:
 
     def _evaluate(self, step: int) -> None:
         """Greedy pass@1 on the held-out set (task.eval_size problems, every train.eval_every
-        steps), with the code `echo2 eval` runs."""
+        steps), with the code `echo2 eval` runs; for a multi-turn task, task.eval_size greedy
+        episodes against the training opponent (`accuracy` is then the win rate)."""
+        if self.multi_turn:
+            self._evaluate_episodes(step)
+            return
         with self.precision.autocast():
             report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens,
                               synced_ranks=self.ranks.sharded)
         self.metrics.write("eval", step=step, accuracy=report.accuracy, problems=report.problems,
                            eval_s=report.seconds)
         log.info("eval after step %d: accuracy %.3f on %d held-out problems", step, report.accuracy, report.problems)
+
+    def _evaluate_episodes(self, step: int) -> None:
+        opponent = self.task.training_opponent()
+        with self.precision.autocast():
+            report = evaluate_episodes(self.model, self.tokenizer, self.task, self.cfg.sampling.max_new_tokens,
+                                       opponents=[opponent])
+        result = report["opponents"][opponent]
+        self.metrics.write("eval", step=step, accuracy=result["win_rate"], mean_reward=result["mean_reward"],
+                           mean_reward_ci95=result["ci95"], illegal_rate=result["illegal_rate"],
+                           problems=result["episodes"], opponent=opponent, eval_s=report["seconds"])
+        log.info("eval after step %d: mean reward %.3f +- %.3f, win rate %.3f, illegal %.3f over %d episodes "
+                 "against %s", step, result["mean_reward"], result["ci95"], result["win_rate"], result["illegal_rate"],
+                 result["episodes"], opponent)
 
 
 def wire_dtype(name: str, base_model_path: str) -> torch.dtype:

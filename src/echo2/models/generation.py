@@ -45,3 +45,19 @@ def greedy_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens:
     new = out[:, input_ids.shape[1] :].tolist()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     return [decode_completion(tokenizer, strip_completion(row, eos, pad)) for row in new]
+
+
+@torch.no_grad()
+def generate_ids(model, rows: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, pad_id: int,
+                 eos_id: int) -> list[list[int]]:
+    """One completion per row of token ids (left-padded into one batch), each up to and
+    including its first EOS; greedy when temperature is 0, else sampled from the full softmax."""
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad_id] * (width - len(r)) + list(r) for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else \
+        {"do_sample": False}
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                         eos_token_id=eos_id, **sampling)
+    return [strip_completion(row, eos_id, pad_id) for row in out[:, width:].tolist()]

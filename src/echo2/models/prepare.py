@@ -48,7 +48,8 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
         return {"base": cfg.model.source, "warm_start_steps": 0}  # the user's checkpoint as is
     cached = prepared_info(cfg)
     if cached is not None:
-        log(f"base model ready in {cfg.base_model_path} (held-out accuracy {cached['accuracy']:.3f})")
+        log(f"base model ready in {cfg.base_model_path} ({cached.get('measure', 'held-out accuracy')} "
+            f"{cached['accuracy']:.3f})")
         return cached
     if prepared_info(cfg, cache_path(cfg)) is not None:
         _copy_dir(cache_path(cfg), Path(cfg.base_model_path))
@@ -65,12 +66,13 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
     _copy_dir(tmp, cache_path(cfg))
     shutil.rmtree(base, ignore_errors=True)
     os.rename(tmp, base)
-    log(f"base model ready in {base} after {info['seconds']:.0f}s (held-out accuracy {info['accuracy']:.3f})")
+    log(f"base model ready in {base} after {info['seconds']:.0f}s ({info['measure']} {info['accuracy']:.3f})")
     return info
 
 
 def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     from echo2.learner.warmstart import CHECK_OFFSET, warm_start
+    from echo2.models.env_evaluation import evaluate_episodes
     from echo2.models.evaluation import evaluate
     from echo2.models.loading import load_model, load_tokenizer
     from echo2.models.tiny import save_tiny
@@ -88,19 +90,32 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
             log(f"warm start {step}/{cfg.warmstart.steps}: loss {loss:.3f}")
 
     ws = cfg.warmstart
-    check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]
+    max_new = cfg.sampling.max_new_tokens
+    multi_turn = getattr(task, "multi_turn", False)
 
     def training_accuracy() -> float:
-        reached = evaluate(model, tokenizer, task, check, cfg.sampling.max_new_tokens).accuracy
+        if multi_turn:  # the share of training episodes played without an illegal action
+            seeds = [task.train_seed(CHECK_OFFSET + i) for i in range(ws.check_problems)]
+            summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()], seeds=seeds)
+            reached = 1.0 - next(iter(summary["opponents"].values()))["illegal_rate"]
+        else:
+            check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]
+            reached = evaluate(model, tokenizer, task, check, max_new).accuracy
         log(f"warm start: training-problem accuracy {reached:.3f} (stop at {ws.stop_at_accuracy})")
         return reached
 
     log(f"warm start: up to {ws.steps} supervised steps on {task.name} (stands in for a pretrained base)")
-    loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy)
-    accuracy = evaluate(model, tokenizer, task, task.eval_problems(), cfg.sampling.max_new_tokens).accuracy
+    loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy, max_action_tokens=max_new)
+    measure = "held-out accuracy"
+    if multi_turn:  # the in-run evaluation's measure: mean reward against the training opponent
+        summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()])
+        accuracy = next(iter(summary["opponents"].values()))["mean_reward"]
+        measure = "held-out mean reward"
+    else:
+        accuracy = evaluate(model, tokenizer, task, task.eval_problems(), max_new).accuracy
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return {"accuracy": accuracy, "final_loss": loss, "warm_start_steps": steps}
+    return {"accuracy": accuracy, "measure": measure, "final_loss": loss, "warm_start_steps": steps}
 
 
 def _copy_dir(src: Path, dst: Path) -> None:

@@ -18,7 +18,7 @@ from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 """Bumped whenever a message changes incompatibly: peers of different protocols refuse each
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
 # the id length bound keeps a hostile client from making us store megabyte-long keys
@@ -27,7 +27,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[1] = PROTOCOL_VERSION
+    protocol: Literal[2] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -80,6 +80,9 @@ class RegisterResponse(Message):
     credential: str
     """This worker's own credential: every later call carries it as its bearer token. Issued
     once per registration, bound to `worker_id`."""
+    task: dict = {}
+    """The run's task config when it is multi-turn (the environment a worker plays episodes in,
+    its budgets); empty for single-turn tasks, whose prompts come whole with each lease."""
 
 
 class ProbeRequest(Message):
@@ -142,6 +145,9 @@ class Task(BaseModel):
     """The lease id: valid only for the worker it was handed to, until it expires."""
     prompt_ids: list[int]
     sampling: SamplingParams
+    episode_seed: int | None = None
+    """Multi-turn tasks: the seed the episodes of this group start from (the coordinator replays
+    them from it); None for single-turn tasks."""
 
 
 class LeaseResponse(Message):
@@ -160,6 +166,10 @@ class RolloutCompletion(BaseModel):
     # the run's own sampling.max_new_tokens is checked after parsing (coordinator.validation)
     token_ids: list[int] = Field(max_length=MAX_NEW_TOKENS)
     logprobs: list[float] = Field(max_length=MAX_NEW_TOKENS)
+    segments: list[int] = Field([], max_length=MAX_NEW_TOKENS)
+    """Multi-turn episodes: lengths of the transcript's segments, alternating the model's action
+    (trained with its behaviour log-probs) and the environment's answer (masked out of the loss,
+    log-probs 0), the model's first and last. Empty: one completion, every token the model's."""
 
 
 class RolloutSubmission(Message):

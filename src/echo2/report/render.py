@@ -22,7 +22,16 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_column("value")
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     table.add_row("learner steps", _fmt(summary["steps"]))
-    table.add_row("held-out accuracy before -> after", f"{_fmt(before)} -> {_fmt(after)}")
+    if summary.get("mean_reward_before") is not None:
+        table.add_row("held-out mean reward before -> after",
+                      f"{_fmt(summary['mean_reward_before'])} -> {_fmt(summary['mean_reward_after'])}")
+        table.add_row("held-out win rate before -> after", f"{_fmt(before)} -> {_fmt(after)}")
+    else:
+        table.add_row("held-out accuracy before -> after", f"{_fmt(before)} -> {_fmt(after)}")
+    replay = summary.get("replay")
+    if replay:
+        table.add_row("episodes replayed by the coordinator", f"{replay['episodes']:,} in {replay['seconds']:.1f} s "
+                      f"({replay['ms_per_episode']:.2f} ms per episode)")
     if summary.get("eval_s_total"):
         table.add_row("evaluation (learner time)", f"{summary['eval_s_total']:.1f} s on {summary['eval_problems']} "
                       f"held-out problems per evaluation")

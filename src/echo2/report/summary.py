@@ -18,7 +18,7 @@ from echo2.broadcast.metrics import latency_summary
 SUMMARY_KINDS = frozenset({
     "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
     "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
-    "worker_released", "worker_acquired", "worker_rejoined",
+    "worker_released", "worker_acquired", "worker_rejoined", "episodes_replayed",
 })
 
 
@@ -85,6 +85,10 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "steps": len(steps),
         "accuracy_before": evals[0]["accuracy"] if evals else None,
         "accuracy_after": evals[-1]["accuracy"] if evals else None,
+        # multi-turn tasks: the in-run evaluation's mean reward (their `accuracy` is the win rate)
+        "mean_reward_before": evals[0].get("mean_reward") if evals else None,
+        "mean_reward_after": evals[-1].get("mean_reward") if evals else None,
+        "replay": _replay(records),
         "learner_utilization": utilization(steps, busy_s),
         # the first step also waits for workers to load the model: report steady state apart
         "learner_utilization_steady": utilization(steps[1:], busy_s),
@@ -107,6 +111,16 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
     }
+
+
+def _replay(records: list[dict]) -> dict[str, Any] | None:
+    """What verifying multi-turn episodes cost the coordinator: episodes replayed, and seconds."""
+    replays = _of(records, "episodes_replayed", "coordinator")
+    episodes = sum(r["episodes"] for r in replays)
+    if not episodes:
+        return None
+    seconds = sum(r["replay_s"] for r in replays)
+    return {"episodes": episodes, "seconds": seconds, "ms_per_episode": 1000 * seconds / episodes}
 
 
 def _audit(records: list[dict], ledger: dict | None) -> dict[str, Any]:

@@ -38,6 +38,8 @@ from echo2.protocol.messages import (
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, unreachable_fix
 from echo2.rollout.engine import GenRequest, make_engine
+from echo2.rollout.episodes import EpisodePlayer, env_task_from
+from echo2.rollout.episodes import completion as episode_completion
 from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver
 
@@ -71,6 +73,7 @@ class Worker:
         self.failure: WorkerFailed | None = None  # set by a background loop that gave up
         self.refusals: Counter[str] = Counter()  # lease refusals since the last throughput line
         self.last_refusal = ""
+        self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
 
     @property
     def version(self) -> int:
@@ -106,7 +109,10 @@ class Worker:
         # beat while the model loads: a slow load must not look like a dead worker
         background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
         try:
-            self.engine = await self._load_engine(self.cfg.model_source or reg.model_source)
+            source = self.cfg.model_source or reg.model_source
+            self.engine = await self._load_engine(source)
+            env_task = env_task_from(reg.task)
+            self.episodes = EpisodePlayer(self.engine, env_task, source) if env_task is not None else None
             background.append(asyncio.create_task(self.follower.run(stop)))
             await self._work(stop)
         finally:
@@ -332,21 +338,26 @@ class Worker:
             self.stop.set()
 
     # ---- rollouts ----
-    async def _generate_and_submit(self, tasks: list[Task]) -> None:
+    def _generate(self, tasks: list[Task]) -> list[list[RolloutCompletion]]:
+        """Blocking: G completions per task, or G episodes per task for a multi-turn task."""
+        if self.episodes is not None:
+            return [[episode_completion(e) for e in group] for group in self.episodes.play(tasks)]
         requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature,
                                t.sampling.max_new_tokens) for t in tasks]
+        return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in group]
+                for group in self.engine.generate(requests)]
+
+    async def _generate_and_submit(self, tasks: list[Task]) -> None:
         version = self.version
         started = time.perf_counter()
-        groups = await asyncio.to_thread(self.engine.generate, requests)
+        groups = await asyncio.to_thread(self._generate, tasks)
         if self.cfg.slowdown > 1:  # emulated slower hardware (config: slowdown)
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
         per_task_s = gen_s / len(tasks)
         for task, completions in zip(tasks, groups, strict=True):
-            body = RolloutSubmission(
-                worker_id=self.worker_id, task_id=task.task_id, version=version, gen_time_s=per_task_s,
-                completions=[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in completions],
-            )
+            body = RolloutSubmission(worker_id=self.worker_id, task_id=task.task_id, version=version,
+                                     gen_time_s=per_task_s, completions=completions)
             await self._submit(body)
         self.stats["tasks"] += len(tasks)
         self.stats["rollouts"] += sum(len(g) for g in groups)

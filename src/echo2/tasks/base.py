@@ -65,17 +65,32 @@ class TaskAdapter(ABC):
         return self.default_instruction if self.cfg.instruction is None else self.cfg.instruction
 
     def messages(self, problem: Problem) -> list[dict[str, str]]:
-        question = f"{problem.prompt}\n{self.instruction}" if self.instruction else problem.prompt
-        system = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
-        return [*system, {"role": "user", "content": question}]
+        return first_messages(problem.prompt, self.instruction, self.cfg.system_prompt)
+
+
+def first_messages(question: str, instruction: str, system_prompt: str) -> list[dict[str, str]]:
+    """The conversation a policy starts from: the optional system message, then the question
+    (with the instruction on the line after it) as the user's turn."""
+    text = f"{question}\n{instruction}" if instruction else question
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": text}]
 
 
 def render_prompt(tokenizer, task: TaskAdapter, problem: Problem) -> str:
-    """The prompt text a policy sees: the tokenizer's chat template applied to the task's
-    messages when configured and available, else their contents line by line. `tokenizer` is
-    any transformers tokenizer (only its chat template is used, no torch)."""
-    messages = task.messages(problem)
-    if task.cfg.chat_template and getattr(tokenizer, "chat_template", None):
+    """The prompt text a policy sees for a problem of `task` (see `render_messages`)."""
+    return render_messages(tokenizer, task.messages(problem), task.cfg)
+
+
+def uses_chat_template(tokenizer, cfg: TaskConfigBase) -> bool:
+    return bool(cfg.chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def render_messages(tokenizer, messages: list[dict[str, str]], cfg: TaskConfigBase) -> str:
+    """The tokenizer's chat template applied to `messages` (ending with the assistant's turn to
+    answer) when the task config asks for it and the tokenizer has one, else their contents
+    line by line. `tokenizer` is any transformers tokenizer (only its chat template is used, no
+    torch)."""
+    if uses_chat_template(tokenizer, cfg):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **task.cfg.chat_template_kwargs)
+                                             **cfg.chat_template_kwargs)
     return "\n".join(m["content"] for m in messages)

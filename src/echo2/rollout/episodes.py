@@ -1,0 +1,61 @@
+"""Multi-turn rollouts on a worker: each leased group is G episodes from the lease's seed, played
+turn by turn with the engine (every live episode's next action in one batch), each transcript
+rendered through the model's chat template exactly as the coordinator will replay it."""
+
+from __future__ import annotations
+
+from pydantic import TypeAdapter
+
+from echo2.envs.episode import Episode
+from echo2.envs.play import play
+from echo2.envs.task import EnvTask
+from echo2.envs.transcript import Codec
+from echo2.protocol.messages import RolloutCompletion, Task
+from echo2.rollout.engine import Engine, GenRequest
+
+
+def env_task_from(task_config: dict) -> EnvTask | None:
+    """The run's multi-turn task from the coordinator's registration reply (None: single-turn)."""
+    if not task_config:
+        return None
+    from echo2.tasks.registry import TaskConfig, make_task
+
+    cfg = TypeAdapter(TaskConfig).validate_python(task_config)
+    # the run seed only picks held-out episodes, which a worker never plays: leases bring the seeds
+    task = make_task(cfg, seed=0)
+    if not getattr(task, "multi_turn", False):
+        raise ValueError(f"the coordinator sent task {cfg.name!r} as multi-turn, but it is not")
+    return task
+
+
+class EpisodePlayer:
+    def __init__(self, engine: Engine, task: EnvTask, model_source: str) -> None:
+        self.engine, self.task = engine, task
+        self.codec = Codec.from_source(model_source, task.cfg)
+
+    def play(self, tasks: list[Task]) -> list[list[Episode]]:
+        """G finished episodes per leased task, in lease order. Raises ValueError when the first
+        prompt this worker renders is not the coordinator's (another tokenizer or template)."""
+        groups = [self._start(t) for t in tasks]
+        temperature = tasks[0].sampling.temperature
+
+        def generate(batch: list[tuple[list[int], int]]):
+            out = self.engine.generate([GenRequest(ids, 1, temperature, max_new) for ids, max_new in batch])
+            return [(c[0].token_ids, c[0].logprobs) for c in out]
+
+        play([e for group in groups for e in group], generate)
+        return groups
+
+    def _start(self, task: Task) -> list[Episode]:
+        if task.episode_seed is None:
+            raise ValueError(f"lease {task.task_id} has no episode seed, but the run's task is multi-turn")
+        episodes = [self.task.episode(self.codec, task.episode_seed, task.sampling.max_new_tokens)
+                    for _ in range(task.sampling.group_size)]
+        if episodes[0].prompt_ids != task.prompt_ids:
+            raise ValueError(f"lease {task.task_id}: the first prompt rendered here differs from the coordinator's "
+                             "(a different tokenizer or chat template?): this worker must load the run's model")
+        return episodes
+
+
+def completion(episode: Episode) -> RolloutCompletion:
+    return RolloutCompletion(token_ids=episode.token_ids, logprobs=episode.logprobs, segments=episode.segments)
