@@ -94,12 +94,16 @@ def by_staleness(runs: list[dict]) -> list[dict]:
     for s in sorted({r["max_staleness"] for r in runs}):
         group = [r for r in runs if r["max_staleness"] == s]
         final = [r["accuracy_after"] for r in group]
+        gains = [100 * (r["accuracy_after"] - r["accuracy_before"]) for r in group]
         unstable = [r["seed"] for r in group if _unstable(r)]
         rows.append({
             "max_staleness": s, "seeds": len(group),
             "accuracy_after_mean": statistics.fmean(final),
             "accuracy_after_sd": statistics.stdev(final) if len(final) > 1 else 0.0,
             "accuracy_before_mean": statistics.fmean(r["accuracy_before"] for r in group),
+            # seeds start from different warm starts: the gain is the comparison across S
+            "gain_points_mean": statistics.fmean(gains),
+            "gain_points_sd": statistics.stdev(gains) if len(gains) > 1 else 0.0,
             "staleness_trained_mean": statistics.fmean(r["staleness_mean"] for r in group),
             "staleness_trained_max": max(r["staleness_max"] for r in group),
             "mismatch_kl_mean": _mean(r["mismatch_kl_mean"] for r in group),
