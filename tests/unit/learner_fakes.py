@@ -24,6 +24,7 @@ class FakeIO:
         self.audits: list[tuple[int, list]] = []
         self.asked: list[int] = []
         self.durable: list[int | None] = []  # the checkpoint step reported with each batch request
+        self.last_encode_s = 0.0
 
     def start(self) -> None:
         pass

@@ -100,4 +100,5 @@ def forge(state, io: LearnerIO) -> None:
     with pytest.raises(RequestError, match="publish of version 2 refused"):
         state.publish(info, state.public_key_hex)
     state.dissemination.plan_version(2, info.origin_url, state._peers())
+    state.dissemination.published(info, restarted=False)
     state.latest = info

@@ -177,6 +177,8 @@ class Learner:
         # the digest lets a test prove a resumed learner republishes bit-identical versions
         digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()
         self.metrics.write("version_published", version=version, bytes=manifest.total_bytes,
+                           full_bytes=manifest.loaded_bytes, form=manifest.form, anchor=info.full is not None,
+                           encode_s=self.io.last_encode_s,
                            wire_dtype=str(self.wire_dtype).removeprefix("torch."), manifest_digest=digest,
                            publish_s=elapsed)
         if version - 1 in self.published:  # its broadcast is (nearly) done: the uplink it cost
