@@ -135,9 +135,9 @@ def measure_lora(args, lr: float, device: str, full_bytes: int) -> dict:
     import torch
 
     from echo2.config.run import LoraConfig
-    from echo2.models.lora import adapter_payload, wrap_lora
+    from echo2.models.lora import adapter_payload, add_lora
 
-    model = wrap_lora(build_model(args, device), LoraConfig(r=args.lora_r, alpha=args.lora_alpha,
+    model = add_lora(build_model(args, device), LoraConfig(r=args.lora_r, alpha=args.lora_alpha,
                                                             target_modules=LORA_TARGETS))
     sizes: list[int] = []
     train(model, args, lr, device, lambda step: sizes.append(len(adapter_payload(model, torch.bfloat16))))

@@ -32,7 +32,7 @@ class FakeIO:
     def close(self) -> None:
         pass
 
-    def publish(self, version: int, payload) -> VersionInfo:
+    def publish(self, version: int, payload, adapter=None) -> VersionInfo:
         data = bytes(payload)
         self.published.append((version, data))
         signed = sign_manifest(build_manifest(version, data, 1 << 16, published_at=time.time()), self.key)

@@ -48,6 +48,16 @@ class TensorEntry(BaseModel):
     (checked after reconstruction), omitted on full ones (their chunk hashes cover every byte)."""
 
 
+class AdapterSpec(BaseModel):
+    """LoRA settings of an adapter-only version (grpo.lora): what a worker needs to add the same
+    adapters to the base model it holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    r: int = Field(ge=1, le=4096)
+    alpha: float = Field(gt=0)
+    target_modules: list[str] = Field(min_length=1, max_length=64)
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["manifest"] = "manifest"
@@ -66,6 +76,9 @@ class Manifest(BaseModel):
     tensors: list[TensorEntry]
     published_at: float = 0.0
     """Learner wall clock at publish (for publish-to-loaded latency on one machine)."""
+    adapter: AdapterSpec | None = None
+    """Set when the payload holds LoRA adapter weights only: workers apply them to the base
+    model they loaded at start. None: the payload is every weight of the model."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -190,6 +203,7 @@ def build_manifest(
     content: list[TensorEntry] | None = None,
     content_bytes: int = 0,
     published_at: float = 0.0,
+    adapter: AdapterSpec | None = None,
 ) -> Manifest:
     """A full version's manifest, or (base_version set) a delta's: then `content` is the
     reconstructed payload's `content_index` and `content_bytes` its size."""
@@ -204,6 +218,7 @@ def build_manifest(
         chunk_sha256=[sha256_hex(view[s:e]) for s, e in chunk_spans(len(payload), chunk_bytes)],
         tensors=safetensors_index(payload) if base_version is None else list(content or []),
         published_at=published_at,
+        adapter=adapter,
     )
 
 

@@ -21,7 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from echo2.broadcast.encoder import Encoded, VersionEncoder
 from echo2.broadcast.faults import Fault
-from echo2.broadcast.manifest import FULL_CODEC, Codec, Form, SignedManifest, TensorEntry, build_manifest
+from echo2.broadcast.manifest import (
+    FULL_CODEC,
+    AdapterSpec,
+    Codec,
+    Form,
+    SignedManifest,
+    TensorEntry,
+    build_manifest,
+)
 from echo2.broadcast.metrics import OriginMetrics
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.signing import sign_manifest
@@ -68,7 +76,7 @@ class Origin:
 
     def prepare(self, version: int, payload: bytes | memoryview, *, base_version: int | None = None,
                 codec: Codec = FULL_CODEC, content: list[TensorEntry] | None = None,
-                content_bytes: int = 0) -> SignedManifest:
+                content_bytes: int = 0, adapter: AdapterSpec | None = None) -> SignedManifest:
         """Hash and sign one form of a version (CPU only, safe from any thread); `install` then
         starts serving it. A version may be prepared once per form (an anchor: delta and full)."""
         form: Form = "full" if base_version is None else "delta"
@@ -76,16 +84,18 @@ class Origin:
         if last is not None and (version < last[0] or (version == last[0] and form in last[1])):
             raise ValueError(f"version {version} ({form}) must be newer than the last published version {last[0]}")
         manifest = build_manifest(version, payload, self.config.chunk_bytes, base_version=base_version, codec=codec,
-                                  content=content, content_bytes=content_bytes)
+                                  content=content, content_bytes=content_bytes, adapter=adapter)
         self._last_prepared = (version, (last[1] if last and last[0] == version else set()) | {form})
         # Publish time is taken after hashing: dissemination is measured from when it can start.
         return sign_manifest(manifest.model_copy(update={"published_at": time.time()}), self._private_key)
 
-    def prepare_version(self, version: int, payload: bytes | memoryview) -> list[tuple[SignedManifest, Encoded]]:
+    def prepare_version(self, version: int, payload: bytes | memoryview, *,
+                        adapter: AdapterSpec | None = None) -> list[tuple[SignedManifest, Encoded]]:
         """Encode a full payload in the forms the encoder picks and sign each; the first is what
-        the broadcast tree carries (the delta when there is one)."""
+        the broadcast tree carries (the delta when there is one). `adapter`: the payload holds
+        LoRA adapters only."""
         return [(self.prepare(version, form.payload, base_version=form.base_version, codec=form.codec,  # type: ignore[arg-type]
-                              content=form.content, content_bytes=form.content_bytes), form)
+                              content=form.content, content_bytes=form.content_bytes, adapter=adapter), form)
                 for form in self.encoder.encode(version, payload)]
 
     def install(self, signed: SignedManifest, payload: bytes | memoryview) -> None:

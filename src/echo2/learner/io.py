@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
@@ -92,12 +93,13 @@ class LearnerIO:
         await self.origin.stop()
 
     # ---- publishing ----
-    def publish(self, version: int, payload: bytes | mmap.mmap) -> VersionInfo:
+    def publish(self, version: int, payload: bytes | mmap.mmap, adapter: AdapterSpec | None = None) -> VersionInfo:
         """Encode `version` in its forms (a delta against the previous version, a full anchor,
         or both: broadcast.deltas), sign each (hashing here, in the training thread), serve them
         from the origin and announce them to the coordinator. The origin serves `payload`
-        itself (no copy); a delta is built next to it."""
-        forms = self.origin.prepare_version(version, payload)
+        itself (no copy); a delta is built next to it. `adapter`: the payload holds LoRA
+        adapters only (grpo.lora)."""
+        forms = self.origin.prepare_version(version, payload, adapter=adapter)
         for signed, form in forms:
             self._call(_run(self.origin.install, signed, form.payload), timeout_s=30)
         primary = forms[0][0]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
@@ -24,6 +25,7 @@ from echo2.learner.step import train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
+from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import model_payload, require_finite, unique_tensors
 from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
@@ -40,6 +42,8 @@ class Learner:
         self.precision = resolve_precision(cfg.learner)
         self.tokenizer = load_tokenizer(cfg.base_model_path)
         self.model = load_model(cfg.base_model_path, self.precision.device)  # fp32 master weights
+        if cfg.grpo.lora is not None:  # only the adapters train; versions carry them alone
+            add_lora(self.model, cfg.grpo.lora)
         self.wire_dtype = wire_dtype(cfg.broadcast.wire_dtype, cfg.base_model_path)
         if cfg.learner.gradient_checkpointing:
             enable_activation_checkpointing(self.model)
@@ -168,10 +172,9 @@ class Learner:
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        require_finite(unique_tensors(self.model), f"version {version}")  # never sign a broken model
-        payload = model_payload(self.model, self.wire_dtype)
-        info = self.io.publish(version, payload)
-        self.auditor.published(version, payload)  # the audit recomputes under what workers got
+        payload, audit, adapter = self._version_payload(version)
+        info = self.io.publish(version, payload, adapter=adapter)
+        self.auditor.published(version, audit)  # the audit recomputes under what workers got
         elapsed = time.perf_counter() - started
         manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
@@ -189,6 +192,18 @@ class Learner:
                      version, info.origin_url)
         self.published.add(version)
         return elapsed
+
+    def _version_payload(self, version: int):
+        """What version `version` carries: every weight, or with grpo.lora the adapters alone
+        (and the same adapters under the model's own names for the audit). Never a broken model."""
+        lora = self.cfg.grpo.lora
+        if lora is None:
+            require_finite(unique_tensors(self.model), f"version {version}")
+            payload = model_payload(self.model, self.wire_dtype)
+            return payload, payload, None
+        require_finite(lora_parameters(self.model), f"version {version}")
+        adapter = AdapterSpec(r=lora.r, alpha=lora.alpha, target_modules=list(lora.target_modules))
+        return adapter_payload(self.model, self.wire_dtype), audit_payload(self.model, self.wire_dtype), adapter
 
     def _maybe_checkpoint(self, step: int) -> float:
         if step % self.cfg.train.checkpoint_every and step != self.cfg.train.steps:

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from echo2.broadcast.manifest import Manifest
+from echo2.broadcast.manifest import AdapterSpec, Manifest
 from echo2.broadcast.metrics import FetchMetrics
 from echo2.broadcast.signing import ManifestRejected
 from echo2.broadcast.topology import Assignment
@@ -32,6 +32,8 @@ class Staged:
     info: VersionInfo
     tensors: dict
     fetch: FetchMetrics
+    adapter: AdapterSpec | None = None
+    """LoRA settings when the version holds adapter weights only."""
 
 
 class VersionFollower:
@@ -129,7 +131,7 @@ class VersionFollower:
                 self._failed(target, f"version refused after reconstruction: {exc}")
                 return None
             self.base = (target.version, payload)
-            return Staged(target, tensors, result.metrics)
+            return Staged(target, tensors, result.metrics, result.manifest.adapter)
         return None
 
     def _failed(self, target: VersionInfo, error: str) -> None:
@@ -143,7 +145,13 @@ class VersionFollower:
             return
         started, self.loading = time.perf_counter(), staged.info.version
         try:
-            await asyncio.to_thread(engine.load_state_dict, staged.tensors)
+            if staged.adapter is not None:
+                from echo2.config.run import LoraConfig
+
+                lora = LoraConfig(**staged.adapter.model_dump())
+                await asyncio.to_thread(engine.load_adapter, staged.tensors, lora)
+            else:
+                await asyncio.to_thread(engine.load_state_dict, staged.tensors)
         finally:
             self.loading = -1
         self.swap_s = time.perf_counter() - started
