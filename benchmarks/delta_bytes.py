@@ -2,6 +2,11 @@
 echo2.broadcast.delta) and LoRA adapters, side by side, on a Qwen3-architecture model of >= 100M
 parameters (random init, no download) trained at RL learning rates.
 
+The model has the width of Qwen3-0.6B (hidden 1024, 16 heads of 128, 8 KV heads, MLP 3072,
+tied embeddings) with 8 layers and a 32k vocabulary: 159M parameters. An adapter's share of a
+version falls with width (~2r/hidden per layer), so the benchmark also gives the exact adapter
+bytes of the real Qwen3-0.6B and Qwen3-8B shapes (built on the meta device, no memory).
+
 Training is next-token cross-entropy on random tokens with AdamW, the learner's optimizer: what
 matters for the bytes is how far each weight moves per step, and Adam moves every weight by about
 lr whatever the loss (its update is m / sqrt(v), ~sign(g) early on). Each version is the fp32
@@ -34,9 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lrs", default="1e-6,1e-5")
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--intermediate", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--intermediate", type=int, default=3072)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
@@ -52,12 +60,39 @@ def build_model(args, device: str):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    heads = args.hidden // 64
     config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=heads,
-                         num_key_value_heads=max(1, heads // 3), head_dim=64, tie_word_embeddings=False,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, head_dim=args.head_dim, tie_word_embeddings=True,
                          max_position_embeddings=max(512, args.seq))
     return Qwen3ForCausalLM(config).to(device)
+
+
+# the real shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-8B)
+REAL_SHAPES = {
+    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+}
+
+
+def lora_at_scale(args) -> dict:
+    """Exact bf16 bytes of a full version and of the adapters for the real model shapes."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from echo2.config.run import LoraConfig
+    from echo2.models.lora import add_lora, lora_parameters
+
+    out = {}
+    for name, shape in REAL_SHAPES.items():
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(Qwen3Config(**shape))
+        full_bytes = 2 * sum(p.numel() for p in model.parameters())  # tied weights count once
+        add_lora(model, LoraConfig(r=args.lora_r, alpha=args.lora_alpha, target_modules=LORA_TARGETS))
+        lora_bytes = 2 * sum(t.numel() for t in lora_parameters(model).values())
+        out[name] = {"full_bytes": full_bytes, "lora_bytes": lora_bytes, "ratio_to_full": round(lora_bytes / full_bytes, 5)}
+    return out
 
 
 def train(model, args, lr: float, device: str, on_version) -> None:
@@ -157,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in build_model(args, "cpu").parameters())
     result: dict = {
         "benchmark": "delta_bytes", "device": args.device, "steps": args.steps, "wire_dtype": "bfloat16",
-        "model": {"architecture": "Qwen3ForCausalLM (random init)", "params": params, "hidden": args.hidden,
-                  "layers": args.layers, "intermediate": args.intermediate, "vocab": args.vocab},
+        "model": {"architecture": "Qwen3ForCausalLM (random init, tied embeddings)", "params": params,
+                  "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
+                  "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "vocab": args.vocab},
         "training": f"AdamW, next-token loss on random tokens, batch {args.batch} x {args.seq} tokens",
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
                     "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None},
@@ -169,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         run["lora"] = measure_lora(args, lr, args.device, run["full"]["bytes_per_version"])
         result["runs"][f"lr={lr:g}"] = run
         print(json.dumps({f"lr={lr:g}": run}), flush=True)
+    result["lora_at_scale"] = lora_at_scale(args)
     result["goals"] = goals(result)
     text = json.dumps(result, indent=2)
     print(text)

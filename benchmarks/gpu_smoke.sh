@@ -13,13 +13,17 @@
 #    tokens, and the weight-swap time (goal: vllm >= 10x hf) -> engines_gpu.json. vLLM goes in a
 #    venv of its own ($VLLM_PYTHON, default /tmp/echo2-vllm: `pip install -e '.[vllm]'`, which
 #    brings vLLM's own CUDA torch).
+# 3. benchmarks/delta_bytes.py: bytes per version of full bf16, delta + zstd and LoRA on a
+#    126M-parameter Qwen3 architecture trained 20 steps at lr 1e-6 and 1e-5 on the GPU (the codec
+#    runs on the CPUs), ~1 min -> delta_bytes_gpu.json. Runs before the engines (step 2).
 # Files go to $OUT (the device tool's output folder) or to benchmarks/results/.
 #
 # Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
 # from PyPI, a CUDA build), and echo2's pure-Python dependencies. On a machine with no network,
 # bring them as wheels for its Python in ./.whl (`pip download --only-binary=:all: --no-deps
 # --python-version 3.12 --platform manylinux2014_x86_64 -d .whl NAME` for pydantic pydantic-core
-# annotated-types typing-inspection cryptography cffi pycparser).
+# annotated-types typing-inspection cryptography cffi pycparser zstandard; peft comes with the
+# machine or as a wheel too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -61,6 +65,26 @@ EOF
 started=$(date +%s)
 "$PY" benchmarks/learner_memory.py "${ARGS[@]}" --out "$OUT_FILE"
 echo "gpu_smoke: wrote $OUT_FILE in $(( $(date +%s) - started )) s" >&2
+
+# 3. delta and LoRA bytes per version (needs zstandard and peft: from ./.whl when offline)
+if ! "$PY" -c "import zstandard, peft" 2>/dev/null; then
+  if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/echo2-site .whl/*.whl
+    export PYTHONPATH="/tmp/echo2-site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    "$PY" -m pip install -q "zstandard>=0.22" "peft>=0.13"
+  fi
+fi
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  DELTA_ARGS=(--device cpu --hidden 128 --layers 2 --intermediate 256 --vocab 1000 --steps 3)
+  DELTA_OUT="$OUT_DIR/delta_bytes_gpu_smoke_cpu_path.json"
+else
+  DELTA_ARGS=(--device cuda)
+  DELTA_OUT="$OUT_DIR/delta_bytes_gpu.json"
+fi
+started=$(date +%s)
+"$PY" benchmarks/delta_bytes.py "${DELTA_ARGS[@]}" --out "$DELTA_OUT" > /dev/null
+echo "gpu_smoke: wrote $DELTA_OUT in $(( $(date +%s) - started )) s" >&2
 
 # 2. the engines, in a venv with vLLM
 if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
