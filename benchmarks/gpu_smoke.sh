@@ -15,7 +15,7 @@
 #    brings vLLM's own CUDA torch).
 # 3. benchmarks/delta_bytes.py: bytes per version of full bf16, delta + zstd and LoRA on a
 #    159M-parameter Qwen3 architecture trained 20 steps at lr 1e-6 and 1e-5 on the GPU (the codec
-#    runs on the CPUs), 73 s on an H200 -> delta_bytes_gpu.json. Runs before the engines (step 2).
+#    runs on the CPUs), under 75 s on an H200 -> delta_bytes_gpu.json. Runs before the engines.
 # Files go to $OUT (the device tool's output folder) or to benchmarks/results/.
 #
 # Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
@@ -80,7 +80,7 @@ if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
               --vocab 1000 --steps 3)
   DELTA_OUT="$OUT_DIR/delta_bytes_gpu_smoke_cpu_path.json"
 else
-  DELTA_ARGS=(--device cuda --codecs sub-zstd)  # both codecs: ~130 s; the CPU result compares them
+  DELTA_ARGS=(--device cuda --codecs sub-zstd)  # both codecs: ~100 s; the CPU result compares them
   DELTA_OUT="$OUT_DIR/delta_bytes_gpu.json"
 fi
 started=$(date +%s)
