@@ -12,17 +12,21 @@
 # 2. benchmarks/learner_scaling.py: step time of the plain learner and of the FSDP2-sharded one
 #    (torchrun, NCCL, bf16 parameters / fp32 reduction) with as many ranks as GPUs; on one GPU the
 #    sharded point is FSDP on 1 rank -> learner_scaling_gpu.json (about a minute on an H200)
-# 3. benchmarks/engines.py: tokens/s of the hf and vllm engines on 64 prompts x G = 8, 256 new
+# 4. benchmarks/engines.py: tokens/s of the hf and vllm engines on 64 prompts x G = 8, 256 new
 #    tokens, and the weight-swap time (goal: vllm >= 10x hf) -> engines_gpu.json. vLLM goes in a
 #    venv of its own ($VLLM_PYTHON, default /tmp/echo2-vllm: `pip install -e '.[vllm]'`, which
-#    brings vLLM's own CUDA torch).
+#    brings vLLM's own CUDA torch). Offline without a vLLM wheel, this step is skipped.
+# 3. benchmarks/delta_bytes.py: bytes per version of full bf16, delta + zstd and LoRA on a
+#    159M-parameter Qwen3 architecture trained 20 steps at lr 1e-6 and 1e-5 on the GPU (the codec
+#    runs on the CPUs), under 75 s on an H200 -> delta_bytes_gpu.json. Runs before the engines.
 # Files go to $OUT (the device tool's output folder) or to benchmarks/results/.
 #
 # Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
 # from PyPI, a CUDA build), and echo2's pure-Python dependencies. On a machine with no network,
 # bring them as wheels for its Python in ./.whl (`pip download --only-binary=:all: --no-deps
 # --python-version 3.12 --platform manylinux2014_x86_64 -d .whl NAME` for pydantic pydantic-core
-# annotated-types typing-inspection cryptography cffi pycparser).
+# annotated-types typing-inspection cryptography cffi pycparser zstandard; peft comes with the
+# machine or as a wheel too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -80,7 +84,28 @@ started=$(date +%s)
   || echo "gpu_smoke: learner_scaling had a failed point (see $SCALING_OUT)" >&2
 echo "gpu_smoke: wrote $SCALING_OUT in $(( $(date +%s) - started )) s" >&2
 
-# 3. the engines, in a venv with vLLM
+# 3. delta and LoRA bytes per version (needs zstandard and peft: from ./.whl when offline)
+if ! "$PY" -c "import zstandard, peft" 2>/dev/null; then
+  if [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/echo2-site .whl/*.whl
+    export PYTHONPATH="/tmp/echo2-site${PYTHONPATH:+:$PYTHONPATH}"
+  else
+    "$PY" -m pip install -q "zstandard>=0.22" "peft>=0.13"
+  fi
+fi
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  DELTA_ARGS=(--device cpu --hidden 128 --layers 2 --intermediate 256 --heads 2 --kv-heads 1 --head-dim 64
+              --vocab 1000 --steps 3)
+  DELTA_OUT="$OUT_DIR/delta_bytes_gpu_smoke_cpu_path.json"
+else
+  DELTA_ARGS=(--device cuda --codecs sub-zstd)  # both codecs: ~100 s; the CPU result compares them
+  DELTA_OUT="$OUT_DIR/delta_bytes_gpu.json"
+fi
+started=$(date +%s)
+"$PY" benchmarks/delta_bytes.py "${DELTA_ARGS[@]}" --out "$DELTA_OUT" > /dev/null
+echo "gpu_smoke: wrote $DELTA_OUT in $(( $(date +%s) - started )) s" >&2
+
+# 4. the engines, in a venv with vLLM
 if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
   VPY=${VLLM_PYTHON:-.venv-vllm/bin/python}
   ENGINE_ARGS=(--arch tiny --device cpu --prompts 8 --new-tokens 16 --repeats 1)

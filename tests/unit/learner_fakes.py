@@ -24,6 +24,7 @@ class FakeIO:
         self.audits: list[tuple[int, list]] = []
         self.asked: list[int] = []
         self.durable: list[int | None] = []  # the checkpoint step reported with each batch request
+        self.last_encode_s = 0.0
 
     def start(self) -> None:
         pass
@@ -31,7 +32,7 @@ class FakeIO:
     def close(self) -> None:
         pass
 
-    def publish(self, version: int, payload) -> VersionInfo:
+    def publish(self, version: int, payload, adapter=None) -> VersionInfo:
         data = bytes(payload)
         self.published.append((version, data))
         signed = sign_manifest(build_manifest(version, data, 1 << 16, published_at=time.time()), self.key)

@@ -74,7 +74,10 @@ def test_a_failed_swap_leaves_the_old_version_held(tmp_path):
 
 
 def _info(version: int, published_at: float = 100.0):
-    return SimpleNamespace(version=version, published_at=published_at)
+    """An announcement of a full version (no delta base) as the follower reads it."""
+    manifest = SimpleNamespace(base_version=None, adapter=None)
+    return SimpleNamespace(version=version, published_at=published_at,
+                           signed=SimpleNamespace(unverified_manifest=lambda: manifest))
 
 
 class GoneEverywhere:
@@ -92,20 +95,21 @@ class GoneEverywhere:
         self.fetched.append(target.version)
         if target.version < self.newest:
             raise BroadcastFailed(f"version {target.version}: every source failed: HTTP 410", obsolete=True)
-        return SimpleNamespace(payload=b"", metrics=None)
+        return SimpleNamespace(payload=b"", metrics=None, manifest=target.signed.unverified_manifest())
 
 
 def test_a_version_gone_everywhere_is_not_fetched_again_and_the_newest_is_asked_for(tmp_path, monkeypatch):
     import echo2.rollout.follower as follower_module
 
     monkeypatch.setattr(follower_module, "_deserialize", lambda payload: {"w": 1})
+    monkeypatch.setattr(follower_module, "_rebuild", lambda base, payload, manifest: payload)
     receiver, asked = GoneEverywhere(newest=25), []
     follower = VersionFollower(receiver, MetricsWriter(tmp_path / "m.jsonl", "worker"),
                                ask_newest=lambda: asked.append(True))
 
     async def main() -> None:
         stop = asyncio.Event()
-        follower.latest, follower.assignment = _info(19), SimpleNamespace(version=19)
+        follower.note(_info(19), SimpleNamespace(version=19), "")
         loop = asyncio.create_task(follower.run(stop))
         await asyncio.sleep(1.5)  # without the fix: v19 again every FETCH_RETRY_S
         assert receiver.fetched == [19] and asked == [True]
@@ -116,3 +120,35 @@ def test_a_version_gone_everywhere_is_not_fetched_again_and_the_newest_is_asked_
 
     asyncio.run(asyncio.wait_for(main(), timeout=30))
     assert receiver.fetched == [19, 25] and follower.staged.info.version == 25
+
+
+def test_a_delta_that_does_not_rebuild_its_manifest_is_refused_and_never_loaded(tmp_path):
+    """A delta whose chunks verify (the manifest hashes these very bytes) but that rebuilds
+    something else than the tensors its manifest lists: refused, never staged or retried, and
+    the version held stays the base for the next delta."""
+    from tests.unit.broadcast.test_broadcast_delta import _publish, _versions
+
+    from echo2.broadcast.manifest import build_manifest
+    from echo2.broadcast.metrics import FetchResult
+
+    payloads = _versions(3)
+    published = _publish(payloads, anchor_every=1000)
+    good, form = published[2, "delta"]
+    tampered = bytearray(bytes(form.payload))
+    tampered[-3] ^= 0x01  # a different delta, yet one the chunk hashes below vouch for
+    manifest = build_manifest(2, bytes(tampered), 4096, base_version=1, codec=good.codec, content=good.tensors,
+                              content_bytes=good.content_bytes)
+    metrics = FetchMetrics(version=2, worker_id="w0", total_bytes=len(tampered), published_at=1.0, started_at=1.0,
+                           first_chunk_at=1.0, verified_at=1.0, bytes_by_source={"origin": len(tampered)})
+
+    async def fetch(info, assignment, held, key):
+        assert held == 1
+        return FetchResult(payload=memoryview(bytes(tampered)), manifest=manifest, metrics=metrics)
+
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", fetch=fetch), MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower.base = (1, payloads[1])
+    target = SimpleNamespace(version=2)
+    assert asyncio.run(follower._fetch(target, SimpleNamespace(version=2))) is None
+    assert follower.rejected == {2} and follower.staged is None and follower.base == (1, payloads[1])
+    (record,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert record["kind"] == "weights_fetch_failed" and "refused after reconstruction" in record["error"]

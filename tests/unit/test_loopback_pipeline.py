@@ -12,7 +12,7 @@ import torch
 from tests.unit.coordinator_helpers import FakeClock, make_state
 from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 
-from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.manifest import TensorEntry, build_manifest
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
@@ -92,10 +92,13 @@ def forge(state, io: LearnerIO) -> None:
     """A version 2 signed by another key. The coordinator refuses it; announced anyway (as a
     compromised coordinator would), the workers refuse it too."""
     payload = b"\0" * 64
-    manifest = build_manifest(2, payload, 16, base_version=1, published_at=time.time())
+    content = [TensorEntry(name="x", dtype="BF16", shape=[1], start=62, end=64, sha256="0" * 64)]
+    manifest = build_manifest(2, payload, 16, base_version=1, codec="sub-zstd", content=content, content_bytes=64,
+                              published_at=time.time())
     signed = sign_manifest(manifest, generate_private_key())
     info = VersionInfo(version=2, signed=signed, origin_url=io.origin_url, published_at=time.time())
     with pytest.raises(RequestError, match="publish of version 2 refused"):
         state.publish(info, state.public_key_hex)
     state.dissemination.plan_version(2, info.origin_url, state._peers())
+    state.dissemination.published(info, restarted=False)
     state.latest = info

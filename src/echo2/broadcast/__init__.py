@@ -25,6 +25,15 @@ import importlib
 from typing import Any
 
 _HOME = {
+    # catchup (which forms stay served, the cheapest way to the newest version)
+    "Offer": "echo2.broadcast.catchup",
+    "cheapest_path": "echo2.broadcast.catchup",
+    "retained": "echo2.broadcast.catchup",
+    # delta (lossless version deltas) and the learner's encoder
+    "decode_delta": "echo2.broadcast.delta",
+    "encode_delta": "echo2.broadcast.delta",
+    "same_layout": "echo2.broadcast.delta",
+    "VersionEncoder": "echo2.broadcast.encoder",
     # fetch
     "ReportBadPeer": "echo2.broadcast.fetch",
     "fetch_version": "echo2.broadcast.fetch",
@@ -33,7 +42,10 @@ _HOME = {
     "predict_plan_s": "echo2.broadcast.latency",
     "predict_worker_s": "echo2.broadcast.latency",
     # manifest
+    "AdapterSpec": "echo2.broadcast.manifest",
     "Manifest": "echo2.broadcast.manifest",
+    "content_index": "echo2.broadcast.manifest",
+    "verify_content": "echo2.broadcast.manifest",
     "TensorEntry": "echo2.broadcast.manifest",
     "build_manifest": "echo2.broadcast.manifest",
     "chunk_spans": "echo2.broadcast.manifest",

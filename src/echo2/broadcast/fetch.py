@@ -217,7 +217,8 @@ class _SourceStream:
 
     async def pull(self, session: aiohttp.ClientSession) -> None:
         timeout = _stream_timeout(self.config)
-        params = {"version": str(self.buffer.version), "start": str(self.buffer.verified_chunks)}
+        params = {"version": str(self.buffer.version), "start": str(self.buffer.verified_chunks),
+                  "form": self.buffer.manifest.form}
         try:
             async with session.get(self.source.url + wire.CHUNKS_PATH, params=params,
                                    headers=self.fetch.headers, timeout=timeout) as response:

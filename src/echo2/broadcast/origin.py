@@ -4,7 +4,8 @@ first-hop workers (every worker in one-to-many mode).
 `Origin` is the asyncio object; the learner is a torch training loop, so `OriginThread` runs an
 Origin on its own event loop in a daemon thread and exposes blocking `start`, `publish`, `stats`
 and `stop`. Hashing a version (sha256 of every chunk) happens in the calling thread, so the
-serving loop keeps streaming the previous version meanwhile.
+serving loop keeps streaming the previous version meanwhile. `prepare_version` encodes a
+version in the forms `encoder.VersionEncoder` picks (a delta, a full anchor, or both).
 """
 
 from __future__ import annotations
@@ -18,8 +19,17 @@ from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from echo2.broadcast.encoder import Encoded, VersionEncoder
 from echo2.broadcast.faults import Fault
-from echo2.broadcast.manifest import SignedManifest, build_manifest
+from echo2.broadcast.manifest import (
+    FULL_CODEC,
+    AdapterSpec,
+    Codec,
+    Form,
+    SignedManifest,
+    TensorEntry,
+    build_manifest,
+)
 from echo2.broadcast.metrics import OriginMetrics
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.signing import sign_manifest
@@ -43,11 +53,12 @@ class Origin:
         self.config = config
         self._private_key = private_key
         self.relay = RelayServer(
-            config, auth_token=auth_token, host=host, port=port, keep_versions=config.keep_versions, fault=fault,
-            ssl_context=ssl_context,
+            config, auth_token=auth_token, host=host, port=port, keep_versions=config.keep_versions,
+            keep_since_anchor=True, fault=fault, ssl_context=ssl_context,
         )
+        self.encoder = VersionEncoder(config)
         self._total_bytes: dict[int, int] = {}
-        self._last_prepared: int | None = None  # touched by the publishing thread only
+        self._last_prepared: tuple[int, set[Form]] | None = None  # touched by the publishing thread only
 
     @property
     def public_key(self) -> Ed25519PublicKey:
@@ -63,20 +74,34 @@ class Origin:
     async def stop(self) -> None:
         await self.relay.stop()
 
-    def prepare(self, version: int, payload: bytes, *, base_version: int | None = None) -> SignedManifest:
-        """Hash and sign (CPU only, safe from any thread); `install` then starts serving it."""
+    def prepare(self, version: int, payload: bytes | memoryview, *, base_version: int | None = None,
+                codec: Codec = FULL_CODEC, content: list[TensorEntry] | None = None,
+                content_bytes: int = 0, adapter: AdapterSpec | None = None) -> SignedManifest:
+        """Hash and sign one form of a version (CPU only, safe from any thread); `install` then
+        starts serving it. A version may be prepared once per form (an anchor: delta and full)."""
+        form: Form = "full" if base_version is None else "delta"
         last = self._last_prepared
-        if last is not None and version <= last:
-            raise ValueError(f"version {version} must be newer than the last published version {last}")
-        manifest = build_manifest(version, payload, self.config.chunk_bytes, base_version=base_version)
-        self._last_prepared = version
+        if last is not None and (version < last[0] or (version == last[0] and form in last[1])):
+            raise ValueError(f"version {version} ({form}) must be newer than the last published version {last[0]}")
+        manifest = build_manifest(version, payload, self.config.chunk_bytes, base_version=base_version, codec=codec,
+                                  content=content, content_bytes=content_bytes, adapter=adapter)
+        self._last_prepared = (version, (last[1] if last and last[0] == version else set()) | {form})
         # Publish time is taken after hashing: dissemination is measured from when it can start.
         return sign_manifest(manifest.model_copy(update={"published_at": time.time()}), self._private_key)
 
-    def install(self, signed: SignedManifest, payload: bytes) -> None:
+    def prepare_version(self, version: int, payload: bytes | memoryview, *,
+                        adapter: AdapterSpec | None = None) -> list[tuple[SignedManifest, Encoded]]:
+        """Encode a full payload in the forms the encoder picks and sign each; the first is what
+        the broadcast tree carries (the delta when there is one). `adapter`: the payload holds
+        LoRA adapters only."""
+        return [(self.prepare(version, form.payload, base_version=form.base_version, codec=form.codec,  # type: ignore[arg-type]
+                              content=form.content, content_bytes=form.content_bytes, adapter=adapter), form)
+                for form in self.encoder.encode(version, payload)]
+
+    def install(self, signed: SignedManifest, payload: bytes | memoryview) -> None:
         manifest = signed.unverified_manifest()  # we signed it a moment ago
         self.relay.install(manifest, payload)
-        self._total_bytes[manifest.version] = manifest.total_bytes
+        self._total_bytes.setdefault(manifest.version, manifest.total_bytes)  # the tree's form comes first
 
     def publish(self, version: int, payload: bytes, *, base_version: int | None = None) -> SignedManifest:
         """Sign `payload` as `version` and serve it; hand the result to the coordinator."""

@@ -2,7 +2,8 @@
 verified chunks to its children.
 
 It holds the newest completed version (what the worker serves and has loaded) and at most one
-incoming version (being received). A child's stream of the incoming version is fed chunk by
+incoming version (being received). Versions are served by form (`full` or `delta`, see
+`catchup`): the learner's origin serves an anchor's delta and its full snapshot side by side. A child's stream of the incoming version is fed chunk by
 chunk as the worker verifies them, so chunk j goes out while chunk j+1 is still arriving. The
 completed version keeps being served until the incoming one completes; a failed or superseded
 incoming version ends its children's streams with an error frame so they fail over at once.
@@ -19,6 +20,7 @@ from collections import defaultdict
 from aiohttp import web
 
 from echo2.broadcast import wire
+from echo2.broadcast.catchup import Form, retained
 from echo2.broadcast.faults import Fault, FaultKind
 from echo2.broadcast.manifest import Manifest
 from echo2.broadcast.store import VersionBuffer
@@ -40,12 +42,14 @@ class RelayServer:
         host: str = "127.0.0.1",
         port: int = 0,
         keep_versions: int = 1,
+        keep_since_anchor: bool = False,
         fault: Fault | None = None,
         throttle: Throttle | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`port` 0 picks a free port (read it back from `.port` after `start`). `keep_versions`
-        completed versions are served (1 on workers; the learner keeps config.keep_versions).
+        completed versions are served (1 on workers; the learner keeps config.keep_versions, and
+        with `keep_since_anchor` every version since its newest anchor: see `catchup.retained`).
         `ssl_context` (echo2.protocol.tls.server_context): serve https; None: plain HTTP."""
         self.config = config
         self.fault = fault
@@ -53,8 +57,8 @@ class RelayServer:
         self._auth_token = auth_token
         self._ssl_context = ssl_context
         self._host, self._port = host, port
-        self._keep_versions = keep_versions
-        self._complete: dict[int, VersionBuffer] = {}
+        self._keep_versions, self._keep_since_anchor = keep_versions, keep_since_anchor
+        self._complete: dict[tuple[int, Form], VersionBuffer] = {}
         self._incoming: VersionBuffer | None = None
         self._announced = asyncio.Event()
         self._sent: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -102,7 +106,7 @@ class RelayServer:
     @property
     def held_version(self) -> int | None:
         """Newest completed version this relay serves (None before the first)."""
-        return max(self._complete, default=None)
+        return max((version for version, _ in self._complete), default=None)
 
     def begin(self, manifest: Manifest) -> VersionBuffer:
         """The store to receive `manifest`'s version into (served to children as it fills).
@@ -129,7 +133,7 @@ class RelayServer:
     def install(self, manifest: Manifest, payload: bytes) -> VersionBuffer:
         """Serve a complete version whose payload the caller built the manifest from (the origin)."""
         buffer = VersionBuffer(manifest, payload)
-        self._complete[manifest.version] = buffer
+        self._complete[manifest.version, manifest.form] = buffer
         self._prune()
         self._announce()
         return buffer
@@ -139,7 +143,7 @@ class RelayServer:
         payload = buffer.complete()
         if self._incoming is buffer:
             self._incoming = None
-        self._complete[buffer.version] = buffer
+        self._complete[buffer.version, buffer.manifest.form] = buffer
         self._prune()
         return payload
 
@@ -151,8 +155,9 @@ class RelayServer:
         return dict(self._sent.get(version, {}))
 
     def _prune(self) -> None:
-        for version in sorted(self._complete)[: -self._keep_versions]:
-            del self._complete[version]
+        keep = retained(self._complete, self._keep_versions, since_anchor=self._keep_since_anchor)
+        for key in [key for key in self._complete if key not in keep]:
+            del self._complete[key]
         for version in sorted(self._sent)[:-SENT_HISTORY]:
             del self._sent[version]
 
@@ -160,16 +165,22 @@ class RelayServer:
         event, self._announced = self._announced, asyncio.Event()
         event.set()
 
-    def _lookup(self, version: int) -> VersionBuffer | None:
-        if version in self._complete:
-            return self._complete[version]
-        if self._incoming is not None and self._incoming.version == version:
-            return self._incoming
+    def _lookup(self, version: int, form: Form) -> VersionBuffer | None:
+        if (version, form) in self._complete:
+            return self._complete[version, form]
+        incoming = self._incoming
+        if incoming is not None and incoming.version == version and incoming.manifest.form == form:
+            return incoming
         return None
 
     def _newest_known(self) -> int:
         incoming = self._incoming.version if self._incoming is not None else -1
-        return max(incoming, max(self._complete, default=-1))
+        return max(incoming, self.held_version if self.held_version is not None else -1)
+
+    def _other_form_only(self, version: int, form: Form) -> bool:
+        """This relay holds (or receives) `version`, but not in `form`: it never will."""
+        other: Form = "delta" if form == "full" else "full"
+        return self._lookup(version, other) is not None
 
     # ---- handlers --------------------------------------------------------------------------
 
@@ -189,17 +200,17 @@ class RelayServer:
         self._authorize(request)
         if self._crashed():
             _abort(request)
-        version, start = _parse_query(request)
+        version, start, form = _parse_query(request)
         if self._streams >= self.config.max_children:
             raise web.HTTPServiceUnavailable(text=f"relay serves {self._streams} streams already; use another source")
-        buffer = self._lookup(version)
-        if buffer is None and version < self._newest_known():
-            raise web.HTTPGone(text=f"version {version} is no longer served here (newest {self._newest_known()})")
+        buffer = self._lookup(version, form)
+        if buffer is None and (version < self._newest_known() or self._other_form_only(version, form)):
+            raise web.HTTPGone(text=f"version {version} ({form}) is not served here (newest {self._newest_known()})")
         response = web.StreamResponse(headers={"Content-Type": wire.CONTENT_TYPE})
         self._streams += 1  # counted before the first await so concurrent requests see it
         try:
             await response.prepare(request)
-            buffer = buffer or await self._await_announce(response, version)
+            buffer = buffer or await self._await_announce(response, version, form)
             if buffer is not None:
                 await _Stream(self, request, response, buffer).run(start)
         except (ConnectionError, TimeoutError) as exc:
@@ -210,12 +221,12 @@ class RelayServer:
             self._streams -= 1
         return response
 
-    async def _await_announce(self, response: web.StreamResponse, version: int) -> VersionBuffer | None:
+    async def _await_announce(self, response: web.StreamResponse, version: int, form: Form) -> VersionBuffer | None:
         """Keep the child waiting with keepalives until this relay is told about `version`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.announce_wait_s
-        while (buffer := self._lookup(version)) is None:
-            if self._newest_known() > version:
+        while (buffer := self._lookup(version, form)) is None:
+            if self._newest_known() > version or self._other_form_only(version, form):
                 # this relay skipped `version` (a newer one came first): the child should move on
                 # to its next source now, not wait out announce_wait_s
                 await self._write(response, wire.error_frame(f"version {version} skipped here (newest {self._newest_known()})",
@@ -242,7 +253,7 @@ class RelayServer:
 
     def _genuine_elsewhere(self, buffer: VersionBuffer, index: int) -> memoryview:
         """FaultKind.MIX: a verified chunk that is not chunk `index` of `buffer`."""
-        for version, other in self._complete.items():
+        for (version, _), other in self._complete.items():
             if version != buffer.version and index < other.manifest.num_chunks:
                 return other.chunk_view(index)
         return buffer.chunk_view(index + 1 if index + 1 < buffer.verified_chunks else index - 1)
@@ -352,14 +363,17 @@ class _Stream:
                 await asyncio.sleep(fault.dribble_interval_s)
 
 
-def _parse_query(request: web.Request) -> tuple[int, int]:
+def _parse_query(request: web.Request) -> tuple[int, int, Form]:
     try:
         version, start = int(request.query["version"]), int(request.query.get("start", "0"))
     except (KeyError, ValueError):
         raise web.HTTPBadRequest(text="expected integer query parameters version and start") from None
     if version < 0 or start < 0:
         raise web.HTTPBadRequest(text="version and start must be >= 0")
-    return version, start
+    form = request.query.get("form", "full")
+    if form not in ("full", "delta"):
+        raise web.HTTPBadRequest(text=f"form must be 'full' or 'delta', got {form[:20]!r}")
+    return version, start, form  # type: ignore[return-value]
 
 
 def _closing(request: web.Request) -> bool:

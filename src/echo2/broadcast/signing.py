@@ -107,11 +107,12 @@ def verify_manifest(
     *,
     held_version: int | None,
     max_payload_bytes: int | None = None,
+    check_base: bool = True,
 ) -> Manifest:
     """The manifest, if signed by `public_key`, newer than `held_version` and within size limits.
 
     Raises ManifestRejected otherwise. A delta (base_version set) is accepted only by a worker
-    holding exactly its base version.
+    holding exactly its base version (`check_base`; off for the coordinator, which holds none).
     """
     _check_signature(signed, public_key)
     manifest = decode_manifest(signed.manifest_json)
@@ -119,14 +120,14 @@ def verify_manifest(
         raise ManifestRejected(
             f"manifest version {manifest.version} is not newer than held version {held_version} (replay?)"
         )
-    if manifest.base_version is not None and manifest.base_version != held_version:
+    if check_base and manifest.base_version is not None and manifest.base_version != held_version:
         raise ManifestRejected(
             f"version {manifest.version} is a delta against {manifest.base_version} but this worker holds "
             f"{held_version}; it needs a full snapshot"
         )
-    if max_payload_bytes is not None and manifest.total_bytes > max_payload_bytes:
+    if max_payload_bytes is not None and max(manifest.total_bytes, manifest.loaded_bytes) > max_payload_bytes:
         raise ManifestRejected(
-            f"version {manifest.version} has {manifest.total_bytes} bytes, above max_payload_bytes "
+            f"version {manifest.version} has {max(manifest.total_bytes, manifest.loaded_bytes)} bytes, above max_payload_bytes "
             f"{max_payload_bytes}; raise broadcast.max_payload_bytes if this model is expected"
         )
     return manifest

@@ -100,7 +100,30 @@ class BroadcastConfig(Frozen):
     to its next source) instead of thinning everyone's share of the uplink."""
     keep_versions: int = Field(2, ge=1, le=16)
     """Completed versions the learner keeps serving (the newest for late joiners, the previous for
-    workers still finishing it). Workers keep exactly one: the version they hold."""
+    workers still finishing it), and with `deltas` also every version since the newest anchor.
+    Workers keep exactly one: the version they hold."""
+    deltas: bool = False
+    """Publish version v as a lossless delta against v-1 (see echo2.broadcast.delta) instead of
+    a full snapshot: at RL learning rates a bf16 delta is a few percent of the full bytes
+    (benchmarks/delta_bytes.py). Workers rebuild v from the v-1 they hold and check every tensor
+    against the manifest's hashes; a worker without the base gets an anchor plus deltas or waits
+    for a fresh anchor, whichever the coordinator finds cheaper. Off: every version is full."""
+    delta_codec: Literal["sub-zstd", "xor-zstd"] = "sub-zstd"
+    """How a delta encodes bit patterns: their difference ("sub-zstd", measured smaller on bf16)
+    or their XOR; both exact."""
+    delta_zstd_level: int = Field(3, ge=1, le=19)
+    """zstd level of deltas: 3 compresses ~0.5 GB/s per core; higher levels buy ~1% fewer bytes
+    at several times the learner's CPU time."""
+    anchor_every: int = Field(20, ge=1, le=100_000)
+    """With `deltas`: every this many versions the learner also publishes the full version (an
+    anchor) next to its delta, so a worker that lacks the base needs at most anchor_every - 1
+    deltas after it. Each anchor costs the learner one full hash pass and the origin memory for
+    one full version."""
+    anchor_when_behind: float = Field(2.0, gt=0)
+    """With `deltas`: when the cheapest way for a live worker to reach the newest version (an
+    anchor plus deltas, or the deltas after the version it holds) costs more than this many full
+    versions, or there is none, the coordinator asks the learner for an anchor with its next
+    version (an anchor on demand)."""
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> BroadcastConfig:

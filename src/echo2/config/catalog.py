@@ -74,8 +74,13 @@ class Workload(Frozen):
     bytes_per_param: float = Field(2.0, gt=0)
     """Bytes per parameter on the wire: 2 for bf16, 1 for fp8."""
     bytes_per_version: float | None = Field(None, gt=0)
-    """Measured bytes of one published version (the run summary's `bytes_per_version`, header
-    included); when given it replaces params x bytes_per_param."""
+    """M, measured: bytes one published version puts on the wire (the run summary's
+    `bytes_per_version`, or benchmarks/delta_bytes.py: a full bf16 version, a delta + zstd with
+    broadcast.deltas, or a LoRA adapter); when given it replaces params x bytes_per_param."""
+    join_bytes: float | None = Field(None, gt=0)
+    """Bytes a worker holding no version fetches before it can generate: with deltas, the full
+    version (params x bytes_per_param, or the summary's `full_bytes_per_version`); with full
+    versions or LoRA (workers load the base at start) the default, M itself."""
     prompts_per_step: int = Field(ge=1)
     group_size: int = Field(ge=1)
     """B = prompts_per_step x group_size rollouts per learner step."""
@@ -100,10 +105,22 @@ class Workload(Frozen):
 
     @property
     def snapshot_bytes(self) -> float:
-        """M: bytes of one full version, measured if the workload gives them."""
+        """M: bytes of one version on the wire, measured if the workload gives them."""
         if self.bytes_per_version is not None:
             return self.bytes_per_version
         return self.params * self.bytes_per_param
+
+    @property
+    def newcomer_bytes(self) -> float:
+        """What a worker with no version fetches first (join_bytes, default M)."""
+        return self.join_bytes if self.join_bytes is not None else self.snapshot_bytes
+
+    def catch_up_bytes(self, versions_behind: int | None) -> float:
+        """Bytes that bring a worker `versions_behind` versions behind (None: holding none) to
+        the newest: the missed versions one by one, or a fresh start when that is fewer."""
+        if versions_behind is None:
+            return self.newcomer_bytes
+        return min(versions_behind * self.snapshot_bytes, max(self.newcomer_bytes, self.snapshot_bytes))
 
 
 class BroadcastPlan(Frozen):

@@ -1,6 +1,9 @@
 """The coordinator's side of the weight broadcast: for each published version, a relay tree over
 the live workers (echo2.broadcast.topology) built from what they declared (link speeds, whether
-they accept connections); late joiners get the fastest holders of the version. A worker that
+they accept connections); late joiners get the fastest holders of the version. With delta
+versions (broadcast.deltas) it also keeps the forms the learner's origin still serves and gives
+each worker the next fetch on the fewest-bytes way from the version it holds to the newest
+(echo2.broadcast.catchup), asking the learner for an anchor when that way is too long. A worker that
 reports a source for sending bad bytes is never sent to it again; the source is dropped for
 everyone once `broadcast.reporters_to_suspect` different workers have reported it, so one lying
 worker cannot cut an honest relay off."""
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from echo2.broadcast.catchup import Form, Offer, cheapest_path, path_bytes, retained
 from echo2.broadcast.topology import (
     ORIGIN_ID,
     Assignment,
@@ -21,6 +25,7 @@ from echo2.broadcast.topology import (
 )
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import bytes_per_s
+from echo2.protocol.messages import VersionInfo
 
 
 @dataclass(frozen=True)
@@ -44,16 +49,59 @@ class Dissemination:
         """Dropped as a source for everyone."""
         self.reporters: dict[str, set[str]] = {}
         """peer id -> the workers that reported it (each avoids it from then on)."""
+        self.offers: dict[tuple[int, Form], tuple[VersionInfo, Offer]] = {}
+        """The forms the learner's origin serves (the same rule as its relay: catchup.retained)."""
+        self.full_bytes = 0
+        """Bytes of the newest version in full: what catching up is weighed against."""
+        self.tree_form: Form = "full"
+        """The form the newest version's relay tree carries."""
+        self.anchor_wanted = False
+        """A live worker's way to the newest version costs more than anchor_when_behind full
+        versions (or there is none): the next publish reply asks the learner for an anchor."""
+
+    def published(self, info: VersionInfo, *, restarted: bool) -> None:
+        """Record the forms of a new version. `restarted`: a new learner process published
+        (its origin serves none of the earlier forms)."""
+        if restarted:
+            self.offers.clear()
+        primary = info.signed.unverified_manifest()  # the caller verified the signatures
+        self.offers[info.version, primary.form] = (info.model_copy(update={"full": None}),
+                                                   Offer(info.version, primary.base_version, primary.total_bytes))
+        if info.full is not None:
+            full = info.full.unverified_manifest()
+            self.offers[info.version, "full"] = (info.model_copy(update={"signed": info.full, "full": None}),
+                                                 Offer(info.version, None, full.total_bytes))
+        if primary.form == "full" or info.full is not None:
+            self.anchor_wanted = False  # the anchor asked for is out
+        keep = retained(self.offers, self.config.keep_versions)
+        self.offers = {key: value for key, value in self.offers.items() if key in keep}
+        self.full_bytes, self.tree_form = primary.loaded_bytes, primary.form
+
+    def next_fetch(self, worker_id: str, held: int, latest: VersionInfo,
+                   peers: list[Peer]) -> tuple[VersionInfo, Assignment] | None:
+        """What `worker_id`, holding version `held` (-1: none), pulls next towards `latest`,
+        and from where; None when there is no way (it waits for the anchor asked for)."""
+        path = cheapest_path(held if held >= 0 else None, latest.version, [offer for _, offer in self.offers.values()])
+        if path is None or path_bytes(path) > self.config.anchor_when_behind * self.full_bytes:
+            self.anchor_wanted = True
+        if path is None:
+            return None
+        step = path[0]
+        info = self.offers[step.version, step.form][0]
+        in_plan = step.version == latest.version and step.form == self.tree_form
+        return info, self.assignment(worker_id, step.version, latest.origin_url, peers, in_plan=in_plan)
 
     def plan_version(self, version: int, origin_url: str, peers: list[Peer]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
         self.plan = plan_broadcast(version, self._origin(origin_url), [self._info(p) for p in peers], self.config)
         return self.plan
 
-    def assignment(self, worker_id: str, version: int, origin_url: str, peers: list[Peer]) -> Assignment:
+    def assignment(self, worker_id: str, version: int, origin_url: str, peers: list[Peer], *,
+                   in_plan: bool = True) -> Assignment:
         """Where `worker_id` pulls `version` from: its place in the plan, or, for a worker that
-        joined after the plan was made, any holder of the version (the learner last)."""
-        if self.plan is not None and self.plan.version == version:
+        joined after the plan was made (or fetches a form the tree does not carry: `in_plan`
+        False), any holder of the version (the learner last)."""
+        if in_plan and self.plan is not None and self.plan.version == version:
             try:
                 return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
             except ValueError:

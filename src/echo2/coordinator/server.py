@@ -200,8 +200,8 @@ async def handle_rollout(request: web.Request) -> web.Response:
 
 async def handle_publish(request: web.Request) -> web.Response:
     req = await _parse(request, PublishRequest)
-    request.app[STATE_KEY].publish(req.info, req.public_key_hex)
-    return web.json_response({"ok": True, "version": req.info.version})
+    anchor_wanted = request.app[STATE_KEY].publish(req.info, req.public_key_hex)
+    return web.json_response({"ok": True, "version": req.info.version, "anchor_wanted": anchor_wanted})
 
 
 async def handle_batch(request: web.Request) -> web.Response:

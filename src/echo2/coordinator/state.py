@@ -158,6 +158,8 @@ class CoordinatorState:
         self.cursor: int = store.get_meta("cursor", 0)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
+        if self.latest is not None:  # the earlier forms are forgotten: workers behind get an anchor
+            self.dissemination.published(self.latest, restarted=True)
         stored, configured = store.get_meta("learner_public_key", ""), self._configured_learner_key()
         if stored and configured and stored != configured:
             raise ValueError(f"broadcast.learner_public_key ({configured[:16]}...) is not the key this run's versions "
@@ -299,12 +301,16 @@ class CoordinatorState:
     def heartbeat(self, req: Heartbeat) -> HeartbeatResponse:
         record = self._worker(req.worker_id)
         self._check_version(req.version, "heartbeat.version")
+        held = req.version if req.base_version is None else req.base_version
+        self._check_version(held, "heartbeat.base_version")
         record.version = req.version
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
         record.claimed_rollouts, record.claimed_busy_s = req.rollouts_total, req.busy_s_total
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
-        return HeartbeatResponse(latest=self.latest, assignment=self._assignment(record),
+        fetch = self._next_fetch(record, held)
+        return HeartbeatResponse(latest=self.latest.model_copy(update={"full": None}) if self.latest else None,
+                                 fetch=fetch[0] if fetch else None, assignment=fetch[1] if fetch else None,
                                  active=self.controller.is_active(req.worker_id),
                                  learner_public_key=self.public_key_hex)
 
@@ -312,12 +318,12 @@ class CoordinatorState:
         return [Peer(w.worker_id, w.relay_address, w.upload_bps, w.download_bps, w.version)
                 for w in self.workers.values() if w.alive]
 
-    def _assignment(self, record: WorkerRecord):
-        """Where the worker pulls the newest version from; None when it already holds it."""
-        if self.latest is None or record.version >= self.latest.version:
+    def _next_fetch(self, record: WorkerRecord, held: int):
+        """What the worker pulls next towards the newest version, and from where; None when it
+        holds the newest already (or waits for an anchor)."""
+        if self.latest is None or held >= self.latest.version:
             return None
-        return self.dissemination.assignment(record.worker_id, self.latest.version, self.latest.origin_url,
-                                             self._peers())
+        return self.dissemination.next_fetch(record.worker_id, held, self.latest, self._peers())
 
     def bad_peer(self, req: BadPeerRequest) -> None:
         """A worker caught a source sending bytes that fail verification: never use it again."""
@@ -523,27 +529,28 @@ class CoordinatorState:
         self._save_counters()
 
     # ---- learner ----
-    def publish(self, info: VersionInfo, public_key_hex: str) -> None:
+    def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
         """Accept a version from the learner: signed by the pinned learner key (broadcast.
         learner_public_key, else the key of the first publish, kept across restarts), and the
         next version (latest + 1) or the latest again; a replay of an older one by a resumed
         learner changes nothing. Checked in full before anything changes, then applied in one
-        transaction."""
+        transaction. Returns whether the learner should make its next version an anchor."""
         pinned = self.public_key_hex or public_key_hex
         if public_key_hex != pinned:
             raise RequestError(409, f"publish signed by key {public_key_hex[:16]}...; this run's learner key is "
                                     f"{pinned[:16]}... (pinned at the first publish or by broadcast.learner_public_key)")
         try:
-            manifest = verify_manifest(info.signed, public_key_from_hex(pinned), held_version=None)
+            manifest = verify_manifest(info.signed, public_key_from_hex(pinned), held_version=None, check_base=False)
         except (ManifestRejected, ValueError) as exc:
             raise RequestError(422, f"publish of version {info.version} refused: {exc}") from None
         if manifest.version != info.version:
             raise RequestError(422, f"publish says version {info.version}, its signed manifest {manifest.version}")
+        self._check_full_form(info, manifest, pinned)
         newest = self.current_version
         if self.latest is not None and info.version < newest:
             # a restarted learner replaying steps: workers already hold the newer version
             self.events.append({"kind": "publish_replayed", "version": info.version, "latest": newest})
-            return
+            return False
         # the newest version again is a restarted learner serving it from its new origin: workers
         # that had not finished it can only get it there, so it is announced anew
         if self.latest is not None and info.version not in (newest, newest + 1):
@@ -553,12 +560,31 @@ class CoordinatorState:
         with self.store.tx():
             self.store.set_meta("learner_public_key", pinned)
             self.store.set_meta("latest", info.model_dump())
+        # the newest version again, or a new origin: a restarted learner, serving none of the forms before
+        restarted = self.latest is None or info.version == newest or info.origin_url != self.latest.origin_url
+        self.dissemination.published(info, restarted=restarted)
         self.public_key_hex, self.latest = pinned, info
         self.plane.publish(info.version)
         self.events.append({
             "kind": "version_published", "version": info.version, "broadcast_mode": plan.mode,
             "first_hop": plan.origin_children, "max_depth": max((a.depth for a in plan.assignments), default=0),
+            "form": manifest.form, "anchor": info.full is not None or manifest.form == "full",
         })
+        wanted, self.dissemination.anchor_wanted = self.dissemination.anchor_wanted, False
+        return wanted
+
+    def _check_full_form(self, info: VersionInfo, manifest, pinned: str) -> None:
+        """An anchor's full manifest rides next to its delta: the same version, signed alike."""
+        if info.full is None:
+            return
+        try:
+            full = verify_manifest(info.full, public_key_from_hex(pinned), held_version=None)
+        except (ManifestRejected, ValueError) as exc:
+            raise RequestError(422, f"publish of version {info.version} refused: its full form: {exc}") from None
+        if full.version != info.version or full.form != "full" or manifest.form != "delta":
+            raise RequestError(422, f"publish of version {info.version}: `full` must be the full form of the same "
+                                    f"version next to a delta `signed` (got {full.form} {full.version} next to "
+                                    f"{manifest.form} {manifest.version})")
 
     def observe_step_time(self, step_time_s: float) -> None:
         """The learner's busy time per step (train + publish), reported with its batch requests."""

@@ -4,6 +4,7 @@ coordinator. The torch training loop calls the blocking wrappers and never touch
 
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
@@ -57,6 +59,8 @@ class LearnerIO:
         self.request_timeout_s = cfg.learner.request_timeout_s
         self.key = learner_key(cfg)
         self.io_loop: LoopThread | None = None
+        self.last_encode_s = 0.0
+        """Seconds the last publish spent building its delta (0 for a full version)."""
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -89,15 +93,23 @@ class LearnerIO:
         await self.origin.stop()
 
     # ---- publishing ----
-    def publish(self, version: int, payload: bytes | mmap.mmap) -> VersionInfo:
-        """Sign `version` (hashing here, in the training thread), serve it from the origin and
-        announce it to the coordinator. The origin serves `payload` itself (no copy)."""
-        signed = self.origin.prepare(version, payload)
-        self._call(_run(self.origin.install, signed, payload), timeout_s=30)
-        info = VersionInfo(version=version, signed=signed, origin_url=self.origin_url,
-                           published_at=signed.unverified_manifest().published_at)
+    def publish(self, version: int, payload: bytes | mmap.mmap, adapter: AdapterSpec | None = None) -> VersionInfo:
+        """Encode `version` in its forms (a delta against the previous version, a full anchor,
+        or both: broadcast.deltas), sign each (hashing here, in the training thread), serve them
+        from the origin and announce them to the coordinator. The origin serves `payload`
+        itself (no copy); a delta is built next to it. `adapter`: the payload holds LoRA
+        adapters only (grpo.lora)."""
+        forms = self.origin.prepare_version(version, payload, adapter=adapter)
+        for signed, form in forms:
+            self._call(_run(self.origin.install, signed, form.payload), timeout_s=30)
+        primary = forms[0][0]
+        info = VersionInfo(version=version, signed=primary, full=forms[1][0] if len(forms) > 1 else None,
+                           origin_url=self.origin_url, published_at=primary.unverified_manifest().published_at)
         body = PublishRequest(info=info, public_key_hex=public_key_hex(self.key.public_key()))
-        self._with_retries(lambda: self._post("/v1/publish", body), self.request_timeout_s)
+        reply = self._with_retries(lambda: self._post("/v1/publish", body), self.request_timeout_s)
+        # a worker's way to the newest version got too long: the next version goes out full as well
+        self.origin.encoder.anchor_requested |= bool(json.loads(reply).get("anchor_wanted", False))
+        self.last_encode_s = sum(form.encode_s for _, form in forms)
         return info
 
     def origin_bytes_sent(self, version: int) -> int:

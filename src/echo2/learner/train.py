@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
@@ -32,6 +33,7 @@ from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.env_evaluation import evaluate_episodes
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
+from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
 from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
@@ -54,6 +56,11 @@ class Learner:
         self.tokenizer = load_tokenizer(cfg.base_model_path)
         # fp32 master weights; a sharded model is cut on the CPU and each shard moved to the device
         self.model = load_model(cfg.base_model_path, "cpu" if self.ranks.sharded else device)
+        if cfg.grpo.lora is not None:  # only the adapters train; versions carry them alone
+            if self.ranks.sharded:
+                raise ValueError(f"grpo.lora with learner.ranks={self.ranks.world}: a sharded learner does not train "
+                                 "LoRA adapters yet; set learner.ranks=1 (adapters need no sharding) or drop grpo.lora")
+            add_lora(self.model, cfg.grpo.lora)
         self.publish_names = list(unique_tensors(self.model))  # tied weights travel once
         self.wire_dtype = wire_dtype(cfg.broadcast.wire_dtype, cfg.base_model_path)
         if cfg.learner.gradient_checkpointing:
@@ -213,18 +220,19 @@ class Learner:
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()
-        tensors = self._full_tensors()
-        if not self.io:  # another rank: it gave its shards to rank 0's full copy
+        versioned = self._version_payload(version)
+        if versioned is None:  # another rank: it gave its shards to rank 0's full copy
             return time.perf_counter() - started
-        require_finite(tensors, f"version {version}")  # never sign a broken model
-        payload = tensors_payload(tensors, self.wire_dtype)
-        info = self.io.publish(version, payload)
-        self.auditor.published(version, payload)  # the audit recomputes under what workers got
+        payload, audit, adapter = versioned
+        info = self.io.publish(version, payload, adapter=adapter)
+        self.auditor.published(version, audit)  # the audit recomputes under what workers got
         elapsed = time.perf_counter() - started
         manifest = info.signed.unverified_manifest()  # we signed it a moment ago
         # the digest lets a test prove a resumed learner republishes bit-identical versions
         digest = hashlib.sha256("".join(manifest.chunk_sha256).encode()).hexdigest()
         self.metrics.write("version_published", version=version, bytes=manifest.total_bytes,
+                           full_bytes=manifest.loaded_bytes, form=manifest.form, anchor=info.full is not None,
+                           encode_s=self.io.last_encode_s,
                            wire_dtype=str(self.wire_dtype).removeprefix("torch."), manifest_digest=digest,
                            publish_s=elapsed)
         if version - 1 in self.published:  # its broadcast is (nearly) done: the uplink it cost
@@ -235,6 +243,22 @@ class Learner:
                      version, info.origin_url)
         self.published.add(version)
         return elapsed
+
+    def _version_payload(self, version: int):
+        """What version `version` carries: every weight, or with grpo.lora the adapters alone
+        (and the same adapters under the model's own names for the audit). Never a broken model.
+        None on the ranks other than 0 of a sharded learner (they take part in the gather)."""
+        lora = self.cfg.grpo.lora
+        if lora is None:
+            tensors = self._full_tensors()
+            if not self.io:
+                return None
+            require_finite(tensors, f"version {version}")
+            payload = tensors_payload(tensors, self.wire_dtype)
+            return payload, payload, None
+        require_finite(lora_parameters(self.model), f"version {version}")
+        adapter = AdapterSpec(r=lora.r, alpha=lora.alpha, target_modules=list(lora.target_modules))
+        return adapter_payload(self.model, self.wire_dtype), audit_payload(self.model, self.wire_dtype), adapter
 
     def _full_tensors(self) -> dict[str, torch.Tensor]:
         """The weights to publish, tied aliases left out: the model's own tensors, or on a

@@ -150,9 +150,10 @@ def _class_plan(
     on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, *lateness)
     stall_s = work.load_time_s if work.background_fetch else dis_s
     interval_s = tail.swap_interval_s(work.step_time_s, period_s)
-    # a replacement waits for the next round (P/2 on average), receives and loads the version,
-    # and half a generation was lost in flight
-    up = tail.availability(worker.mean_uptime_s, period_s / 2 + dis_s + gen_s / 2)
+    # a replacement waits for the next round (P/2 on average), receives and loads the version
+    # (it holds none: join_bytes, a full version with deltas), and half a generation was lost
+    join_s = transfer_s * work.newcomer_bytes / work.snapshot_bytes
+    up = tail.availability(worker.mean_uptime_s, period_s / 2 + join_s + work.load_time_s + gen_s / 2)
     rate = cfg.worker_rps(worker)
     admissible = capacity.effective_throughput_rps(
         rate,

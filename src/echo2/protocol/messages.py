@@ -43,6 +43,11 @@ class VersionInfo(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     version: int = Field(ge=0)
     signed: SignedManifest
+    """The form the broadcast tree carries: with broadcast.deltas a delta against version - 1
+    (unless the learner held no base), else the full version."""
+    full: SignedManifest | None = None
+    """An anchor's full manifest, published next to its delta `signed` for workers that lack
+    the base; None when `signed` is full or the version is no anchor."""
     origin_url: str = Field(max_length=512)
     published_at: float
     """Learner wall clock at publish (publish-to-loaded latency is measured against it)."""
@@ -103,6 +108,9 @@ class Heartbeat(Message):
     worker_id: str = _ID
     version: int = Field(ge=-1)
     """Version the worker's engine holds (-1: none loaded yet)."""
+    base_version: int | None = Field(None, ge=-1)
+    """Newest version the worker holds in full, loaded or staged (-1: none): what a delta it is
+    sent must be against. None: the same as `version`."""
     swap_s: float | None = Field(None, ge=0)
     """How long the last weight swap paused generation (the per-version stall)."""
     dissemination_s: float | None = Field(None, ge=0)
@@ -119,7 +127,10 @@ class HeartbeatResponse(Message):
     kind: Literal["heartbeat_ack"] = "heartbeat_ack"
     latest: VersionInfo | None
     assignment: Assignment | None = None
-    """Where this worker pulls `latest` from (its parent first, the learner last)."""
+    """Where this worker pulls `fetch` from (its parent first, the learner last)."""
+    fetch: VersionInfo | None = None
+    """What the worker pulls next on its way to `latest`: a delta against the version it
+    holds, an anchor, or `latest` itself (its `signed` is the form to fetch). None: nothing."""
     learner_public_key: str = ""
     active: bool = True
     """False: the worker should idle (not lease) until told otherwise."""

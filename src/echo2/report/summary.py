@@ -148,11 +148,18 @@ def _learner_health(records: list[dict], steps: list[dict]) -> dict[str, Any]:
     return {
         "steps_skipped": len(_of(records, "step_skipped", "learner")),
         "log_ratio_outlier_tokens": sum(s.get("log_ratio_outliers", 0) for s in steps),
-        # measured: what the manifest of the newest version says, not params x bytes_per_param
-        "bytes_per_version": published[-1]["bytes"] if published else None,
+        # measured: what the manifests say, not params x bytes_per_param. M for `echo2 plan`: the
+        # mean over versions after the first (always full); with deltas, join_bytes is the full size
+        "bytes_per_version": _mean_bytes(published),
+        "full_bytes_per_version": published[-1].get("full_bytes", published[-1]["bytes"]) if published else None,
         "wire_dtype": published[-1].get("wire_dtype") if published else None,
         "learner_peak_memory_bytes": max((s.get("peak_memory_bytes", 0) for s in steps), default=None),
     }
+
+
+def _mean_bytes(published: list[dict]) -> int | None:
+    later = published[1:] or published
+    return round(sum(r["bytes"] for r in later) / len(later)) if later else None
 
 
 def _decisions(records: list[dict]) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from echo2.config.run import LoraConfig
 from echo2.config.worker import WorkerConfig
 
 
@@ -34,6 +35,11 @@ class Engine(ABC):
     def load_state_dict(self, tensors: dict) -> None:
         """Swap in new policy weights (all tensors of the model, by name), cast to the engine's
         own dtype whatever dtype they travelled in."""
+
+    def load_adapter(self, tensors: dict, lora: LoraConfig) -> None:
+        """Swap in new LoRA adapter weights (grpo.lora) on top of the base model loaded at start."""
+        raise NotImplementedError(f"the {type(self).__name__} engine cannot apply LoRA adapters (grpo.lora); "
+                                  "run workers with engine = 'hf'")
 
 
 def make_engine(cfg: WorkerConfig, model_source: str) -> Engine:

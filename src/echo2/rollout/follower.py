@@ -1,7 +1,8 @@
 """Keeping a worker's engine on the newest policy version without pausing generation: the
-coordinator announces versions (and where to pull each from); this fetches them through the
-broadcast in the background, deserializes them off the event loop, and the worker swaps the
-staged weights in between two generations."""
+coordinator announces versions (and what to pull next and from where); this fetches them
+through the broadcast in the background, rebuilds a delta against the version it holds and
+checks every tensor against the manifest's hashes, deserializes off the event loop, and the
+worker swaps the staged weights in between two generations."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from echo2.broadcast.manifest import AdapterSpec, Manifest
 from echo2.broadcast.metrics import FetchMetrics
 from echo2.broadcast.signing import ManifestRejected
 from echo2.broadcast.topology import Assignment
@@ -30,6 +32,8 @@ class Staged:
     info: VersionInfo
     tensors: dict
     fetch: FetchMetrics
+    adapter: AdapterSpec | None = None
+    """LoRA settings when the version holds adapter weights only."""
 
 
 class VersionFollower:
@@ -39,7 +43,11 @@ class VersionFollower:
         self.receiver, self.metrics, self.ask_newest = receiver, metrics, ask_newest
         self.version = -1  # held by the engine
         self.latest: VersionInfo | None = None
+        self.target: VersionInfo | None = None
+        """What to pull next (the coordinator's `fetch`): `latest`, or a step on the way to it."""
         self.assignment: Assignment | None = None
+        self.base: tuple[int, memoryview] | None = None
+        """The newest version fetched, as its full payload: what the next delta rebuilds from."""
         self.learner_key = ""
         self.refused_keys: set[str] = set()
         self.staged: Staged | None = None
@@ -50,6 +58,7 @@ class VersionFollower:
         self.obsolete: VersionInfo | None = None
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
+        self.fetched = asyncio.Event()  # set after every fetch (the worker heartbeats at once)
         self.swap_s: float | None = None
         self.dissemination_s: float | None = None  # last version: publish -> verified + swap
 
@@ -57,8 +66,10 @@ class VersionFollower:
     def worker_id(self) -> str:
         return self.receiver.worker_id
 
-    def note(self, info: VersionInfo | None, assignment: Assignment | None, learner_key: str) -> None:
-        """What a coordinator reply said: the newest version and where to pull it from. The
+    def note(self, info: VersionInfo | None, assignment: Assignment | None, learner_key: str,
+             fetch: VersionInfo | None = None) -> None:
+        """What a coordinator reply said: the newest version, what to pull next (`fetch`, else the
+        newest itself) and where from (`assignment`, for that version). The
         first learner key announced is pinned (unless the worker pins one itself): a later,
         different key is refused and reported, and manifests keep being checked against the
         pinned one."""
@@ -71,23 +82,35 @@ class VersionFollower:
             self.learner_key = learner_key or self.learner_key
         if info is None or (self.latest is not None and info.version < self.latest.version):
             return
-        if info != self.latest or (assignment is not None and assignment != self.assignment):
-            self.latest = info
-            self.assignment = assignment if assignment is not None and assignment.version == info.version else None
+        target = fetch or info
+        if info != self.latest or target != self.target or (assignment is not None and assignment != self.assignment):
+            self.latest, self.target = info, target
+            self.assignment = assignment if assignment is not None and assignment.version == target.version else None
             self.announced.set()
 
     def holding(self) -> int:
         """The newest version this worker has: loaded, being loaded, or staged. The fetch loop
         only goes after newer ones (the relay refuses a version it already completed)."""
-        return max(self.version, self.loading, self.staged.info.version if self.staged else -1)
+        return max(self.version, self.loading, self.staged.info.version if self.staged else -1,
+                   self.base[0] if self.base else -1)
+
+    def _unusable(self, target: VersionInfo | None, assignment: Assignment | None) -> bool:
+        """Nothing to fetch now: no target or source, not newer, refused before, gone from every
+        source (until announced anew), or a delta against a version this worker does not hold (a
+        plan from before its last fetch)."""
+        if (target is None or assignment is None or target.version <= self.holding() or target == self.obsolete
+                or target.version in self.rejected):
+            return True
+        base = target.signed.unverified_manifest().base_version  # routing only; fetch verifies
+        return base is not None and base != self.holding()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            target, assignment = self.latest, self.assignment
-            if (target is None or assignment is None or target.version <= self.holding() or target == self.obsolete
-                    or target.version in self.rejected):
+            target, assignment = self.target, self.assignment
+            if self._unusable(target, assignment):
                 await wait_either(self.announced, stop, timeout_s=1.0)
                 continue
+            assert target is not None and assignment is not None
             staged = await self._fetch(target, assignment)
             if staged is None:
                 if self.latest is not None and self.latest.version > target.version:
@@ -96,11 +119,11 @@ class VersionFollower:
             else:
                 self.staged = staged
                 self.ready.set()
+                self.fetched.set()
 
     async def _fetch(self, target: VersionInfo, assignment: Assignment) -> Staged | None:
         try:
             result = await self.receiver.fetch(target, assignment, self.holding(), self.learner_key)
-            tensors = await asyncio.to_thread(_deserialize, result.payload)
         except ManifestRejected as exc:  # forged, replayed or oversized: never retried
             self.rejected.add(target.version)
             self._failed(target, f"manifest rejected: {exc}")
@@ -112,7 +135,15 @@ class VersionFollower:
         except (FetchAborted, ValueError) as exc:
             self._failed(target, str(exc))
         else:
-            return Staged(target, tensors, result.metrics)
+            try:
+                payload = await asyncio.to_thread(_rebuild, self.base, result.payload, result.manifest)
+                tensors = await asyncio.to_thread(_deserialize, payload)
+            except ValueError as exc:  # signed and chunk-verified, yet not what its hashes say: never retried
+                self.rejected.add(target.version)
+                self._failed(target, f"version refused after reconstruction: {exc}")
+                return None
+            self.base = (target.version, payload)
+            return Staged(target, tensors, result.metrics, result.manifest.adapter)
         return None
 
     def _failed(self, target: VersionInfo, error: str) -> None:
@@ -126,7 +157,13 @@ class VersionFollower:
             return
         started, self.loading = time.perf_counter(), staged.info.version
         try:
-            await asyncio.to_thread(engine.load_state_dict, staged.tensors)
+            if staged.adapter is not None:
+                from echo2.config.run import LoraConfig
+
+                lora = LoraConfig(**staged.adapter.model_dump())
+                await asyncio.to_thread(engine.load_adapter, staged.tensors, lora)
+            else:
+                await asyncio.to_thread(engine.load_state_dict, staged.tensors)
         finally:
             self.loading = -1
         self.swap_s = time.perf_counter() - started
@@ -157,6 +194,22 @@ async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: floa
         waiter.cancel()
     if event is not stop:
         event.clear()
+
+
+def _rebuild(base: tuple[int, memoryview] | None, payload: memoryview, manifest: Manifest) -> memoryview:
+    """The full payload of a fetched version: a full one as it came (every chunk verified), a
+    delta rebuilt from the base and checked tensor by tensor against the manifest."""
+    if manifest.base_version is None:
+        return payload
+    from echo2.broadcast.delta import decode_delta
+    from echo2.broadcast.manifest import verify_content
+
+    if base is None or base[0] != manifest.base_version:
+        raise ValueError(f"version {manifest.version} is a delta against {manifest.base_version}, "
+                         f"this worker holds {base[0] if base else 'nothing'}")
+    rebuilt = decode_delta(base[1], payload, codec=manifest.codec)
+    verify_content(manifest, rebuilt)
+    return rebuilt
 
 
 def _deserialize(payload: memoryview) -> dict:

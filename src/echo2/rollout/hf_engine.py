@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from echo2.config.run import LoraConfig
 from echo2.models.device import resolve_device, resolve_dtype
 from echo2.models.generation import strip_completion
 from echo2.models.loading import load_model, load_tokenizer
@@ -17,6 +18,7 @@ class HFEngine(Engine):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self.lora: LoraConfig | None = None  # set once the first adapter version arrives
 
     @classmethod
     def from_pretrained(cls, source: str, device: str = "auto", dtype: str = "auto") -> HFEngine:
@@ -29,6 +31,19 @@ class HFEngine(Engine):
     def load_state_dict(self, tensors: dict) -> None:
         # refuses a payload that does not match this model's tensors (another model's weights)
         load_into(self.model, tensors)
+
+    def load_adapter(self, tensors: dict, lora: LoraConfig) -> None:
+        """Adapters are added to the base model on the first adapter version and kept unmerged
+        (what the learner computes log-probs with); later versions only copy their weights."""
+        from echo2.models.lora import add_lora, load_adapter
+
+        if self.lora is None:
+            add_lora(self.model, lora)
+            self.model.eval()
+            self.lora = lora
+        elif lora != self.lora:
+            raise ValueError(f"adapter settings changed from {self.lora} to {lora}; restart the worker")
+        load_adapter(self.model, tensors)
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:

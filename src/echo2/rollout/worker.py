@@ -99,6 +99,7 @@ class Worker:
             receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics, ask_newest=self.beat_now.set)
+            self.follower.fetched = self.beat_now  # a step on the way to the newest: ask for the next at once
             try:  # the relay stops even when registration is refused
                 await self._join_and_work(stop)
             finally:
@@ -279,7 +280,8 @@ class Worker:
     async def _beat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
-            body = Heartbeat(worker_id=self.worker_id, version=self.version, swap_s=self.follower.swap_s,
+            body = Heartbeat(worker_id=self.worker_id, version=self.version, base_version=self.follower.holding(),
+                             swap_s=self.follower.swap_s,
                              dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
                              rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
             seen_at = self.registered_at
@@ -287,7 +289,7 @@ class Worker:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
                 self.last_contact = time.monotonic()
                 reply = HeartbeatResponse.model_validate_json(text)
-                self.follower.note(reply.latest, reply.assignment, reply.learner_public_key)
+                self.follower.note(reply.latest, reply.assignment, reply.learner_public_key, fetch=reply.fetch)
                 self._set_active(reply.active)
             except RefusedError as exc:
                 # 404: evicted; 401: our credential is unknown (the coordinator restarted): join again

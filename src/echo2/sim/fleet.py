@@ -138,7 +138,7 @@ class Fleet:
         self.generation_cv = sim.generation_cv
         self.swap_between = sim.swap == "between_generations"
         self.lazy_refresh = sim.refresh == "when_behind"
-        self.snapshot_bits = scenario.workload.snapshot_bytes * 8
+        self.catch_up_bytes = scenario.workload.catch_up_bytes
         self.hop_s = scenario.broadcast.hop_latency_s
         self.waiting: dict[SimWorker, None] = {}  # refused for a full window, in refusal order
         self.polling: dict[SimWorker, str] = {}
@@ -278,9 +278,11 @@ class Fleet:
         if not w.swapping and not (self.swap_between and busy) and not lazy:
             self._start_swap(w)
 
-    def fetch_s(self, w: SimWorker) -> float:
-        """Pull mode: one version straight from the learner at the worker's own bandwidth."""
-        return self.snapshot_bits / w.bandwidth_bps + self.hop_s
+    def fetch_s(self, w: SimWorker, version: int) -> float:
+        """Pull mode: the way to `version` straight from the learner at the worker's own
+        bandwidth (the missed versions, or join_bytes for a worker holding none)."""
+        behind = version - w.newest() if w.newest() >= 0 else None
+        return self.catch_up_bytes(behind) * 8 / w.bandwidth_bps + self.hop_s
 
     def heartbeat(self, w: SimWorker, epoch: int, first: bool = False) -> None:
         """Pull mode (the local system): the worker hears of the newest version only at its
@@ -291,7 +293,7 @@ class Fleet:
         fetching = w.incoming > max(w.version, w.staged)
         if latest > w.newest() and not fetching:
             w.incoming = latest
-            self.loop.after(self.fetch_s(w), self.deliver, w, latest, epoch)
+            self.loop.after(self.fetch_s(w, latest), self.deliver, w, latest, epoch)
         # the real loop sleeps the interval, then makes the request: a period of interval + RTT,
         # with the RTT varying (exponential) so heartbeats drift against learner steps
         period_s = (

@@ -7,11 +7,16 @@ skipped, as a real worker fetches the newest it has heard of). It goes to every 
 worker that does not already hold or expect that version, over the scenario's topology
 (`broadcast.simulate_round`). Newcomers with no version get the next round; if the network is
 idle they start one. Rounds over the same set of bandwidths are computed once.
+
+A round carries what its furthest-behind member needs (`Workload.catch_up_bytes`): M per
+missed version, or join_bytes for a worker with no version (a full version when versions are
+deltas), so a delta round that picks up a newcomer costs a full version.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from echo2.sim.broadcast import Network, Round, simulate_round
 from echo2.sim.events import EventLoop
@@ -28,9 +33,13 @@ class RoundRecord:
 
 
 class Broadcaster:
-    def __init__(self, net: Network, loop: EventLoop, fleet: Fleet, pull: bool = False) -> None:
-        """`pull`: workers fetch versions themselves (Fleet.heartbeat); only publish times are kept."""
+    def __init__(self, net: Network, loop: EventLoop, fleet: Fleet, pull: bool = False,
+                 catch_up_bytes: Callable[[int | None], float] | None = None) -> None:
+        """`pull`: workers fetch versions themselves (Fleet.heartbeat); only publish times are kept.
+        `catch_up_bytes(versions_behind)`: bytes a round carries (None behind: holds no version);
+        default: net.snapshot_bytes always."""
         self.net, self.loop, self.fleet, self.pull = net, loop, fleet, pull
+        self.catch_up_bytes = catch_up_bytes or (lambda behind: net.snapshot_bytes)
         self.latest = -1
         self.free_at_s = 0.0
         self.timer_set = False
@@ -73,18 +82,19 @@ class Broadcaster:
         if version < 0 or not members:
             return
         members.sort(key=lambda w: (-w.bandwidth_bps, w.index))  # the order simulate_round places them in
-        trip = self._round([w.bandwidth_bps for w in members])
+        need = max(self.catch_up_bytes(version - w.newest() if w.newest() >= 0 else None) for w in members)
+        trip = self._round([w.bandwidth_bps for w in members], need)
         for w, arrival_s in zip(members, trip.arrival_s, strict=True):
             self.fleet.expect(w, version)
             self.loop.after(arrival_s, self.fleet.deliver, w, version, w.epoch)
         self.free_at_s = self.loop.now_s + (0.0 if ideal else trip.busy_s)
         self.rounds.append(RoundRecord(self.loop.now_s, version, len(members), trip.last_s))
 
-    def _round(self, bandwidths_bps: list[float]) -> Round:
-        key = _run_lengths(bandwidths_bps)
+    def _round(self, bandwidths_bps: list[float], round_bytes: float) -> Round:
+        key = (round_bytes, _run_lengths(bandwidths_bps))
         trip = self._cache.get(key)
         if trip is None:
-            trip = self._cache[key] = simulate_round(self.net, bandwidths_bps)
+            trip = self._cache[key] = simulate_round(replace(self.net, snapshot_bytes=round_bytes), bandwidths_bps)
         return trip
 
 

@@ -38,7 +38,8 @@ class Simulator:
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
-        broadcaster = Broadcaster(self._network(), loop, fleet, pull=sim.announce_interval_s > 0)
+        broadcaster = Broadcaster(self._network(), loop, fleet, pull=sim.announce_interval_s > 0,
+                                  catch_up_bytes=self.scenario.workload.catch_up_bytes)
         fleet.on_join = broadcaster.kick
 
         # who is rented: a plan, everyone, or the counts given

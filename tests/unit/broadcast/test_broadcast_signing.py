@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from echo2.broadcast.lab.payload import synthetic_payload
-from echo2.broadcast.manifest import build_manifest
+from echo2.broadcast.manifest import build_manifest, content_index
 from echo2.broadcast.signing import (
     ManifestRejected,
     SignedManifest,
@@ -29,7 +29,11 @@ PAYLOAD = synthetic_payload(3000, seed=7)
 
 
 def _signed(version: int = 5, base_version: int | None = None) -> SignedManifest:
-    return sign_manifest(build_manifest(version, PAYLOAD, 512, base_version=base_version), KEY)
+    if base_version is None:
+        return sign_manifest(build_manifest(version, PAYLOAD, 512), KEY)
+    # a delta: the payload's own tensor index stands in for the reconstructed content
+    return sign_manifest(build_manifest(version, PAYLOAD, 512, base_version=base_version, codec="sub-zstd",
+                                        content=content_index(PAYLOAD), content_bytes=len(PAYLOAD)), KEY)
 
 
 def test_sign_then_verify_returns_the_manifest() -> None:
