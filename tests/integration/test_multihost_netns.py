@@ -26,7 +26,7 @@ from echo2.coordinator.credentials import SECRET_VARIABLES
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "multihost.sh"
 LINK_BPS = 100e6
-STEPS = 30  # long enough that every worker, however late it loads the model, relays and loads several versions
+STEPS = 60  # long enough that every worker, however late it loads the model, relays and loads several versions
 TRAIN_TIMEOUT_S = 240  # torch imports of five processes on a loaded 2-core box, then seconds of training
 
 
@@ -84,7 +84,12 @@ def _step(lab, env, host: int, step: str, timeout_s: float) -> subprocess.Comple
 def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
     assert (Path(sys.executable).parent / "echo2").is_file(), "the echo2 command is not installed beside python"
     run_dir = tmp_path / "my-run"
+    # the tiny model publishes several versions a second, faster than a worker on a busy 2-core box
+    # gets one through a 100 Mbit/s link, so the origin keeps the last 8 (a 1-2 s window) rather
+    # than 2: a late worker that reaches it is never told its version is gone (real runs publish
+    # every few seconds to minutes)
     cfg = small_run_config(run_dir, coordinator={"auth_token": ""}, learner={"upload_bps": LINK_BPS},
+                           broadcast={"keep_versions": 8},
                            train={"steps": STEPS, "checkpoint_every": 100, "eval_every": 100})
     config = write_config(tmp_path / "my.toml", cfg)
     logs = tmp_path / "logs"
@@ -101,7 +106,7 @@ def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
         for host, name, step in ((1, "worker-a", "worker"), (2, "worker-b", "worker"),
                                  (3, "worker-nat", "worker-behind-nat")):
             start(host, step, name)
-        # the learner once finished its 30 steps before slow-starting workers (two cores
+        # the learner once finished 30 steps before slow-starting workers (two cores
         # importing torch three times over) had loaded the model: it starts once all three have
         # joined and loaded it, as an operator would wait for the fleet before training
         wait_for(lambda: (logs / "coordinator.log").read_text(errors="replace").count(" joined from ") >= 3
