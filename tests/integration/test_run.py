@@ -113,7 +113,7 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
 def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     prices = [1.0, 2.0, 3.0, 4.0]  # equally fast workers: only price tells them apart
     cfg, config = _run(
-        tmp_path, "activation", train={"steps": 400, "max_staleness": 2},  # time to see a partial set
+        tmp_path, "activation", train={"steps": 1000, "max_staleness": 2},  # time to see a partial set
         coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
         activation={"control_period_s": 0.5, "min_samples": 2, "headroom": 1.0, "scale_down_after_s": 2.0},
         workers={"count": 4, "per_worker": [{"price_per_hour": p} for p in prices]},
