@@ -126,6 +126,23 @@ def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
     assert state.leases == {} and len(state.queue) == 1 and state.counters.leases_expired == 1
 
 
+@pytest.mark.parametrize("base_version", [7, -2])
+def test_a_heartbeat_claiming_a_base_from_the_future_or_below_none_is_refused(state, base_version):
+    """base_version (the delta base a worker says it holds) steers its catch-up plan: a version
+    not yet published is refused, and one below -1 never parses."""
+    from pydantic import ValidationError
+
+    register(state, "a")
+    publish(state, 0)
+    if base_version < -1:
+        with pytest.raises(ValidationError):
+            Heartbeat(worker_id="a", version=0, base_version=base_version)
+        return
+    with pytest.raises(RequestError) as err:
+        state.heartbeat(Heartbeat(worker_id="a", version=0, base_version=base_version))
+    assert err.value.status == 422 and "heartbeat.base_version" in err.value.message
+
+
 BAD_SUBMISSIONS = {
     "wrong group size": lambda ok: {"completions": ok.completions[:1]},
     "token outside vocabulary": lambda ok: {"completions": [RolloutCompletion(token_ids=[10**6], logprobs=[-1.0])] * 2},

@@ -145,7 +145,8 @@ class Controller:
         self.decisions += 1
         self.switches += decision.changed
         for w in self.fleet.workers:
-            wid, chosen = worker_id(w), worker_id(w) in decision.active
+            wid = worker_id(w)
+            chosen = wid in decision.active
             if chosen and not w.rented and self.core.is_released(wid):
                 self.acquired += 1
                 self.fleet.rent(w, True)  # registers when up, and downloads the current version
