@@ -46,6 +46,7 @@ def settings_from(cfg: RunConfig) -> Settings:
         forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
         registrations_per_minute=cfg.coordinator.registrations_per_minute,
         audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
+        lora=cfg.grpo.lora.model_dump(mode="json") if cfg.grpo.lora is not None else {},
     )
 
 

@@ -80,6 +80,8 @@ class Settings:
     forget_workers_after_s: float = 300.0
     registrations_per_minute: float = 60.0
     audit_flags_to_quarantine: int = 2
+    lora: dict = field(default_factory=dict)
+    """grpo.lora when the run trains adapters: told to workers at registration."""
 
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -250,6 +252,7 @@ class CoordinatorState:
             learner_public_key=self.public_key_hex,
             credential=credential,
             task=self.scorer.task_config(),
+            lora=s.lora,
         )
 
     def take_join_token(self, source: str) -> None:

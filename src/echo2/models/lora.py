@@ -87,3 +87,23 @@ def load_adapter(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> No
         result = set_peft_model_state_dict(model, tensors)
     if result.unexpected_keys:
         raise ValueError(f"adapter tensors were not loaded: {result.unexpected_keys[:3]}")
+
+
+# the prefix peft's saved adapters carry (a PeftModel wraps the base as base_model.model), which
+# vLLM and `PeftModel.from_pretrained` expect
+PEFT_PREFIX = "base_model.model."
+
+
+def save_adapter_dir(tensors: dict[str, torch.Tensor], cfg: LoraConfig, out) -> None:
+    """Write adapter weights (peft names, no adapter name: what a version carries) as a peft
+    adapter directory (adapter_config.json + adapter_model.safetensors): the format vLLM's
+    LoRARequest and `PeftModel.from_pretrained` load."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({PEFT_PREFIX + name: tensor.contiguous() for name, tensor in tensors.items()},
+              out / "adapter_model.safetensors")
+    peft_config(cfg).save_pretrained(str(out))

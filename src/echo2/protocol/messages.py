@@ -18,7 +18,7 @@ from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped whenever a message changes incompatibly: peers of different protocols refuse each
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
 # the id length bound keeps a hostile client from making us store megabyte-long keys
@@ -27,7 +27,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[2] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[3] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -88,6 +88,9 @@ class RegisterResponse(Message):
     task: dict = {}
     """The run's task config when it is multi-turn (the environment a worker plays episodes in,
     its budgets); empty for single-turn tasks, whose prompts come whole with each lease."""
+    lora: dict = {}
+    """The run's grpo.lora when it trains adapters (empty otherwise): a vLLM worker reserves
+    adapter room of that rank when it builds its engine, before the first version arrives."""
 
 
 class ProbeRequest(Message):

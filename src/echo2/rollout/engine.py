@@ -42,8 +42,10 @@ class Engine(ABC):
                                   "run workers with engine = 'hf'")
 
 
-def make_engine(cfg: WorkerConfig, model_source: str) -> Engine:
-    """The engine `cfg.engine` names, on `cfg.device` ("auto" resolves on this machine)."""
+def make_engine(cfg: WorkerConfig, model_source: str, lora: LoraConfig | None = None) -> Engine:
+    """The engine `cfg.engine` names, on `cfg.device` ("auto" resolves on this machine). `lora`:
+    the run's adapter settings when it trains LoRA (vLLM reserves adapter room when it is built;
+    the HF engine adds adapters when the first adapter version arrives)."""
     if cfg.engine == "hf":
         from echo2.rollout.hf_engine import HFEngine
 
@@ -51,5 +53,5 @@ def make_engine(cfg: WorkerConfig, model_source: str) -> Engine:
     if cfg.engine == "vllm":
         from echo2.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_source, cfg.device, cfg.vllm)
+        return VLLMEngine(model_source, cfg.device, cfg.vllm, lora)
     raise ValueError(f"worker.engine: unknown engine {cfg.engine!r} (allowed: 'hf', 'vllm')")

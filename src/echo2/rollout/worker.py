@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
+from echo2.config.run import LoraConfig
 from echo2.config.worker import WorkerConfig
 from echo2.policy import too_stale
 from echo2.protocol import tls
@@ -111,7 +112,7 @@ class Worker:
         background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
         try:
             source = self.cfg.model_source or reg.model_source
-            self.engine = await self._load_engine(source)
+            self.engine = await self._load_engine(source, LoraConfig(**reg.lora) if reg.lora else None)
             env_task = env_task_from(reg.task)
             self.episodes = EpisodePlayer(self.engine, env_task, source) if env_task is not None else None
             background.append(asyncio.create_task(self.follower.run(stop)))
@@ -125,9 +126,9 @@ class Worker:
             log.info("stopped: %d rollouts (%d tokens) generated, %d groups dropped", self.stats["rollouts"],
                      self.stats["tokens"], self.stats["dropped"])
 
-    async def _load_engine(self, source: str):
+    async def _load_engine(self, source: str, lora: LoraConfig | None):
         started = time.perf_counter()
-        engine = await asyncio.to_thread(make_engine, self.cfg, source)
+        engine = await asyncio.to_thread(make_engine, self.cfg, source, lora)
         log.info("model loaded from %s in %.1f s (engine %s, device %s); waiting for a policy version", source,
                  time.perf_counter() - started, self.cfg.engine, self.cfg.device)
         return engine
