@@ -112,3 +112,27 @@ def test_exported_checkpoint_loads_with_from_pretrained_and_completes_alike(tmp_
     assert next(AutoModelForCausalLM.from_pretrained(tmp_path / "step1").parameters()).dtype == torch.bfloat16
     assert main(["export", "--run-dir", str(cfg.run_path), "--step", "7", "--out", str(tmp_path / "x")]) == 2
     assert main(["export", "--run-dir", str(cfg.run_path), "--out", str(out)]) == 2
+
+
+def test_a_lora_run_exports_merged_weights_and_its_adapter(tmp_path, tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    lora = {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    # a high learning rate so two steps move the adapters far enough to change completions
+    cfg = learner_config(tmp_path / "run", tiny_model_dir, grpo={"lora": lora, "lr": 0.05})
+    write_resolved(cfg)
+    learner = Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)]))
+    learner.train()
+    out = tmp_path / "exported"
+    assert main(["export", "--run-dir", str(cfg.run_path), "--out", str(out)]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(out)  # loads without peft: plain weights
+    assert not any(".lora_" in name for name in merged.state_dict())
+    ids = torch.tensor([tokenizer.encode("12+34=")])
+    with torch.no_grad():
+        want = learner.model.eval()(input_ids=ids).logits
+        base = load_model(str(tiny_model_dir))(input_ids=ids).logits
+        assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-5)
+        assert not torch.allclose(base, want, atol=1e-3)  # the adapters did change the model
+        from peft import PeftModel
+
+        adapted = PeftModel.from_pretrained(load_model(str(tiny_model_dir)), str(out / "adapter"))
+        assert torch.allclose(adapted(input_ids=ids).logits, want, atol=1e-5)
