@@ -318,3 +318,24 @@ def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
     state.sweep()
     assert list(state.workers) == ["real"]  # it did work: kept for the run's accounting
     assert set(state.credentials.values()) == {"real"} and not state.join_buckets
+
+
+def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_dir, clock):
+    """A vLLM worker must reserve adapter room when it builds its engine, before any version."""
+    from dataclasses import replace
+
+    from tests.conftest import small_run_config
+
+    from echo2.coordinator.main import settings_from
+    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.store import Store
+    from echo2.tasks import make_task
+
+    lora = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
+    cfg = small_run_config(tmp_path / "run", grpo={"lora": lora})
+    assert settings_from(cfg).lora == lora
+    assert settings_from(small_run_config(tmp_path / "plain")).lora == {}
+    scorer = Scorer(make_task(cfg.task, seed=0), str(tiny_model_dir))
+    settings = replace(settings_from(cfg), model_source=str(tiny_model_dir))
+    state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), scorer, clock=clock)
+    assert state.register(RegisterRequest(worker_id="a", engine="vllm")).lora == lora
