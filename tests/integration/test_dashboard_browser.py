@@ -11,7 +11,7 @@ import time
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import OPERATOR_TOKEN, coordinator_url, processes, wait_for, write_config
+from tests.integration.runs import coordinator_url, processes, wait_for, write_config
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 # CI sets ECHO2_REQUIRE_BROWSER=1 (.ci/run installs both): there a missing browser fails the test
@@ -57,12 +57,17 @@ def test_dashboard_shows_the_run_advancing(tmp_path):
                            workers={"count": 2, "per_worker": [{"price_per_hour": 0.34}, {"price_per_hour": 0.79}]})
     config = write_config(tmp_path / "run.toml", cfg)
     with processes() as start:
-        run = start(["run", "--config", str(config)], tmp_path / "run.log")
+        # no operator token given: `echo2 run` keeps one in the run dir and says where
+        run = start(["run", "--config", str(config)], tmp_path / "run.log", without=("ECHO2_OPERATOR_TOKEN",))
         url = wait_for(lambda: coordinator_url(cfg.run_path), 120, "the coordinator to listen", alive=run)
+        key = cfg.run_path / "keys" / "operator.token"
+        assert key.stat().st_mode & 0o777 == 0o600
+        wait_for(lambda: f"dashboard: {url}/ (log in with the operator token in {key})" in
+                 (tmp_path / "run.log").read_text(), 30, "the launcher to print the dashboard's address")
         driver = _browser()
         try:
             driver.get(url + "/")
-            driver.find_element("id", "token").send_keys(OPERATOR_TOKEN)  # the login form
+            driver.find_element("id", "token").send_keys(key.read_text().strip())  # the login form
             driver.find_element("css selector", "#login button").click()
             wait = WebDriverWait(driver, 120, poll_frequency=0.5)
             first = wait.until(lambda d: _step(d) >= 1 and _step(d))
