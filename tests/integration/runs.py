@@ -45,14 +45,16 @@ def write_config(path: Path, cfg) -> Path:
 
 @contextmanager
 def processes():
-    """Yields a `start(args, log)` function; every process it started is killed on exit."""
+    """Yields a `start(args, log, without=())` function (`without`: variables left out of the
+    child's environment); every process it started is killed on exit."""
     started: list[subprocess.Popen] = []
 
-    def start(args: list[str], log: Path) -> subprocess.Popen:
+    def start(args: list[str], log: Path, without: tuple[str, ...] = ()) -> subprocess.Popen:
         handle = open(log, "ab")
+        env = {**os.environ, "ECHO2_AUTH_TOKEN": TOKEN, "ECHO2_LEARNER_TOKEN": LEARNER_TOKEN,
+               "ECHO2_OPERATOR_TOKEN": OPERATOR_TOKEN}
         proc = subprocess.Popen([sys.executable, "-m", "echo2", *args], stdout=handle, stderr=subprocess.STDOUT,
-                                env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN, "ECHO2_LEARNER_TOKEN": LEARNER_TOKEN,
-                                     "ECHO2_OPERATOR_TOKEN": OPERATOR_TOKEN}, start_new_session=True)
+                                env={k: v for k, v in env.items() if k not in without}, start_new_session=True)
         handle.close()
         started.append(proc)
         return proc

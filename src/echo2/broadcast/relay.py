@@ -62,6 +62,7 @@ class RelayServer:
         self._incoming: VersionBuffer | None = None
         self._announced = asyncio.Event()
         self._sent: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self._sent_total_bytes = 0  # every version's, kept past SENT_HISTORY (the heartbeats report it)
         self._streams = 0
         self._runner: web.AppRunner | None = None
 
@@ -150,6 +151,10 @@ class RelayServer:
     def bytes_sent(self, version: int) -> int:
         """Chunk bytes this server sent for `version` (relayed bytes; for the learner, uplink use)."""
         return sum(self._sent.get(version, {}).values())
+
+    def bytes_sent_total(self) -> int:
+        """Chunk bytes this server sent since it started, over every version."""
+        return self._sent_total_bytes
 
     def bytes_sent_by_peer(self, version: int) -> dict[str, int]:
         return dict(self._sent.get(version, {}))
@@ -264,6 +269,7 @@ class RelayServer:
 
     def _count(self, version: int, peer: str, nbytes: int) -> None:
         self._sent[version][peer] += nbytes
+        self._sent_total_bytes += nbytes
 
     def _authorize(self, request: web.Request) -> None:
         if not self._auth_token:

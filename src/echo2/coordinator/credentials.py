@@ -6,7 +6,9 @@
   worker call (heartbeat, lease, rollout, leave, bad-peer report) must carry it, and may only
   speak for its own worker id;
 - the **learner token**: publish versions, take and reject batches;
-- the **operator token**: read the coordinator's state.
+- the **operator token**: read the coordinator's state, its Prometheus `/metrics`, and the
+  dashboard (`viewer` routes: the token as a bearer header, or the session cookie the dashboard's
+  login form exchanges it for; see echo2.coordinator.dashboard).
 
 With only the join token a client can join as a new worker and nothing more: it cannot
 publish, take the learner's batches, or act as another worker.
@@ -29,7 +31,7 @@ MIN_TOKEN_CHARS = 16
 SECRET_VARIABLES = frozenset(f"ECHO2_{name}{suffix}" for name in ("AUTH_TOKEN", "LEARNER_TOKEN", "OPERATOR_TOKEN")
                              for suffix in ("", "_FILE"))
 
-JOIN, WORKER, LEARNER, OPERATOR, OPEN = "join", "worker", "learner", "operator", "open"
+JOIN, WORKER, LEARNER, OPERATOR, VIEWER, OPEN = "join", "worker", "learner", "operator", "viewer", "open"
 ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): OPEN,
     ("POST", "/v1/register"): JOIN,
@@ -45,6 +47,12 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/batch/reject"): LEARNER,
     ("POST", "/v1/audit"): LEARNER,
     ("GET", "/v1/state"): OPERATOR,
+    ("GET", "/metrics"): OPERATOR,  # Prometheus: `authorization: {credentials_file: operator.token}`
+    ("GET", "/"): VIEWER,  # without a credential: the login form (401)
+    ("GET", "/dashboard/state.json"): VIEWER,
+    ("GET", "/dashboard/app.js"): VIEWER,
+    ("GET", "/dashboard/app.css"): VIEWER,
+    ("POST", "/dashboard/login"): OPEN,  # checks the operator token it is given
 }
 
 

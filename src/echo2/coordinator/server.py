@@ -13,9 +13,12 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, WORKER, Secrets
+from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, VIEWER, WORKER, Secrets
+from echo2.coordinator.dashboard import add_dashboard_routes, viewer_gate
+from echo2.coordinator.history import RunHistory
 from echo2.coordinator.log_lines import log_event
 from echo2.coordinator.probe import check_relay_address, probe_relay
+from echo2.coordinator.prometheus import add_metrics_route
 from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.protocol.messages import (
     PROTOCOL_VERSION,
@@ -50,6 +53,7 @@ METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
+HISTORY_KEY = web.AppKey("history", RunHistory)
 JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
@@ -76,9 +80,13 @@ def make_auth_middleware(secrets: Secrets, state: CoordinatorState):
 
     @web.middleware
     async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-        role = ROUTE_ROLES.get((request.method, request.path))
+        # HEAD runs the GET handler (aiohttp adds it to every GET route): it needs the GET's credential
+        method = "GET" if request.method == "HEAD" else request.method
+        role = ROUTE_ROLES.get((method, request.path))
         if role is None or role == OPEN:
             return await handler(request)  # unknown routes get the router's 404/405
+        if role == VIEWER:
+            return await viewer_gate(request, secrets.operator, handler)
         given = request.headers.get("Authorization", "")
         if role == WORKER:
             worker_id = state.worker_for_credential(given.removeprefix("Bearer "))
@@ -307,8 +315,12 @@ async def _housekeeping(app: web.Application) -> None:
 
 async def _run_housekeeping(app: web.Application):
     task = asyncio.create_task(_housekeeping(app))
+    stop_history = asyncio.Event()
+    history = asyncio.create_task(app[HISTORY_KEY].follow(stop_history))
     yield
     task.cancel()
+    stop_history.set()
+    await history  # its file read in a thread: let it finish before the files close
     app[METRICS_KEY].write("coordinator_final", **app[STATE_KEY].snapshot())
 
 
@@ -322,7 +334,10 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[LIMIT_KEY] = max_request_bytes
     app[JOIN_TOKEN_KEY] = secrets.join
     app[TLS_KEY] = tls_config or TLSConfig()
+    app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app.cleanup_ctx.append(_run_housekeeping)
+    add_dashboard_routes(app, state, history, secrets.operator)
+    add_metrics_route(app, state, history)
     app.add_routes(
         [
             web.post("/v1/register", handle_register),

@@ -113,6 +113,10 @@ class WorkerRecord:
     claimed_rollouts: int = 0
     claimed_busy_s: float = 0.0
     """What its heartbeats say (reported beside the measurement, never used to decide)."""
+    claimed_bytes_relayed: int = 0
+    claimed_dissemination_s: float | None = None
+    """Its heartbeats' weight bytes relayed to peers and last publish-to-loaded time (shown on
+    the dashboard and /metrics; nothing is decided on them)."""
 
 
 @dataclass
@@ -310,6 +314,9 @@ class CoordinatorState:
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
         record.claimed_rollouts, record.claimed_busy_s = req.rollouts_total, req.busy_s_total
+        record.claimed_bytes_relayed = req.bytes_relayed_total
+        if req.dissemination_s is not None:
+            record.claimed_dissemination_s = req.dissemination_s
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
         fetch = self._next_fetch(record, held)
         return HeartbeatResponse(latest=self.latest.model_copy(update={"full": None}) if self.latest else None,
@@ -753,13 +760,15 @@ class CoordinatorState:
                     "alive": w.alive,
                     "active": self.controller.is_active(w.worker_id),
                     "price_per_hour": w.price_per_hour,
-                    "leases": sum(1 for lease in self.leases.values() if lease.worker_id == w.worker_id),
+                    "leases": w.leases_held,
                     "rollouts": w.rollouts,
                     "tokens": w.tokens,
                     "tokens_per_s": w.tokens / w.gen_time_s if w.gen_time_s > 0 else 0.0,
                     "rollouts_per_s_measured": w.rollouts / busy if (busy := self._measured_busy_s(w)) > 0 else None,
                     "rollouts_per_s_claimed": (w.claimed_rollouts / w.claimed_busy_s if w.claimed_busy_s > 0
                                                else None),
+                    "bytes_relayed_claimed": w.claimed_bytes_relayed,
+                    "publish_to_loaded_s_claimed": w.claimed_dissemination_s,
                 }
                 for w in self.workers.values()
             },

@@ -16,6 +16,7 @@ from rich.console import Console
 from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
 from echo2.config.tls import TLSConfig
+from echo2.coordinator.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress
@@ -47,6 +48,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         fleet = _start_roles(cfg, tokens, children)
+        console.print(_dashboard_line(cfg), soft_wrap=True)  # a URL and a path: never wrapped
         _watch(cfg, children, fleet, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes[/]")
@@ -80,12 +82,21 @@ def _raise_interrupt(signum, frame) -> None:
 
 
 def _role_tokens(cfg: RunConfig) -> dict[str, str]:
-    """One secret per role, from the environment where set, else fresh for this run."""
+    """One secret per role, from the environment where set, else fresh for this run (the
+    operator's: from the run dir's key file, as a standalone coordinator keeps it)."""
     return {
         "ECHO2_AUTH_TOKEN": cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16),
         "ECHO2_LEARNER_TOKEN": os.environ.get("ECHO2_LEARNER_TOKEN") or secrets.token_hex(16),
-        "ECHO2_OPERATOR_TOKEN": os.environ.get("ECHO2_OPERATOR_TOKEN") or secrets.token_hex(16),
+        # kept in the run dir (mode 0600) unless set: the operator logs in to the dashboard with it
+        "ECHO2_OPERATOR_TOKEN": read_secret("OPERATOR_TOKEN", key_file(cfg.run_path, OPERATOR), create=True),
     }
+
+
+def _dashboard_line(cfg: RunConfig) -> str:
+    url = json.loads((cfg.run_path / "coordinator.json").read_text())["url"]
+    where = ("$ECHO2_OPERATOR_TOKEN" if os.environ.get("ECHO2_OPERATOR_TOKEN")
+             else os.environ.get("ECHO2_OPERATOR_TOKEN_FILE") or key_file(cfg.run_path, OPERATOR))
+    return f"dashboard: {url}/ (log in with the operator token in {where}); Prometheus: {url}/metrics"
 
 
 def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) -> FleetSync:

@@ -124,6 +124,9 @@ class Heartbeat(Message):
     busy_s_total: float = Field(0.0, ge=0)
     """Cumulative rollouts and seconds spent in lease-generate-submit cycles: their ratio is the
     worker's full-load throughput, protocol overhead included."""
+    bytes_relayed_total: int = Field(0, ge=0)
+    """Weight bytes its relay sent to other workers since it started (shown on the dashboard and
+    /metrics as the worker's claim; nothing is decided on it)."""
 
 
 class HeartbeatResponse(Message):

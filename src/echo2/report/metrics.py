@@ -92,11 +92,19 @@ def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
 
 class MetricsTail:
     """Reads the records appended since the last call, following the file's segments (for the
-    launcher's live view while the run writes)."""
+    launcher's live view and the coordinator's dashboard while the run writes).
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    `kinds`: only records of these kinds are parsed (a line is matched on its `"kind": "..."`
+    text first, so the others cost no JSON parsing). `max_bytes`: at most this much is read per
+    call (the rest waits for the next), so catching up on a long run's file stays bounded in
+    memory; a line longer than that is skipped."""
+
+    def __init__(self, path: Path, kinds: frozenset[str] | None = None, max_bytes: int | None = None) -> None:
+        self.path, self.max_bytes = path, max_bytes
         self.segment, self.offset = 0, 0  # where the next record is read
+        self._skipping = False  # inside a line longer than max_bytes
+        # MetricsWriter writes `"kind": "<kind>"` with json.dumps's default separators
+        self._markers = None if kinds is None else [f'"kind": {json.dumps(k)}'.encode() for k in kinds]
 
     def read_new(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -105,18 +113,33 @@ class MetricsTail:
             if not current.is_file():
                 return out
             newer = following.is_file()  # looked at first: a line written after it may be missed, never twice
-            out += self._read_from(current)
-            if not newer:
+            records, at_end = self._read_from(current)
+            out += records
+            if not newer or not at_end:
                 return out
             self.segment, self.offset = self.segment + 1, 0
 
-    def _read_from(self, segment: Path) -> list[dict[str, Any]]:
+    def _read_from(self, segment: Path) -> tuple[list[dict[str, Any]], bool]:
+        """The complete lines from the offset on, and whether they reach the segment's end."""
         with open(segment, "rb") as handle:
             handle.seek(self.offset)
-            data = handle.read()
+            data = handle.read() if self.max_bytes is None else handle.read(self.max_bytes + 1)
+        limited = self.max_bytes is not None and len(data) > self.max_bytes
+        data = data[: self.max_bytes] if limited else data
+        if self._skipping:  # the rest of a line longer than max_bytes
+            end = data.find(b"\n")
+            self._skipping = end < 0
+            self.offset += len(data) if end < 0 else end + 1
+            return ([], not limited) if end < 0 else self._read_from(segment)
         complete = data[: data.rfind(b"\n") + 1]  # a line being written stays for next time
+        if limited and not complete:
+            self._skipping, self.offset = True, self.offset + len(data)
+            return [], False
         self.offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        lines = complete.splitlines()
+        if self._markers is not None:
+            lines = [line for line in lines if any(m in line for m in self._markers)]
+        return [json.loads(line) for line in lines if line.strip()], not limited
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

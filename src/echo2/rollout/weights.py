@@ -74,6 +74,9 @@ class WeightReceiver:
     def bytes_relayed(self, version: int) -> int:
         return self.relay.bytes_sent(version) if self.relay is not None else 0
 
+    def bytes_relayed_total(self) -> int:
+        return self.relay.bytes_sent_total() if self.relay is not None else 0
+
     async def _report(self, report: BadPeerReport) -> None:
         await call(self.control, "POST", self.coordinator_url + "/v1/bad_peer", BadPeerRequest(report=report),
                    self.broadcast.report_timeout_s)

@@ -284,7 +284,8 @@ class Worker:
             body = Heartbeat(worker_id=self.worker_id, version=self.version, base_version=self.follower.holding(),
                              swap_s=self.follower.swap_s,
                              dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
-                             rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
+                             rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"],
+                             bytes_relayed_total=self.follower.receiver.bytes_relayed_total())
             seen_at = self.registered_at
             try:
                 text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
