@@ -24,6 +24,10 @@ def accounting(run_dir: Path, max_staleness: int) -> dict:
         pending = {r[0] for r in db.execute("SELECT prompt_index FROM pending")}
         buffered = {json.loads(r[0])["prompt_index"]
                     for r in db.execute("SELECT payload FROM groups WHERE state='buffered'")}
+        # groups the store retired untrained (stale, rejected, quarantined): on record there even
+        # when a kill came between its commit and the metrics line
+        dropped |= {json.loads(r[0])["prompt_index"] for r in db.execute(
+            "SELECT payload FROM groups WHERE state IN ('dropped', 'rejected', 'quarantined')")}
     finally:
         db.close()
     lost = sorted(set(range(cursor)) - (set(trained) | dropped | retired | pending | buffered))

@@ -123,6 +123,19 @@ async def error_middleware(request: web.Request, handler):
         return _error(exc.status, exc.text or exc.reason)
     except ValidationError as exc:
         return _validation_error(request.path, exc)
+    finally:
+        # before the reply leaves: what it tells a worker (its group dropped as stale) is on
+        # record even when the coordinator is killed the moment after
+        write_events(request.app)
+
+
+def write_events(app: web.Application) -> None:
+    """The state's pending events, logged and appended to metrics.jsonl."""
+    state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    events, state.events = state.events, []
+    for event in events:
+        log_event(event)
+        metrics.write(event.pop("kind"), **event)
 
 
 # a string or list over its cap (protocol.messages): well-formed, but refused as too large
@@ -298,7 +311,7 @@ async def handle_probe(request: web.Request) -> web.Response:
 
 
 async def _housekeeping(app: web.Application) -> None:
-    state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    state = app[STATE_KEY]
     loop = asyncio.get_running_loop()
     next_control = loop.time()
     while True:
@@ -307,10 +320,7 @@ async def _housekeeping(app: web.Application) -> None:
         if loop.time() >= next_control:
             state.control()
             next_control = loop.time() + state.settings.activation.control_period_s
-        events, state.events = state.events, []
-        for event in events:
-            log_event(event)
-            metrics.write(event.pop("kind"), **event)
+        write_events(app)
 
 
 async def _run_housekeeping(app: web.Application):
