@@ -132,8 +132,8 @@ def _cost(stats: list[dict], start_s: float, path: Path) -> Path:
     rate.plot(t, [r["price_per_hour"] for r in stats], color="tab:gray", drawstyle="steps-post", alpha=0.7,
               label="billing ($/h)")
     rate.set_ylabel("$/h (learner + rented workers)")
-    rate.set_ylim(bottom=0)
+    rate.set_ylim(0, 1.15 * max(r["price_per_hour"] for r in stats) or 1.0)  # room above the line
     ax.set_title(f"cost: ${stats[-1]['cost_total']:.4f} spent", fontsize=10)
     ax.grid(True, alpha=0.3)
-    fig.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.1, 0.9))
+    fig.legend(fontsize=8, loc="lower right", bbox_to_anchor=(0.88, 0.15))
     return save_figure(fig, path)
