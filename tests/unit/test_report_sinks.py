@@ -193,3 +193,20 @@ def test_the_scalar_table_maps_every_kind_of_the_synthetic_run():
     assert ("coordinator", "version_published") not in SCALARS  # the learner's record says it with bytes
     assert "| 1.000 |" in samples_markdown([{"prompt": "p", "completion": "c", "reward": 1.0, "worker_id": "w",
                                              "version": 2}])
+
+
+def test_wandb_online_without_an_account_is_a_clear_config_error(tmp_path, monkeypatch):
+    import wandb
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc login either
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = RunConfig.model_validate({"run_dir": str(tmp_path / "run"), "report": {"wandb": {"enabled": True,
+                                                                                          "mode": "online"}}})
+    try:
+        with pytest.raises(ValueError, match=r"report.wandb: .*WANDB_API_KEY.*mode='offline'"):
+            make_sinks(cfg)
+    finally:
+        wandb.teardown()

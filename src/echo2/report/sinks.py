@@ -43,7 +43,12 @@ def make_sinks(cfg: RunConfig) -> list[Sink]:
     if cfg.report.wandb.enabled:
         from echo2.report.wandb_sink import WandbSink
 
-        sinks.append(WandbSink(cfg))
+        try:
+            sinks.append(WandbSink(cfg))
+        except ValueError:
+            for sink in sinks:  # no writer thread left behind the error
+                sink.close()
+            raise
     return sinks
 
 

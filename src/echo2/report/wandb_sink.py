@@ -25,12 +25,17 @@ class WandbSink(Sink):
         config = cfg.model_dump()
         config["coordinator"]["auth_token"] = ""  # secrets stay out of files and uploads
         cfg.run_path.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=settings.project, entity=settings.entity or None, name=settings.name or cfg.run_path.name,
-            tags=list(settings.tags), dir=str(cfg.run_path), mode=settings.mode, config=config,
-            # console off: W&B would otherwise capture the launcher's own terminal output
-            settings=wandb.Settings(console="off", silent=True),
-        )
+        try:
+            self.run = wandb.init(
+                project=settings.project, entity=settings.entity or None, name=settings.name or cfg.run_path.name,
+                tags=list(settings.tags), dir=str(cfg.run_path), mode=settings.mode, config=config,
+                # console off: W&B would otherwise capture the launcher's own terminal output
+                settings=wandb.Settings(console="off", silent=True),
+            )
+        except Exception as exc:  # W&B's own error types (no login, no network, a bad entity)
+            raise ValueError(f"report.wandb: W&B could not start a run ({exc}). With mode='online' set "
+                             "WANDB_API_KEY (or run `wandb login`); report.wandb.mode='offline' needs no account"
+                             ) from exc
         # records arrive from several processes, not in step order: a step metric, not wandb's
         # own monotonic step, puts each value where it belongs
         self.run.define_metric(STEP_METRIC)
