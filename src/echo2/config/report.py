@@ -20,11 +20,13 @@ class WandbConfig(Frozen):
     """"offline": everything stays in `<run_dir>/wandb/offline-run-*` (no account, no network);
     upload later with `wandb sync DIR`. "online": streams to the W&B server ($WANDB_API_KEY)."""
     project: str = Field("echo2", min_length=1, max_length=128)
+    """W&B project the run is filed under."""
     entity: str = Field("", max_length=128)
     """Team or user the run belongs to; empty: the account's default."""
     name: str = Field("", max_length=128)
     """Display name of the run; empty: the run dir's name."""
     tags: tuple[str, ...] = ()
+    """W&B tags of the run, for filtering runs in the W&B interface."""
 
 
 class ReportConfig(Frozen):
