@@ -10,6 +10,7 @@ import signal
 import urllib.request
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tests.conftest import small_run_config
 from tests.integration.runs import (
     LEARNER_TOKEN,
@@ -63,11 +64,28 @@ def test_run_respects_the_staleness_bound(tmp_path, staleness):
         assert 0 < lat["p50"] <= lat["p95"] <= lat["max"] <= summary["publish_to_loaded_s"][worker]["max"]
     if staleness == 0:
         assert summary["staleness_hist"] == {"0": 12 * cfg.grpo.prompts_per_step}
+    _assert_reported(cfg.run_path, summary)
     # no secret of any role was written anywhere in the run dir (config, logs, metrics, store)
     for path in cfg.run_path.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
             assert not any(t.encode() in data for t in (TOKEN, LEARNER_TOKEN, OPERATOR_TOKEN)), path
+
+
+def _assert_reported(run_dir, summary) -> None:
+    """The launcher fed its TensorBoard sink from the records it tailed, the learner logged
+    sample completions, and the end-of-run plots are drawn and listed in the summary."""
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("train/reward_mean")] == list(range(1, 13))
+    assert {"eval/accuracy", "learner/utilization", "staleness/max", "cost/total_usd", "queue/queued"} <= tags
+    assert any(tag.startswith("dissemination/publish_to_loaded_s/") for tag in tags)
+    assert [e.step for e in events.Tensors("samples/text_summary")] == [1, 11]  # report.samples_every_steps = 10
+    assert [r["step"] for r in records(run_dir, "samples")] == [0, 10]
+    assert summary["plots"] == ["plots/reward_accuracy.png", "plots/staleness.png", "plots/utilization.png",
+                                "plots/dissemination.png", "plots/cost.png"]
+    assert all((run_dir / plot).read_bytes().startswith(b"\x89PNG") for plot in summary["plots"])
 
 
 def _leases_held(run_dir, worker_id: str) -> int:

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export": "echo2.cli.export_cmd",
     "eval": "echo2.cli.eval_cmd",
     "certs": "echo2.cli.certs_cmd",
+    "report": "echo2.cli.report_cmd",
 }
 
 

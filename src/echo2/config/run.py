@@ -23,6 +23,7 @@ from echo2.config.base import (
     validate,
 )
 from echo2.config.broadcast import BroadcastConfig
+from echo2.config.report import ReportConfig
 from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
 from echo2.tasks.addition import AdditionConfig
@@ -298,6 +299,8 @@ class RunConfig(Frozen):
     activation: ActivationConfig = ActivationConfig()
     audit: AuditConfig = AuditConfig()
     workers: LocalWorkersConfig = LocalWorkersConfig()
+    report: ReportConfig = ReportConfig()
+    """Metric sinks (TensorBoard, W&B) fed from metrics.jsonl, sample completions, end-of-run plots."""
     tls: TLSConfig = TLSConfig()
     """TLS of the learner's machine: the coordinator and the learner's origin serve with
     `cert_file`/`key_file` (one certificate naming the hosts of both), and the learner verifies

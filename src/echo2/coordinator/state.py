@@ -435,8 +435,12 @@ class CoordinatorState:
 
     def control(self, trigger: str = "") -> None:
         """Re-decide which workers are active; record the decision when the set changes, or
-        always when something happened (`trigger`, e.g. a worker vanished)."""
+        always when something happened (`trigger`, e.g. a worker vanished). Each periodic call
+        (no trigger) also records the run's gauges (`coordinator_stats`) for the metric sinks
+        and the end-of-run plots: queue depth, active workers, dollars spent so far."""
         decision = self.controller.decide(self.clock())
+        if not trigger:
+            self.events.append(self._stats_event())
         if decision.changed or trigger:
             self.events.append({
                 "kind": "activation", "active": sorted(decision.active), "reason": decision.reason,
@@ -731,6 +735,15 @@ class CoordinatorState:
             # that none is lost)
             self.events.append({"kind": "groups_dropped", "reason": "stale", "step": step,
                                 "prompt_indices": [g["prompt_index"] for g in stale]})
+
+    def _stats_event(self) -> dict:
+        return {  # right after decide(), which billed up to now
+            "kind": "coordinator_stats", "learner_step": self.learner_step, "version": self.current_version,
+            "queued": len(self.queue), "leased": len(self.leases), "buffered": len(self.buffer),
+            "workers_alive": sum(1 for w in self.workers.values() if w.alive),
+            "workers_active": sum(1 for w in self.workers.values() if self.controller.is_active(w.worker_id)),
+            "cost_total": self.controller.total_cost(), "price_per_hour": self.controller.price_per_hour_now(),
+        }
 
     def _batch_event(self, step: int, batch: list[dict]) -> dict:
         hist = Counter(staleness(step, g["version"]) for g in batch)

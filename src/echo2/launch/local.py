@@ -20,9 +20,10 @@ from echo2.coordinator.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress
-from echo2.report.metrics import MetricsTail, MetricsWriter, iter_metrics
+from echo2.report.finish import finish_run
+from echo2.report.metrics import MetricsTail, MetricsWriter
 from echo2.report.render import render_summary
-from echo2.report.summary import summarize
+from echo2.report.sinks import SinkFeeder, make_sinks
 
 # the coordinator binds within a second or two even on a loaded box; a minute means it is broken
 COORDINATOR_START_TIMEOUT_S = 60.0
@@ -44,12 +45,15 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     prepare_base_model(cfg, log=console.print)
     tokens = _role_tokens(cfg)
     children: list[Child] = []
+    # the metric sinks mirror what the launcher reads anyway; a bad [report] setting fails here
+    tail = MetricsTail(cfg.run_path / "metrics.jsonl")
+    sinks = SinkFeeder(make_sinks(cfg), warn=lambda line: console.print(f"[yellow]{line}[/]"))
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         fleet = _start_roles(cfg, tokens, children)
         console.print(_dashboard_line(cfg), soft_wrap=True)  # a URL and a path: never wrapped
-        _watch(cfg, children, fleet, console)
+        _watch(cfg, children, fleet, console, tail, sinks)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes[/]")
         return 130
@@ -63,10 +67,13 @@ def run_local(cfg: RunConfig, console: Console) -> int:
         # which writes the final counters once everyone has left
         for role in ("worker-", "learner", "coordinator"):
             stop_children([c for c in children if c.name.startswith(role)])
-    summary = summarize(iter_metrics(cfg.run_path / "metrics.jsonl"))
-    (cfg.run_path / "summary.json").write_text(json.dumps(summary, indent=2))
+        sinks.feed(tail.read_new())  # what the roles wrote as they stopped (the final counters)
+        sinks.close()
+    summary = finish_run(cfg.run_path, plots=cfg.report.plots)
     render_summary(summary, console)
     console.print(f"metrics: {cfg.run_path / 'metrics.jsonl'}   summary: {cfg.run_path / 'summary.json'}")
+    if cfg.report.tensorboard:
+        console.print(f"tensorboard --logdir {cfg.run_path / 'tensorboard'}")
     return 0
 
 
@@ -191,16 +198,18 @@ def _wait_for_coordinator(run_path: Path, child: Child) -> str:
     raise RunFailed(f"coordinator did not start within {COORDINATOR_START_TIMEOUT_S:.0f}s", child)
 
 
-def _watch(cfg: RunConfig, children: list[Child], fleet: FleetSync, console: Console) -> None:
+def _watch(cfg: RunConfig, children: list[Child], fleet: FleetSync, console: Console, tail: MetricsTail,
+           sinks: SinkFeeder) -> None:
     index_of = _worker_indices(cfg)
     by_name = {c.name: c for c in children}
     reported: set[str] = set()
-    tail = MetricsTail(cfg.run_path / "metrics.jsonl")
     with RunProgress(cfg, console) as progress:
         while True:
             progress.refresh_from(cfg.run_path / "metrics.jsonl")
-            for record in tail.read_new():
+            records = tail.read_new()
+            for record in records:
                 fleet.observe(record, time.monotonic())
+            sinks.feed(records)
             fleet.step(time.monotonic())
             # the current process of each worker; one its provider released exited on purpose
             released = {f"worker-{index_of[w]}" for w in fleet.provider.released()}

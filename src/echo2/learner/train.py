@@ -28,6 +28,7 @@ from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_ch
 from echo2.learner.distributed import init_ranks
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
+from echo2.learner.samples import sample_rows
 from echo2.learner.step import train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.env_evaluation import evaluate_episodes
@@ -117,6 +118,7 @@ class Learner:
                 # logged before the checkpoint: a crash in between re-logs the step on resume
                 # instead of losing its record
                 self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats)
+                self._log_samples(step, groups)
                 log.info("step %d/%d: waited %.1f s for the batch, trained in %.2f s (reward %.3f, loss %.4f, "
                          "staleness <= %d), published version %d in %.2f s", step + 1, cfg.train.steps, wait_s,
                          stats["train_s"], stats["reward_mean"], stats["loss"], stats["staleness_max"], step + 1,
@@ -217,6 +219,12 @@ class Learner:
                            prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
         requeue = tuple(g.group_id for g in groups if g.group_id not in failed) if audit else ()
         self.io.reject_batch(step, stats["skip_reason"], requeue)
+
+    def _log_samples(self, step: int, groups: list[TrainGroup]) -> None:
+        """Every report.samples_every_steps steps, a few of the batch's completions as text."""
+        every = self.cfg.report.samples_every_steps
+        if self.leader and every and step % every == 0:
+            self.metrics.write("samples", step=step, samples=sample_rows(groups, self.tokenizer.decode, self.cfg.report))
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()

@@ -199,6 +199,11 @@ class ActivationController:
     def total_cost(self) -> float:
         return self.learner_cost + sum(v.cost for v in self.workers.values())
 
+    def price_per_hour_now(self) -> float:
+        """What the run bills per hour at this moment, by the rule `account` charges: the learner
+        and every rented (live) worker, active or idle."""
+        return self.learner_price_per_hour + sum(v.price_per_hour for v in self.workers.values() if v.alive)
+
     # ---- decisions ----
     def required_rps(self) -> float:
         """What the learner consumes, B / T_train, which the workers' admissible rates must cover

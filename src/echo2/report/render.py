@@ -61,6 +61,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                       f"of {cast['payload_bytes'] or 0:,} bytes")
     if summary.get("cost_total") is not None:
         table.add_row("cost total ($/step)", f"${summary['cost_total']:.4f} (${_fmt(summary['cost_per_step'])})")
+    if summary.get("plots"):
+        table.add_row("plots (in the run dir)", "\n".join(summary["plots"]))
     console.print(table)
     decisions = summary.get("activation_decisions", [])
     if decisions:

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from echo2.report.figures import pyplot, save_figure
+
 TOPOLOGY_LABELS = {
     "one_to_many": "one-to-many (learner sends every copy)",
     "chain": "pipelined chain",
     "tree": "pipelined tree",
     "ideal": "ideal network",
 }
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: works on headless machines and in tests
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def bits_label(bps: float) -> str:
@@ -33,7 +26,7 @@ def _duration_label(seconds: float) -> str:
 
 def plot_dissemination(data: dict, title: str, path: Path) -> Path:
     """(a) T_dis versus N per topology: markers simulated, dashed lines closed form."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     n = data["worker_counts"]
     for topology, series in data["topologies"].items():
@@ -53,12 +46,12 @@ def plot_dissemination(data: dict, title: str, path: Path) -> Path:
         ax.text(n[0], seconds * 1.05, _duration_label(seconds), fontsize=7, color="grey")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(title="markers: simulated; dashed: closed form", fontsize=8, title_fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_utilization(grid: dict, title: str, step_time_s: float, path: Path) -> Path:
     """(b) steady learner utilization versus S, one line per worker bandwidth."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
     s = grid["staleness"]
     for bandwidth, series in grid["by_bandwidth"].items():
@@ -85,12 +78,12 @@ def plot_utilization(grid: dict, title: str, step_time_s: float, path: Path) -> 
     )
     ax.grid(True, alpha=0.3)
     ax.legend(title="worker bandwidth (dotted: planner)", fontsize=8, title_fontsize=8, loc="lower right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_cost(cost: dict, title: str, path: Path) -> Path:
     """(c) total cost and wall time of the same number of steps, echo2 versus centralized."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_cost, ax_time) = plt.subplots(1, 2, figsize=(9, 5))
     echo2, central = cost["echo2"], cost["centralized"]
     names = ["echo2 (simulated)"] + (["centralized"] if central else [])
@@ -113,15 +106,4 @@ def plot_cost(cost: dict, title: str, path: Path) -> Path:
     saving = cost.get("saving_fraction")
     note = f"; saving {saving:.0%} (paper: 33-36%)" if saving is not None else ""
     fig.suptitle(f"{title}: {cost['steps']} learner steps{note}", fontsize=10)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    fig.clf()
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
