@@ -30,8 +30,8 @@ class LyingEngine:
                             + c.token_ids[-1:], logprobs=c.logprobs) for c in group] for group in groups]
 
 
-def _lying_make_engine(cfg, source):
-    engine = _real_make_engine(cfg, source)
+def _lying_make_engine(cfg, source, lora=None):
+    engine = _real_make_engine(cfg, source, lora)
     return LyingEngine(engine, engine.model.config.vocab_size)
 
 
