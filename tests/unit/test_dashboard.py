@@ -174,6 +174,12 @@ def test_dashboard_and_metrics_need_the_operator_credential(run):
         async with session.head(url + "/metrics") as resp:  # HEAD runs the GET handler: same credential
             out["head"] = resp.status
         out["session"] = [(await status(session, url, p))[0] for p in closed + ["/v1/state"]]
+        guesses = []  # wrong tokens are rate-limited per address, with the registrations
+        for _ in range(int(state.settings.registrations_per_minute) + 1):
+            async with session.post(url + "/dashboard/login", data={"token": "guess-" + OPERATOR_TOKEN},
+                                    allow_redirects=False) as resp:
+                guesses.append(resp.status)
+        out["guesses"] = guesses
         out["bearer"] = [(await status(session, url, p, OPERATOR))[0] for p in closed]
         return out
 
@@ -190,6 +196,7 @@ def test_dashboard_and_metrics_need_the_operator_credential(run):
     # the session opens the dashboard's routes only; scrapers and /v1/state take the bearer token
     assert out["session"] == [200, 200, 200, 200, 401, 401]
     assert out["bearer"] == [200] * len(closed)
+    assert out["guesses"][-1] == 429 and set(out["guesses"][:-2]) == {401}
 
 
 def test_every_route_has_a_role(run):

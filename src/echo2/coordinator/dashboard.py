@@ -69,6 +69,9 @@ async def handle_login(request: web.Request, operator_token: str) -> web.StreamR
     form = await request.post()
     token = form.get("token", "")
     if not isinstance(token, str) or not hmac.compare_digest(token.strip().encode(), operator_token.encode()):
+        # wrong guesses draw from the address's registration bucket (429 once it is empty): the
+        # token is far too long to guess, and a guessing loop must not cost the coordinator either
+        request.app[STATE_KEY].take_join_token(request.remote or "")
         return _login_page(status=401, wrong=True)
     response = web.Response(status=303, headers={**SECURITY_HEADERS, "Location": "/"})
     response.set_cookie(SESSION_COOKIE, session_value(operator_token), path="/", httponly=True, samesite="Strict",
