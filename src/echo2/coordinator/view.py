@@ -42,7 +42,8 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "workers_total": len(workers),
         "workers_live": sum(1 for w in workers if w["alive"]),
         "workers_active": sum(1 for w in workers if w["status"] == "active"),
-        "cost": {"per_hour": _cost_per_hour(state, workers), "total": snap["cost"]["cost_total"]},
+        # the controller's billing rule: a rented machine costs the same idle, a released one nothing
+        "cost": {"per_hour": state.controller.price_per_hour_now(), "total": snap["cost"]["cost_total"]},
         "required_rps": snap["cost"]["required_rps"],
         "decisions": list(reversed(history.decisions)),
         "broadcast": _tree(state),
@@ -65,12 +66,6 @@ def _worker_rows(snap: dict) -> list[dict[str, Any]]:
         })
     rows.sort(key=lambda r: (not r["alive"], r["worker_id"]))
     return rows
-
-
-def _cost_per_hour(state: CoordinatorState, workers: list[dict]) -> float:
-    """What the run bills now: the learner and every rented worker, active or idle (the
-    controller's rule: a rented machine costs the same idle; a released one nothing)."""
-    return state.settings.learner_price_per_hour + sum(w["price_per_hour"] for w in workers if w["alive"])
 
 
 def _tree(state: CoordinatorState) -> dict[str, Any] | None:
