@@ -339,3 +339,52 @@ def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_
     settings = replace(settings_from(cfg), model_source=str(tiny_model_dir))
     state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), scorer, clock=clock)
     assert state.register(RegisterRequest(worker_id="a", engine="vllm")).lora == lora
+
+
+def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path, tiny_model_dir, clock):
+    """The forms the learner's origin serves survive a coordinator restart: a worker two
+    versions behind is sent the deltas (two small fetches), not made to wait for an anchor."""
+    from dataclasses import replace
+
+    import numpy as np
+    from safetensors.numpy import save
+    from tests.unit.coordinator_helpers import LEARNER_KEY, LEARNER_KEY_HEX, version_info
+
+    from echo2.broadcast.manifest import build_manifest, content_index
+    from echo2.broadcast.signing import sign_manifest
+    from echo2.config.broadcast import BroadcastConfig
+    from echo2.coordinator.store import Store
+    from echo2.protocol.messages import VersionInfo
+
+    def delta(version: int) -> VersionInfo:  # a delta of `version` against version - 1 (its bytes do not matter here)
+        content = save({"w": np.full(4, version, dtype=np.float32)})
+        manifest = build_manifest(version, bytes(40), 16, base_version=version - 1, codec="sub-zstd",
+                                  content=content_index(content), content_bytes=len(content))
+        return VersionInfo(version=version, signed=sign_manifest(manifest, LEARNER_KEY), origin_url="http://learner:1",
+                           published_at=1.0)
+
+    def restarted() -> CoordinatorState:
+        state = make_state(tmp_path, tiny_model_dir, clock)  # the same store
+        settings = replace(state.settings, broadcast=BroadcastConfig(deltas=True))
+        state.store.close()
+        state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), state.scorer, clock=clock)
+        register(state, "a")
+        return state
+
+    def next_fetch(state) -> tuple[int, str] | None:
+        fetch = state.heartbeat(Heartbeat(worker_id="a", version=0)).fetch
+        return None if fetch is None else (fetch.version, fetch.signed.unverified_manifest().form)
+
+    state = restarted()
+    state.publish(version_info(0), LEARNER_KEY_HEX)
+    for version in (1, 2):
+        state.publish(delta(version), LEARNER_KEY_HEX)
+    assert next_fetch(state) == (1, "delta")
+    state.store.close()
+
+    state = restarted()  # the coordinator restarts; the learner and its origin do not
+    assert next_fetch(state) == (1, "delta") and not state.dissemination.anchor_wanted
+    # the learner restarts too: it publishes the newest again, and its new origin serves no delta
+    state.publish(delta(2).model_copy(update={"origin_url": "http://learner:2"}), LEARNER_KEY_HEX)
+    assert next_fetch(state) is None and state.dissemination.anchor_wanted
+    assert state.store.offers() == [state.dissemination.stored_offers()[2, "delta"]]

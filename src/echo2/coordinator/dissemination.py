@@ -1,9 +1,10 @@
 """The coordinator's side of the weight broadcast: for each published version, a relay tree over
 the live workers (echo2.broadcast.topology) built from what they declared (link speeds, whether
 they accept connections); late joiners get the fastest holders of the version. With delta
-versions (broadcast.deltas) it also keeps the forms the learner's origin still serves and gives
-each worker the next fetch on the fewest-bytes way from the version it holds to the newest
-(echo2.broadcast.catchup), asking the learner for an anchor when that way is too long. A worker that
+versions (broadcast.deltas) it also keeps the forms the learner's origin still serves (in the
+store too, across a coordinator restart) and gives each worker the next fetch on the
+fewest-bytes way from the version it holds to the newest (echo2.broadcast.catchup), asking the
+learner for an anchor when that way is too long. A worker that
 reports a source for sending bad bytes is never sent to it again; the source is dropped for
 everyone once `broadcast.reporters_to_suspect` different workers have reported it, so one lying
 worker cannot cut an honest relay off."""
@@ -65,17 +66,35 @@ class Dissemination:
         if restarted:
             self.offers.clear()
         primary = info.signed.unverified_manifest()  # the caller verified the signatures
-        self.offers[info.version, primary.form] = (info.model_copy(update={"full": None}),
-                                                   Offer(info.version, primary.base_version, primary.total_bytes))
+        self._offer(info.model_copy(update={"full": None}))
         if info.full is not None:
-            full = info.full.unverified_manifest()
-            self.offers[info.version, "full"] = (info.model_copy(update={"signed": info.full, "full": None}),
-                                                 Offer(info.version, None, full.total_bytes))
+            self._offer(info.model_copy(update={"signed": info.full, "full": None}))
         if primary.form == "full" or info.full is not None:
             self.anchor_wanted = False  # the anchor asked for is out
+        self._drop_unserved()
+        self.full_bytes, self.tree_form = primary.loaded_bytes, primary.form
+
+    def restore(self, stored: list[VersionInfo]) -> None:
+        """After a coordinator restart, the forms the origin served before it (the store keeps
+        them, `stored_offers`), so a worker behind still gets deltas, not an anchor. A learner
+        restarted as well publishes the newest version again, which clears them."""
+        for info in stored:
+            self._offer(info)
+        self._drop_unserved()
+
+    def stored_offers(self) -> dict[tuple[int, str], str]:
+        """The forms served now as (version, form) -> VersionInfo JSON, for the store."""
+        return {key: info.model_dump_json() for key, (info, _) in self.offers.items()}
+
+    def _offer(self, info: VersionInfo) -> None:
+        """One form of a version (`info.signed` is its manifest, `info.full` None)."""
+        manifest = info.signed.unverified_manifest()
+        self.offers[info.version, manifest.form] = (info, Offer(info.version, manifest.base_version,
+                                                                manifest.total_bytes))
+
+    def _drop_unserved(self) -> None:
         keep = retained(self.offers, self.config.keep_versions)
         self.offers = {key: value for key, value in self.offers.items() if key in keep}
-        self.full_bytes, self.tree_form = primary.loaded_bytes, primary.form
 
     def next_fetch(self, worker_id: str, held: int, latest: VersionInfo,
                    peers: list[Peer]) -> tuple[VersionInfo, Assignment] | None:

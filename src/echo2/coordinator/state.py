@@ -164,8 +164,9 @@ class CoordinatorState:
         self.cursor: int = store.get_meta("cursor", 0)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
-        if self.latest is not None:  # the earlier forms are forgotten: workers behind get an anchor
+        if self.latest is not None:  # with the earlier forms the origin serves: workers behind get deltas
             self.dissemination.published(self.latest, restarted=True)
+            self.dissemination.restore([VersionInfo.model_validate_json(info) for info in store.offers()])
         stored, configured = store.get_meta("learner_public_key", ""), self._configured_learner_key()
         if stored and configured and stored != configured:
             raise ValueError(f"broadcast.learner_public_key ({configured[:16]}...) is not the key this run's versions "
@@ -571,12 +572,13 @@ class CoordinatorState:
             raise RequestError(422, f"publish of version {info.version} skips ahead: the newest is {newest}, so the "
                                     f"next is {newest + 1}")
         plan = self.dissemination.plan_version(info.version, info.origin_url, self._peers())
-        with self.store.tx():
-            self.store.set_meta("learner_public_key", pinned)
-            self.store.set_meta("latest", info.model_dump())
         # the newest version again, or a new origin: a restarted learner, serving none of the forms before
         restarted = self.latest is None or info.version == newest or info.origin_url != self.latest.origin_url
         self.dissemination.published(info, restarted=restarted)
+        with self.store.tx():
+            self.store.set_meta("learner_public_key", pinned)
+            self.store.set_meta("latest", info.model_dump())
+            self.store.keep_offers(self.dissemination.stored_offers(), replace=restarted)
         self.public_key_hex, self.latest = pinned, info
         self.plane.publish(info.version)
         self.events.append({

@@ -22,6 +22,8 @@ CREATE TABLE IF NOT EXISTS groups (
   group_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
   step INTEGER, payload TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, group_ids TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS offers (
+  version INTEGER NOT NULL, form TEXT NOT NULL, info TEXT NOT NULL, PRIMARY KEY (version, form));
 """
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 # states of groups that no future request reads once their step is checkpointed: trained ones
@@ -110,6 +112,23 @@ class Store:
 
     def last_batch_step(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(step), -1) FROM batches").fetchone()[0]
+
+    # ---- the version forms the learner's origin serves (delta catch-up plans) ----
+    def keep_offers(self, offers: dict[tuple[int, str], str], *, replace: bool = False) -> None:
+        """Make the stored forms exactly `offers` ((version, form) -> its VersionInfo as JSON):
+        forms no longer served go, new ones are added, the others are not written again (a
+        manifest is tens of KB at real sizes). `replace`: a restarted learner's origin serves
+        them now, so every one is written anew."""
+        if replace:
+            self.db.execute("DELETE FROM offers")
+        stored = set(self.db.execute("SELECT version, form FROM offers").fetchall())
+        self.db.executemany("DELETE FROM offers WHERE version=? AND form=?", sorted(stored - set(offers)))
+        self.db.executemany("INSERT INTO offers VALUES (?, ?, ?)",
+                            [(version, form, offers[version, form]) for version, form in sorted(set(offers) - stored)])
+
+    def offers(self) -> list[str]:
+        """The stored forms' VersionInfo JSON, oldest version first."""
+        return [r[0] for r in self.db.execute("SELECT info FROM offers ORDER BY version, form")]
 
     # ---- compaction ----
     def compact(self, before_step: int) -> int:
