@@ -4,34 +4,20 @@ version give the completions Hugging Face gives with those weights, EOS ends a c
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import pytest
 import torch
+from tests.vllm.conftest import report
 
-from echo2.config.run import ModelConfig
 from echo2.config.worker import VLLMConfig
 from echo2.learner.logprobs import collate, token_logprobs
 from echo2.models.generation import greedy_completions
 from echo2.models.loading import load_model, load_tokenizer
-from echo2.models.tiny import save_tiny
 from echo2.models.weights import model_payload, payload_tensors
 from echo2.rollout.engine import GenRequest
 
 pytestmark = pytest.mark.vllm
-
-# vLLM's CPU attention needs head_dim 32 or more: 64 wide, 2 heads
-VLLM_TINY = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
-REPORT = os.environ.get("ECHO2_VLLM_REPORT")  # where to write the measured numbers (optional)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vllm_tiny")
-    save_tiny(VLLM_TINY, out, seed=0)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +37,6 @@ def _load(engine, model) -> float:
     return time.perf_counter() - started
 
 
-def _report(**values) -> None:
-    if REPORT:
-        with open(REPORT, "a") as handle:
-            handle.write(json.dumps(values) + "\n")
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_behaviour_logprobs_are_the_learners(engine, model_dir, temperature):
     model = load_model(str(model_dir))
@@ -73,7 +53,7 @@ def test_behaviour_logprobs_are_the_learners(engine, model_dir, temperature):
     diff = learner.double() - behaviour.double()
     mismatch_kl = float((torch.exp(-diff) - 1 + diff).mean())  # k3 of KL(behaviour || learner)
     mean_abs = float(diff.abs().mean())
-    _report(test="logprobs", temperature=temperature, tokens=len(diff), mean_abs_diff=mean_abs,
+    report(test="logprobs", temperature=temperature, tokens=len(diff), mean_abs_diff=mean_abs,
             max_abs_diff=float(diff.abs().max()), mismatch_kl=mismatch_kl)
     assert mismatch_kl <= 1e-3 and mean_abs < 1e-3
     # under another temperature (vLLM's default raw log-probs) they would differ by far more
@@ -109,7 +89,7 @@ def test_in_place_update_gives_the_new_versions_completions(engine, model_dir):
         decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in after]
         assert decoded == expected, f"version {version}"
         assert after != before
-    _report(test="swap", swap_s=swaps)
+    report(test="swap", swap_s=swaps)
 
 
 def test_bf16_wire_version_loads_into_the_engine(engine, model_dir):

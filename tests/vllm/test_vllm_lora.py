@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from tests.vllm.test_vllm_engine import VLLM_TINY, _report
+from tests.vllm.conftest import report
 
 from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig
@@ -16,20 +16,12 @@ from echo2.learner.logprobs import collate, token_logprobs
 from echo2.models.generation import greedy_completions
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.lora import adapter_payload, add_lora, lora_parameters
-from echo2.models.tiny import save_tiny
 from echo2.models.weights import payload_tensors
 from echo2.rollout.engine import GenRequest
 
 pytestmark = pytest.mark.vllm
 
 LORA = LoraConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vllm_lora_tiny")
-    save_tiny(VLLM_TINY, out, seed=0)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +84,7 @@ def test_adapter_versions_give_the_learners_completions_and_logprobs(engine, mod
     behaviour = torch.tensor([x for _, c in rows for x in c.logprobs])
     mean_abs = float((learner.double() - behaviour.double()).abs().mean())
     base_gap = float((base_logprobs.double() - behaviour.double()).abs().mean())
-    _report(test="lora", tokens=len(behaviour), mean_abs_diff=mean_abs, base_model_diff=base_gap, swap_s=swaps)
+    report(test="lora", tokens=len(behaviour), mean_abs_diff=mean_abs, base_model_diff=base_gap, swap_s=swaps)
     assert mean_abs < 1e-3
     assert base_gap > 100 * mean_abs  # the adapter really is in the computation
 

@@ -14,9 +14,11 @@ from tests.integration.runs import processes, records, write_config
 pytestmark = pytest.mark.vllm
 
 
-def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
+def _vllm_run(tmp_path: Path, name: str, **sections):
+    """Run `echo2 run` with two vLLM workers on the demo's model and task; returns the config and
+    the run's summary. `sections` adds to or replaces the config's sections."""
     cfg = small_run_config(
-        tmp_path / "vllm-run",
+        tmp_path / name,
         # the demo's model (head_dim 32: vLLM's CPU attention needs at least that) and task: with
         # 2-digit sums the held-out pairs are unseen ones, so a rise there is learning, not recall
         model={"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512},
@@ -24,15 +26,21 @@ def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
         # a base that is sometimes right whatever the initial draw (see warmstart.stop_at_accuracy)
         warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
         sampling={"max_new_tokens": 6, "group_size": 8},
-        grpo={"prompts_per_step": 16},
-        train={"steps": 150, "max_staleness": 2, "checkpoint_every": 75, "eval_every": 75},
         workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
+        **sections,
     )
-    config = write_config(tmp_path / "vllm-run.toml", cfg)
+    config = write_config(tmp_path / f"{name}.toml", cfg)
     with processes() as start:
         proc = start(["run", "--config", str(config)], tmp_path / "run.log")
         assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    summary = json.loads((cfg.run_path / "summary.json").read_text())
+    return cfg, json.loads((cfg.run_path / "summary.json").read_text())
+
+
+def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
+    cfg, summary = _vllm_run(
+        tmp_path, "vllm-run", grpo={"prompts_per_step": 16},
+        train={"steps": 150, "max_staleness": 2, "checkpoint_every": 75, "eval_every": 75},
+    )
     assert summary["steps"] == 150
     assert summary["accuracy_after"] > summary["accuracy_before"] + 0.03, summary
     steps = records(cfg.run_path, "train_step")
@@ -46,24 +54,14 @@ def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
 
 
 def test_lora_run_with_vllm_workers_applies_each_adapter_version(tmp_path):
-    cfg = small_run_config(
-        tmp_path / "vllm-lora-run",
-        model={"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 512},
-        task={"digits": 2, "eval_size": 200},
-        warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
-        sampling={"max_new_tokens": 6, "group_size": 8},
+    cfg, summary = _vllm_run(
+        tmp_path, "vllm-lora-run",
         grpo={"prompts_per_step": 16, "lr": 2e-3, "lora": {"r": 8, "alpha": 16.0}},
         train={"steps": 60, "max_staleness": 2, "checkpoint_every": 30, "eval_every": 30},
         # honest vLLM-on-CPU log-probs differ from the learner's by about 2e-7 nats: a worker
         # generating without the adapter it was sent fails this audit once the adapter has moved
         audit={"max_mean_abs_logprob_diff": 1e-4},
-        workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
     )
-    config = write_config(tmp_path / "vllm-lora-run.toml", cfg)
-    with processes() as start:
-        proc = start(["run", "--config", str(config)], tmp_path / "run.log")
-        assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    summary = json.loads((cfg.run_path / "summary.json").read_text())
     assert summary["steps"] == 60
     # measured: 0.435 -> 0.655 on held-out sums, with the adapters alone trained
     assert summary["accuracy_after"] > summary["accuracy_before"] + 0.05, summary

@@ -56,6 +56,11 @@ def read_resolved(run_dir: str) -> RunConfig:
     return validate(RunConfig, json.loads(path.read_text()), source=str(path))
 
 
+def with_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """`cfg` with `--set` applied, for this command only (nothing is written back)."""
+    return validate(RunConfig, apply_overrides(cfg.model_dump(), overrides), source="run config with --set")
+
+
 def resolved_with_overrides(run_dir: str, overrides: list[str]) -> RunConfig:
     """The run's config.json with `--set` applied on top, written back when it changed, so the
     other roles, a restart and `echo2 export` see what this role runs with. Fields fixed by the

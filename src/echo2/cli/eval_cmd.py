@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace):
     """(run config, model source, echo2 checkpoint dir or None)."""
-    from echo2.cli.common import read_resolved
+    from echo2.cli.common import read_resolved, with_overrides
     from echo2.config.run import load_run_config
 
     overrides = ([f"task.name={args.task}"] if args.task else []) + args.overrides
@@ -66,19 +66,12 @@ def _resolve(args: argparse.Namespace):
     if (path / "meta.json").is_file() and (path / "model.safetensors").is_file():
         run_dir = path.parent.parent
         base = read_resolved(str(run_dir))
-        cfg = load_run_config(args.config, overrides) if args.config else _with(base, overrides)
+        cfg = load_run_config(args.config, overrides) if args.config else with_overrides(base, overrides)
         return cfg, base.base_model_path, path
     if args.config is None and not overrides:
         raise ValueError("--checkpoint is a model, not an echo2 checkpoint: say which task with --config, --task "
                          "or --set task.name=...")
     return load_run_config(args.config, overrides), args.checkpoint, None
-
-
-def _with(cfg, overrides: list[str]):
-    from echo2.config.base import apply_overrides, validate
-    from echo2.config.run import RunConfig
-
-    return validate(RunConfig, apply_overrides(cfg.model_dump(), overrides), source="run config with --set")
 
 
 def _progress(done: int, total: int) -> None:

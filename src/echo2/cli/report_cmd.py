@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from echo2.cli.common import add_set_arg, read_resolved
+from echo2.cli.common import add_set_arg, read_resolved, with_overrides
 
 # how often --follow reads what was appended: the sinks need no finer grain than a learner step
 FOLLOW_POLL_S = 1.0
@@ -28,8 +28,6 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from echo2.config.base import apply_overrides, validate
-    from echo2.config.run import RunConfig
     from echo2.report.finish import finish_run
     from echo2.report.render import render_summary
 
@@ -38,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         if not item.startswith("report."):
             raise ValueError(f"--set {item}: echo2 report changes only report.* fields (the run's other settings "
                              "are its own)")
-    cfg = validate(RunConfig, apply_overrides(cfg.model_dump(), args.overrides), source="run config with --set")
+    cfg = with_overrides(cfg, args.overrides)
     console = Console()
     if args.follow:
         _follow(cfg, console)

@@ -25,6 +25,7 @@ from collections import Counter, deque
 from pathlib import Path
 
 from echo2.report.metrics import MetricsTail
+from echo2.report.summary import utilization
 
 log = logging.getLogger("echo2.coordinator")
 
@@ -82,7 +83,8 @@ class RunHistory:
         """Groups per staleness (step - version) over the batches assigned."""
         self.decisions: deque[dict] = deque(maxlen=DECISIONS_KEPT)
         self.step_busy_s: dict[int, float] = {}
-        self.step_wait_s: dict[int, float] = {}
+        self.recent_steps: dict[int, dict] = {}
+        """The last UTILIZATION_WINDOW_STEPS train_step records, by step."""
 
     def refresh(self) -> list[dict]:
         """Read what the file gained (blocking I/O: call off the event loop); `apply` the result."""
@@ -128,14 +130,14 @@ class RunHistory:
         self.reward.add(step, float(record["reward_mean"]))
         # busy and wait as report.summary counts them: training, publishing and the checkpoint
         self.step_busy_s[step] = float(record["train_s"]) + float(record["publish_s"])
-        self.step_wait_s[step] = float(record["wait_s"])
+        self.recent_steps[step] = {"step": step, "wait_s": float(record["wait_s"])}
         for old in [s for s in self.step_busy_s if s <= step - UTILIZATION_WINDOW_STEPS or s > step]:
-            del self.step_busy_s[old], self.step_wait_s[old]
+            del self.step_busy_s[old], self.recent_steps[old]
         utilization = self.learner_utilization()
         if utilization is not None:
             self.utilization.add(step, utilization)
 
     def learner_utilization(self) -> float | None:
-        """Share of the last UTILIZATION_WINDOW_STEPS steps' loop time not spent waiting for data."""
-        busy, wait = sum(self.step_busy_s.values()), sum(self.step_wait_s.values())
-        return busy / (busy + wait) if busy + wait > 0 else None
+        """Share of the last UTILIZATION_WINDOW_STEPS steps' loop time not spent waiting for data
+        (the summary's definition); None before the first step."""
+        return utilization(list(self.recent_steps.values()), self.step_busy_s) if self.recent_steps else None

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from echo2.report.figures import pyplot, save_figure
-from echo2.report.summary import step_busy_s, train_steps, utilization
+from echo2.report.summary import staleness_mean, step_busy_s, train_steps, utilization
 
 PLOTS_DIR = "plots"
 # the kinds the plots read (the rest of the file is streamed past)
@@ -74,10 +74,7 @@ def _staleness(steps: list[dict], path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     x = [s["step"] + 1 for s in steps]
-    mean = []
-    for s in steps:
-        hist = {int(k): v for k, v in s["staleness_hist"].items()}
-        mean.append(sum(k * v for k, v in hist.items()) / max(1, sum(hist.values())))
+    mean = [staleness_mean(s["staleness_hist"]) or 0.0 for s in steps]
     ax.plot(x, [s["staleness_max"] for s in steps], color="tab:red", drawstyle="steps-mid", label="max")
     ax.plot(x, mean, color="tab:purple", label="mean")
     ax.set_xlabel("learner steps done")

@@ -12,14 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from echo2.report.summary import utilization
+from echo2.report.summary import staleness_mean, utilization
 
 Values = dict[str, float]
 
 
 def _train_step(r: dict) -> tuple[int, Values]:
-    hist = {int(k): v for k, v in r["staleness_hist"].items()}
-    groups = sum(hist.values())
     return r["step"] + 1, {
         "train/reward_mean": r["reward_mean"],
         "train/loss": r.get("loss"),
@@ -30,7 +28,7 @@ def _train_step(r: dict) -> tuple[int, Values]:
         "train/grad_norm": r.get("grad_norm"),
         "train/tokens": r.get("tokens"),
         "staleness/max": r["staleness_max"],
-        "staleness/mean": sum(k * v for k, v in hist.items()) / groups if groups else None,
+        "staleness/mean": staleness_mean(r["staleness_hist"]),
         "learner/wait_s": r["wait_s"],
         "learner/train_s": r["train_s"],
         "learner/publish_s": r["publish_s"],

@@ -63,6 +63,13 @@ def step_busy_s(records: list[dict]) -> dict[int, float]:
     return {s["step"]: s["train_s"] + s["publish_s"] + checkpoint_s.get(s["step"], 0.0) for s in train_steps(records)}
 
 
+def staleness_mean(hist: dict[str, int]) -> float | None:
+    """Mean staleness (step - version) of a step's trained groups, from its `staleness_hist`;
+    None for a step without groups."""
+    groups = sum(hist.values())
+    return sum(int(k) * v for k, v in hist.items()) / groups if groups else None
+
+
 def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
     """Share of the learner's step-loop time not spent waiting for data."""
     busy = sum(busy_s[s["step"]] for s in steps)
