@@ -52,3 +52,12 @@ def test_the_largest_honest_rollout_parses_and_one_more_does_not():
     with pytest.raises(ValidationError, match="completions"):
         RolloutSubmission(worker_id="w", task_id="L1", version=0, completions=[small] * (MAX_GROUP_SIZE + 1),
                           gen_time_s=1.0)
+
+
+@pytest.mark.parametrize("field", ["rollouts_total", "bytes_relayed_total"])
+def test_a_workers_running_totals_are_bounded(field):
+    """Shown on the dashboard and /metrics as floats: a huge integer would not convert."""
+    Heartbeat(worker_id="w", version=0, **{field: 1 << 53})
+    for bad in (-1, (1 << 53) + 1, 10**400):
+        with pytest.raises(ValidationError, match=field):
+            Heartbeat(worker_id="w", version=0, **{field: bad})

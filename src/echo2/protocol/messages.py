@@ -19,6 +19,9 @@ from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
 PROTOCOL_VERSION = 3
+# a worker's running totals: far above any real run, and small enough that every sum and float
+# conversion of them (the dashboard, /metrics) stays exact and finite
+MAX_CLAIMED_COUNT = 1 << 53
 """Bumped whenever a message changes incompatibly: peers of different protocols refuse each
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
 # the id length bound keeps a hostile client from making us store megabyte-long keys
@@ -120,11 +123,11 @@ class Heartbeat(Message):
     """Last version: publish until verified here plus the swap (when it could first generate)."""
     generation_s: float | None = Field(None, ge=0)
     """Last lease: seconds from lease to submitted results (T_gen of the capacity model)."""
-    rollouts_total: int = Field(0, ge=0)
+    rollouts_total: int = Field(0, ge=0, le=MAX_CLAIMED_COUNT)
     busy_s_total: float = Field(0.0, ge=0)
     """Cumulative rollouts and seconds spent in lease-generate-submit cycles: their ratio is the
     worker's full-load throughput, protocol overhead included."""
-    bytes_relayed_total: int = Field(0, ge=0)
+    bytes_relayed_total: int = Field(0, ge=0, le=MAX_CLAIMED_COUNT)
     """Weight bytes its relay sent to other workers since it started (shown on the dashboard and
     /metrics as the worker's claim; nothing is decided on it)."""
 
