@@ -23,7 +23,7 @@ def sharded_config(run_dir: Path, model_dir: Path, steps: int):
     # log-probs are made up) so its sharded path runs too
     return learner_config(run_dir, model_dir, train={"steps": steps, "checkpoint_every": 1},
                           grpo={"micro_batch_tokens": 24},
-                          audit={"enabled": True, "stale_sample_fraction": 1.0, "max_mean_abs_logprob_diff": 1e6})
+                          audit={"enabled": True, "recompute_fraction": 1.0, "max_mean_abs_logprob_diff": 1e6})
 
 
 class StepIO(FakeIO):

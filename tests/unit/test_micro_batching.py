@@ -53,8 +53,10 @@ def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str
                                                                logprob_chunk_tokens=7), 0.9, 0)
     for hook in hooks:
         hook.remove()
-    # one forward per micro-batch, and one more (the recompute) per micro-batch when checkpointing
-    assert len(calls) == stats["micro_batches"] * (2 if checkpointing else 1)
+    # one forward per micro-batch (two when prompts are shared: the prompts, then the completions),
+    # and one more (the recompute) per micro-batch when checkpointing
+    forwards = 2 if stats["layout"] == "shared" else 1
+    assert len(calls) == stats["micro_batches"] * (2 if checkpointing else forwards)
     return model, grads, stats
 
 

@@ -14,7 +14,7 @@ from echo2.learner.precision import CPU_FP32
 from echo2.learner.step import train_step
 from echo2.learner.train import Learner
 from echo2.models.loading import load_model, load_tokenizer
-from echo2.models.weights import model_payload
+from echo2.models.weights import model_payload, payload_tensors
 from echo2.protocol.messages import RolloutCompletion, TrainGroup
 from echo2.rollout.engine import GenRequest
 from echo2.rollout.hf_engine import HFEngine
@@ -63,7 +63,7 @@ def test_honest_groups_pass_at_the_current_version_and_fabrications_fail(tiny_mo
 
     stats = train_step(model, opt, honest, 0, GRPO, 1.0, tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
     assert not stats["skipped"]
-    # a group of an older version is not judged by the current weights here (check_stale does)
+    # a group of an older version is not judged by the current weights here (check_before_step does)
     stats = train_step(model, opt, liar, 1, GRPO, 1.0, tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
     assert stats["skip_kind"] != "audit"
 
@@ -80,14 +80,14 @@ def test_stale_groups_are_recomputed_under_the_version_they_claim(tiny_model_dir
     wrong_version = [g.model_copy(update={"version": 0, "worker_id": "liar"})
                      for g in sample_groups(engine, tokenizer, version=1, worker_id="liar", seed=6)]
 
-    auditor = Auditor(AuditConfig(stale_sample_fraction=1.0), max_staleness=2, secret=b"s")
+    auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=2, secret=b"s")
     assert auditor.cache.capacity == 3  # the current version and the S older ones a batch may hold
     auditor.published(0, model_payload(model, torch.float32))
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(v1[n])
     auditor.published(1, model_payload(model, torch.float32))
-    verdicts = auditor.check_stale(model, honest_v0 + wrong_version, step=1, grpo=GRPO, temperature=1.0,
+    verdicts = auditor.check_before_step(model, honest_v0 + wrong_version, step=1, grpo=GRPO, temperature=1.0,
                                    pad_id=tokenizer.pad_token_id, precision=CPU_FP32)
     by_worker = {v.worker_id: [] for v in verdicts}
     for v in verdicts:
@@ -101,6 +101,36 @@ def test_stale_groups_are_recomputed_under_the_version_they_claim(tiny_model_dir
                                       tokenizer.pad_token_id)
     assert min(current) > max(v.mean_abs_logprob_diff for v in by_worker["honest"]) * 100
     assert all(torch.equal(v0[n], t) for n, t in auditor.cache.get(0).items() if n in v0)
+
+
+def test_with_a_bf16_wire_current_groups_are_checked_against_the_wire_version_not_the_masters(tiny_model_dir):
+    """A worker sent a bf16 version samples from the bf16-rounded weights: the learner's fp32
+    masters would charge it the rounding, the published version does not."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), torch.device("cpu"))
+    with torch.no_grad():  # weights with low mantissa bits set, as training leaves them
+        for p in model.parameters():
+            p.mul_(1.0 + 1e-3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    wire = model_payload(model, torch.bfloat16)
+    engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
+    engine.load_state_dict(payload_tensors(wire))  # what the worker received, cast to its own dtype
+    honest = sample_groups(engine, tokenizer, version=3, worker_id="honest", seed=7, groups=3)
+    liar = [shifted(honest[0], -0.5)]
+
+    auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=0, secret=b"s", exact_wire=False)
+    assert auditor.tolerance is None  # the step's fp32 log-probs say nothing of a bf16 version
+    assert auditor.check_current(honest, 3, [1.0] * 3) == []
+    auditor.published(3, wire)
+    verdicts = auditor.check_before_step(model, honest + liar, step=3, grpo=GRPO, temperature=1.0,
+                                         pad_id=tokenizer.pad_token_id, precision=CPU_FP32)
+    assert [v.failed for v in verdicts] == [False, False, False, True] and all(v.recomputed for v in verdicts)
+    wire_diff = max(v.mean_abs_logprob_diff for v in verdicts[:3])
+    masters = recompute_mean_abs_diff(model, dict(model.named_parameters()), honest, GRPO, 1.0, tokenizer.pad_token_id)
+    assert wire_diff < 1e-4 and min(masters) > 10 * wire_diff
+    exact = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=0, secret=b"s", exact_wire=True)
+    exact.published(3, wire)
+    assert exact.check_before_step(model, honest, step=3, grpo=GRPO, temperature=1.0, pad_id=0,
+                                   precision=CPU_FP32) == []  # the step itself checks them
 
 
 def test_which_stale_groups_are_recomputed_is_keyed_and_near_the_configured_share():

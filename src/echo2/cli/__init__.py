@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "eval": "echo2.cli.eval_cmd",
     "certs": "echo2.cli.certs_cmd",
     "report": "echo2.cli.report_cmd",
+    "models": "echo2.cli.models_cmd",
 }
 
 

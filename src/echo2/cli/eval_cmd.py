@@ -19,7 +19,8 @@ from echo2.cli.common import add_set_arg
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("eval", help="pass@k on held-out problems, or reward and win rate on held-out "
                                                 "episodes", description=__doc__)
-    parser.add_argument("--checkpoint", required=True, help="HF model dir or hub id, or <run>/checkpoints/step_N")
+    parser.add_argument("--checkpoint", required=True, help="HF model dir, hub id or .gguf file, or "
+                                                            "<run>/checkpoints/step_N")
     parser.add_argument("--config", help="run config TOML for [task] and [sampling] (default: the checkpoint's run's)")
     parser.add_argument("--task", help="shorthand for --set task.name=NAME")
     add_set_arg(parser, "override a field, e.g. --set task.dataset=problems.jsonl (repeatable)")
@@ -71,7 +72,17 @@ def _resolve(args: argparse.Namespace):
     if args.config is None and not overrides:
         raise ValueError("--checkpoint is a model, not an echo2 checkpoint: say which task with --config, --task "
                          "or --set task.name=...")
-    return load_run_config(args.config, overrides), args.checkpoint, None
+    from echo2.config.run import ModelConfig
+    from echo2.models.sources import check_model_source
+
+    cfg = load_run_config(args.config, overrides)
+    model = ModelConfig(source=args.checkpoint)
+    check_model_source(model)
+    if model.is_gguf:  # dequantized once into the cache, as a run's base model is
+        from echo2.models.prepare import prepared_gguf
+
+        return cfg, str(prepared_gguf(model, cfg.cache_dir, log=lambda line: print(line, file=sys.stderr))), None
+    return cfg, args.checkpoint, None
 
 
 def _progress(done: int, total: int) -> None:

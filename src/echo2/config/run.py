@@ -33,7 +33,12 @@ from echo2.tasks.registry import TaskConfig
 class ModelConfig(Frozen):
     source: str = "tiny"
     """"tiny" builds the embedded Qwen3-architecture model and character tokenizer in the run
-    dir; anything else is a local path or hub id handed to `from_pretrained`."""
+    dir; a `.gguf` file (or a directory holding one, named by `gguf_file`) is dequantized once
+    by transformers' GGUF loader into the run's `base/`; anything else is a local model
+    directory or hub id handed to `from_pretrained`."""
+    gguf_file: str = Field("", max_length=512)
+    """The GGUF file inside the `source` directory (transformers' `gguf_file`); empty: `source`
+    is not a GGUF model, or is the `.gguf` file itself."""
     hidden_size: int = Field(96, ge=16, le=4096)
     """Tiny model only: width."""
     num_layers: int = Field(2, ge=1, le=48)
@@ -42,6 +47,20 @@ class ModelConfig(Frozen):
     """Tiny model only: attention heads (key/value heads are the same number)."""
     intermediate_size: int = Field(256, ge=16)
     """Tiny model only: MLP width."""
+
+    @model_validator(mode="after")
+    def _gguf_named_once(self) -> ModelConfig:
+        if self.gguf_file and (self.source == "tiny" or self.source.lower().endswith(".gguf")):
+            raise ValueError(f"model.gguf_file={self.gguf_file!r} with model.source={self.source!r}: gguf_file names "
+                             "the file inside a source directory; give either a .gguf source or a directory and "
+                             "gguf_file, not both")
+        if self.gguf_file and not self.gguf_file.lower().endswith(".gguf"):
+            raise ValueError(f"model.gguf_file={self.gguf_file!r}: expected the name of a .gguf file")
+        return self
+
+    @property
+    def is_gguf(self) -> bool:
+        return bool(self.gguf_file) or self.source.lower().endswith(".gguf")
 
 
 class WarmStartConfig(Frozen):
@@ -110,14 +129,21 @@ class GRPOConfig(Frozen):
     """KL penalty to the frozen starting policy (k3 estimator); 0 disables the reference model."""
     micro_batch_tokens: int = Field(16_384, ge=0)
     """Token budget of one forward/backward pass: sequences are sorted by length and packed into
-    micro-batches of at most this many (padded) prompt+completion tokens, and their gradients
-    accumulate into one optimizer step equal to the full-batch step. Activation memory follows
+    micro-batches of at most this many prompt+completion tokens as computed (a shared prompt
+    once, padding included), and their gradients accumulate into one optimizer step equal to
+    the full-batch step. Activation memory follows
     this budget, not the batch size. A sequence longer than the budget gets a pass of its own.
     0: the whole batch in one pass."""
     logprob_chunk_tokens: int = Field(1024, ge=1)
     """Completion tokens whose full-vocabulary logits exist at once while token log-probs are
     computed (and recomputed in the backward pass): 1024 x 151,936 (Qwen3's vocabulary) x 4 B is
     622 MB per fp32 buffer. The [B, T, V] logits of the batch are never held."""
+    share_prompts: bool = True
+    """Compute each group's prompt once and its G completions on top of the prompt's key/value
+    cache (gradients equal to the unshared computation). With a chat template the prompt is
+    most of every sequence: 3.5x less learner compute per step on SmolLM2-135M with 45-token
+    prompts and 8-token answers. Models that cannot (sliding-window attention, activation
+    checkpointing, a sharded learner) take packed rows instead, without padding."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (`{r, alpha, target_modules}`); None: full
     fine-tuning. Versions then carry the adapters only."""
@@ -321,9 +347,9 @@ class RunConfig(Frozen):
 
     @property
     def base_model_path(self) -> str:
-        """Where every role loads the starting policy from: the prepared (tiny and/or warm-started)
-        model in the run dir, or the user's checkpoint as given."""
-        if self.model.source == "tiny" or self.warmstart.steps > 0:
+        """Where every role loads the starting policy from: the prepared (tiny, dequantized GGUF
+        and/or warm-started) model in the run dir, or the user's checkpoint as given."""
+        if self.model.source == "tiny" or self.model.is_gguf or self.warmstart.steps > 0:
             return str(self.run_path / "base")
         return self.model.source
 

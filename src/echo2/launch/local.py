@@ -38,8 +38,10 @@ class RunFailed(Exception):
 
 def run_local(cfg: RunConfig, console: Console) -> int:
     from echo2.models.prepare import prepare_base_model
+    from echo2.models.sources import check_model_source
     from echo2.tasks import make_task
 
+    check_model_source(cfg.model)  # a missing path or an unreachable hub: one line, before anything starts
     make_task(cfg.task, cfg.seed).check()  # bad data is an error now, before any process starts
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)

@@ -22,21 +22,31 @@ class MicroBatch:
     row and position predicts it and which sample of the step it belongs to."""
 
     input_ids_BL: torch.Tensor
-    attention_mask_BL: torch.Tensor
+    attention_mask_BL: torch.Tensor | None
+    """None for packed rows (`learner.passes`): the positions say where each sequence starts."""
     rows_N: torch.Tensor
     cols_N: torch.Tensor
     """Position whose output predicts the token: the token at position p is predicted at p - 1."""
     targets_N: torch.Tensor
     sample_N: torch.Tensor
     """Index of the token's sample in the step's flat list of samples."""
+    position_ids_BL: torch.Tensor | None = None
+    """Packed rows only: each token's position in its own sequence."""
 
     @property
     def num_tokens(self) -> int:
         return int(self.targets_N.numel())
 
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(*(t.to(device, non_blocking=True) for t in (
-            self.input_ids_BL, self.attention_mask_BL, self.rows_N, self.cols_N, self.targets_N, self.sample_N)))
+        return MicroBatch(*(None if t is None else t.to(device, non_blocking=True) for t in (
+            self.input_ids_BL, self.attention_mask_BL, self.rows_N, self.cols_N, self.targets_N, self.sample_N,
+            self.position_ids_BL)))
+
+    def model_inputs(self) -> dict:
+        inputs = {"input_ids": self.input_ids_BL, "attention_mask": self.attention_mask_BL}
+        if self.position_ids_BL is not None:
+            inputs["position_ids"] = self.position_ids_BL
+        return inputs
 
 
 def collate(prompts: list[list[int]], completions: list[list[int]], sample_ids: list[int], pad_id: int) -> MicroBatch:
@@ -75,19 +85,25 @@ def lean_head_supported(model) -> bool:
 SHARDED_LEAN_METHOD = "echo2_lean_logprobs"
 
 
-def token_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(model, mb, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(token | prefix) of every completion token of the micro-batch ([N], fp32, with
-    gradients) and the entropy of the distribution it was drawn from ([N], fp32, none)."""
+    gradients) and the entropy of the distribution it was drawn from ([N], fp32, none). `mb` is
+    a MicroBatch (padded or packed rows) or a SharedMicroBatch (prompts computed once)."""
+    from echo2.learner.shared_prefix import SharedMicroBatch, shared_hidden_states
+
+    if isinstance(mb, SharedMicroBatch):
+        hidden_NH = shared_hidden_states(model, mb)
+        return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
     if lean_head_supported(model):
         sharded = getattr(model, SHARDED_LEAN_METHOD, None)
         return sharded(mb, temperature, chunk_tokens) if sharded else lean_logprobs(model, mb, temperature, chunk_tokens)
-    logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False).logits
+    logits = model(**mb.model_inputs(), use_cache=False).logits
     return logits_logprobs(logits[mb.rows_N, mb.cols_N], mb.targets_N, temperature, chunk_tokens)
 
 
 def lean_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The transformer body, then the LM head on the hidden states that predict completion tokens."""
-    out = model.base_model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, use_cache=False)
+    out = model.base_model(**mb.model_inputs(), use_cache=False)
     hidden_NH = out.last_hidden_state[mb.rows_N, mb.cols_N]
     return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
 
@@ -123,8 +139,13 @@ def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    z = (hidden.to(weight.dtype) @ weight.T).float()
-    return z.div_(temperature)
+    z = hidden.to(weight.dtype) @ weight.T
+    return z.to(_at_least_fp32(z.dtype)).div_(temperature)
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    """Log-probs in fp32 from bf16/fp16 logits, in fp64 from an fp64 model (exactness tests)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class _HeadLogprob(torch.autograd.Function):
@@ -135,7 +156,7 @@ class _HeadLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_tokens, compute_dtype):
         n = hidden_NH.shape[0]
-        logp = hidden_NH.new_empty(n, dtype=torch.float32)
+        logp = hidden_NH.new_empty(n, dtype=_at_least_fp32(compute_dtype))
         entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
         with torch.autocast(hidden_NH.device.type, enabled=False), torch.no_grad():
             weight = weight_VH.to(compute_dtype)
@@ -155,13 +176,14 @@ class _HeadLogprob(torch.autograd.Function):
         hidden_NH, weight_VH, targets_N, lse = ctx.saved_tensors
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden_NH) if want_h else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if want_w else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=_at_least_fp32(ctx.compute_dtype), device=weight_VH.device) \
+            if want_w else None
         temperature = ctx.temperature
         with torch.autocast(hidden_NH.device.type, enabled=False):
             weight = weight_VH.to(ctx.compute_dtype)
             for start in range(0, hidden_NH.shape[0], ctx.chunk_tokens):
                 end = min(start + ctx.chunk_tokens, hidden_NH.shape[0])
-                g = grad_logp_N[start:end].float()
+                g = grad_logp_N[start:end].to(_at_least_fp32(ctx.compute_dtype))
                 z = _logits(hidden_NH[start:end], weight, temperature)
                 dz = z.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])  # -g * softmax, in z's memory
                 dz[torch.arange(end - start, device=dz.device), targets_N[start:end]] += g

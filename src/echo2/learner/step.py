@@ -12,10 +12,11 @@ import torch
 
 from echo2.config.run import GRPOConfig
 from echo2.learner.audit import group_mean_abs_diff
-from echo2.learner.batching import Samples, flatten, plan_micro_batches
+from echo2.learner.batching import Samples, flatten
 from echo2.learner.distributed import SINGLE, Ranks, full_value
 from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
-from echo2.learner.logprobs import collate, token_logprobs
+from echo2.learner.logprobs import token_logprobs
+from echo2.learner.passes import build_pass, choose_layout, plan_passes, processed_tokens
 from echo2.learner.precision import CPU_FP32, Precision, peak_memory_bytes
 from echo2.protocol.messages import TrainGroup
 
@@ -45,7 +46,8 @@ def train_step(
     adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
     # the loss is a mean over the tokens the model chose (environment tokens are context only)
     total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
-    plan = plan_micro_batches([samples.length(i) for i in range(len(samples))], cfg.micro_batch_tokens)
+    layout = choose_layout(model, cfg.share_prompts, ranks.sharded)
+    plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     parts, loss, entropy_sum, problem, skip_kind = [], 0.0, 0.0, "", ""
@@ -53,7 +55,7 @@ def train_step(
     for indices, counted in ranks.share(plan):
         part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision,
                            abs_diff_S if counted else torch.zeros(len(samples)), weight=1.0 if counted else 0.0,
-                           always_backward=ranks.sharded)
+                           always_backward=ranks.sharded, layout=layout)
         if not counted:
             continue
         parts.append(part)
@@ -94,6 +96,10 @@ def train_step(
         "tokens": total_tokens,
         "entropy": entropy_sum / max(1, total_tokens),
         "micro_batches": len(plan),
+        "layout": layout,
+        # what the passes computed, padding excluded (a shared prompt counts once): learner tokens/s
+        "prompt_tokens_computed": int(sum(p["prompt_tokens"] for p in parts)),
+        "completion_tokens_computed": int(sum(p["completion_tokens"] for p in parts)),
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
         "prompt_indices": [g.prompt_index for g in groups],
@@ -109,7 +115,7 @@ def _reduce_over_ranks(ranks: Ranks, loss: float, entropy_sum: float, parts: lis
                        abs_diff_S: torch.Tensor) -> tuple[float, float, list[dict], torch.Tensor]:
     """The step's sums over every rank's micro-batches: one part holding the sums (ratio_max
     the maximum), as reduce_stats takes them."""
-    keys = ("tokens", "mismatch_kl_sum", "clipped_tokens", "log_ratio_outliers")
+    keys = ("tokens", "mismatch_kl_sum", "clipped_tokens", "log_ratio_outliers", "prompt_tokens", "completion_tokens")
     local = torch.tensor([loss, entropy_sum, *(sum(p[k] for p in parts) for k in keys)], dtype=torch.float64)
     total = ranks.sum(local).tolist()
     ratio_max = float(ranks.max(torch.tensor([max((p["ratio_max"] for p in parts), default=0.0)]))[0])
@@ -119,15 +125,16 @@ def _reduce_over_ranks(ranks: Ranks, loss: float, entropy_sum: float, parts: lis
 
 def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: torch.Tensor, total_tokens: int,
                 cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
-                abs_diff_S: torch.Tensor, weight: float = 1.0, always_backward: bool = False) -> dict:
+                abs_diff_S: torch.Tensor, weight: float = 1.0, always_backward: bool = False,
+                layout: str = "padded") -> dict:
     """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
     so the accumulated gradients are those of the full batch. `weight` 0: a pass that only
     keeps a sharded rank in step with the others (its gradients are zero). `always_backward`:
     also a non-finite loss goes backward (sharded ranks must all run every pass; the step is
     skipped anyway)."""
     device = precision.device
-    mb = collate([samples.prompts[i] for i in indices], [samples.completions[i] for i in indices], indices,
-                 pad_id).to(device)
+    mb = build_pass(samples, indices, pad_id, layout).to(device)
+    prompt_tokens, completion_tokens = processed_tokens(mb, [len(samples.prompts[i]) for i in indices])
     behav_N = torch.tensor([x for i in indices for x in samples.behaviour_logprobs[i]], device=device)
     mask_N = torch.tensor([x for i in indices for x in samples.loss_masks[i]], device=device)
     with precision.autocast():
@@ -142,4 +149,5 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
     loss = float(out.loss.detach())
     if math.isfinite(loss) or always_backward:
         (out.loss * weight if weight != 1.0 else out.loss).backward()
-    return {"loss": loss, "entropy_sum": float((entropy_N * mask_N).sum()), **out.sums}
+    return {"loss": loss, "entropy_sum": float((entropy_N * mask_N).sum()), "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, **out.sums}

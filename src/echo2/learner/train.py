@@ -94,7 +94,9 @@ class Learner:
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
         # only rank 0 picks stale groups to recompute (with its key) and keeps published versions
-        self.auditor = Auditor(cfg.audit, cfg.train.max_staleness, private_key_bytes(self.io.key) if self.io else b"")
+        exact_wire = self.wire_dtype == next(self.model.parameters()).dtype
+        self.auditor = Auditor(cfg.audit, cfg.train.max_staleness, private_key_bytes(self.io.key) if self.io else b"",
+                               exact_wire=exact_wire)
 
     def train(self) -> None:
         cfg = self.cfg
@@ -160,14 +162,16 @@ class Learner:
                      "versions? see the coordinator's log)", step + 1, time.perf_counter() - started)
 
     def _train_audited(self, groups: list[TrainGroup], step: int) -> tuple[dict, list[GroupAudit]]:
-        """The step, with the rollout audit around it: chosen older groups are recomputed under
-        their versions first (a failure skips the step before any training), groups at this
-        version are checked inside the step. The verdicts go to the coordinator either way."""
+        """The step, with the rollout audit around it: chosen groups are recomputed under the
+        versions their workers were sent first (a failure skips the step before any training);
+        with a wire equal to the learner's weights, groups at this version are checked inside
+        the step. The verdicts go to the coordinator either way."""
         cfg, started = self.cfg, time.perf_counter()
-        verdicts = self.auditor.check_stale(self._scoring_model(), groups, step, cfg.grpo, cfg.sampling.temperature,
-                                            self.tokenizer.pad_token_id, self.precision) if self.io else []
+        verdicts = self.auditor.check_before_step(self._scoring_model(), groups, step, cfg.grpo,
+                                                  cfg.sampling.temperature, self.tokenizer.pad_token_id,
+                                                  self.precision) if self.io else []
         failed = [v for v in verdicts if v.failed]
-        reason = (f"rollout audit: {len(failed)} group(s) recomputed under their claimed versions differ by more "
+        reason = (f"rollout audit: {len(failed)} group(s) recomputed under the versions they claim differ by more "
                   f"than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
                   f"(workers {sorted({v.worker_id for v in failed})})") if failed else ""
         if self.ranks.sharded:  # every rank skips, or none does

@@ -1,6 +1,7 @@
-"""Prepare the run's starting policy in `<run_dir>/base`: build the tiny model (or take the
-user's checkpoint), run the supervised warm start, measure held-out accuracy, and cache the
-result. A later run with the same model/task/warm-start settings reuses it."""
+"""Prepare the run's starting policy in `<run_dir>/base`: build the tiny model, dequantize a GGUF
+file (or take the user's checkpoint), run the supervised warm start, measure held-out accuracy,
+and cache the result. A later run with the same model/task/warm-start settings reuses it; a
+GGUF model without a warm start is dequantized once for every run and task."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from echo2.config.run import RunConfig
+from echo2.config.run import ModelConfig, RunConfig, WarmStartConfig
+from echo2.models.sources import dequantize_gguf
 
 MARKER = "echo2_prepared.json"
+GGUF_FORMAT = 1
+"""Bumped when the dequantized directory changes, so cached conversions are made again."""
+
+
+def _dequantize_only(cfg: RunConfig) -> bool:
+    return cfg.model.is_gguf and cfg.warmstart.steps == 0
 
 
 def cache_path(cfg: RunConfig) -> Path:
@@ -23,10 +31,14 @@ def cache_path(cfg: RunConfig) -> Path:
 
 
 def fingerprint(cfg: RunConfig) -> dict:
+    from echo2.models.sources import gguf_identity
     from echo2.models.tiny import BUILD_VERSION
 
+    if _dequantize_only(cfg):  # the same file gives the same model whatever the task
+        return {"gguf": gguf_identity(cfg.model), "format": GGUF_FORMAT}
     return {
         "model": cfg.model.model_dump(),
+        "gguf": gguf_identity(cfg.model),
         "tiny_build": BUILD_VERSION if cfg.model.source == "tiny" else None,
         "warmstart": cfg.warmstart.model_dump(),
         "task": cfg.task.model_dump(),
@@ -48,9 +60,10 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
         return {"base": cfg.model.source, "warm_start_steps": 0}  # the user's checkpoint as is
     cached = prepared_info(cfg)
     if cached is not None:
-        log(f"base model ready in {cfg.base_model_path} ({cached.get('measure', 'held-out accuracy')} "
-            f"{cached['accuracy']:.3f})")
+        log(f"base model ready in {cfg.base_model_path} ({_what(cached)})")
         return cached
+    if _dequantize_only(cfg):
+        prepared_gguf(cfg.model, cfg.cache_dir, log)
     if prepared_info(cfg, cache_path(cfg)) is not None:
         _copy_dir(cache_path(cfg), Path(cfg.base_model_path))
         return prepare_base_model(cfg, log)
@@ -66,8 +79,34 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
     _copy_dir(tmp, cache_path(cfg))
     shutil.rmtree(base, ignore_errors=True)
     os.rename(tmp, base)
-    log(f"base model ready in {base} after {info['seconds']:.0f}s ({info['measure']} {info['accuracy']:.3f})")
+    log(f"base model ready in {base} after {info['seconds']:.0f}s ({_what(info)})")
     return info
+
+
+def prepared_gguf(model: ModelConfig, cache_dir: str, log: Callable[[str], None] = print) -> Path:
+    """The Hugging Face directory a GGUF source dequantizes to, made once in `cache_dir` (what
+    `echo2 eval` and `echo2 models fetch` load, and every run's `base/` is copied from)."""
+    cfg = RunConfig(model=model, cache_dir=cache_dir, warmstart=WarmStartConfig(steps=0), run_dir=cache_dir)
+    where = cache_path(cfg)
+    if prepared_info(cfg, where) is None:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        tmp = where.with_name(where.name + f".build{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"dequantizing {model.source} with transformers' GGUF loader (once: cached in {where})")
+        info = dequantize_gguf(model, tmp)
+        info.update(fingerprint=fingerprint(cfg), seconds=info["dequantize_s"])
+        (tmp / MARKER).write_text(json.dumps(info, indent=2))
+        _copy_dir(tmp, where)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return where
+
+
+def _what(info: dict) -> str:
+    if "accuracy" not in info:
+        return f"{info.get('architecture', 'model')} dequantized from {info.get('gguf', 'GGUF')}"
+    return f"{info.get('measure', 'held-out accuracy')} {info['accuracy']:.3f}"
 
 
 def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
@@ -81,6 +120,10 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     source = cfg.model.source
     if source == "tiny":
         save_tiny(cfg.model, out, seed=cfg.seed)
+        source = str(out)
+    elif cfg.model.is_gguf:  # dequantized, then warm-started (without a warm start: prepared_gguf)
+        log(f"dequantizing {source} with transformers' GGUF loader")
+        dequantize_gguf(cfg.model, out)
         source = str(out)
     model, tokenizer = load_model(source), load_tokenizer(source)
     task = make_task(cfg.task, cfg.seed)

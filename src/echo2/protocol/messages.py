@@ -243,7 +243,8 @@ class GroupAudit(BaseModel):
     tokens: int = Field(ge=0)
     mean_abs_logprob_diff: float = Field(ge=0)
     recomputed: bool
-    """True: recomputed under a cached older version; False: the learner's current version."""
+    """True: recomputed under the published version it claims (the wire payload); False: checked
+    by the learner's own step at its current version (a wire equal to the learner's weights)."""
     failed: bool
 
 
