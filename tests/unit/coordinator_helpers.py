@@ -37,11 +37,13 @@ class FakeClock:
 
 
 def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int = 1, groups_per_step: int = 2,
-               sampling: SamplingParams = SAMPLING, activation: ActivationConfig | None = None, scorer=None):
+               sampling: SamplingParams = SAMPLING, activation: ActivationConfig | None = None, scorer=None,
+               **settings_fields):
+    """`settings_fields`: any other Settings field (evaluation leases, lease caps, ...)."""
     settings = Settings(
         max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=sampling,
         model_source=str(model_dir), heartbeat_interval_s=1.0, worker_timeout_s=5.0, lease_timeout_s=60.0,
-        activation=activation or ActivationConfig(),
+        activation=activation or ActivationConfig(), **settings_fields,
     )
     scorer = scorer or Scorer(make_task(AdditionConfig(), seed=0), str(model_dir))
     return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)

@@ -11,7 +11,7 @@ from pathlib import Path
 from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
-from echo2.protocol.messages import RolloutCompletion, TrainGroup, VersionInfo
+from echo2.protocol.messages import EvaluationResult, RolloutCompletion, TrainGroup, VersionInfo
 
 
 class FakeIO:
@@ -25,6 +25,7 @@ class FakeIO:
         self.asked: list[int] = []
         self.durable: list[int | None] = []  # the checkpoint step reported with each batch request
         self.last_encode_s = 0.0
+        self.evaluations_asked: list[int] = []
 
     def start(self) -> None:
         pass
@@ -53,6 +54,11 @@ class FakeIO:
 
     def report_audit(self, step: int, verdicts: list) -> None:
         self.audits.append((step, verdicts))
+
+    def evaluation_result(self, version: int, wait_s: float) -> EvaluationResult:
+        """The last version's evaluation on a worker (here: done at once, as asked)."""
+        self.evaluations_asked.append(version)
+        return EvaluationResult(version=version, done=True, accuracy=0.5, problems=4, evaluated_version=version)
 
 
 def learner_config(run_dir: Path, model_dir: Path, **sections) -> RunConfig:

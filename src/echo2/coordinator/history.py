@@ -113,7 +113,7 @@ class RunHistory:
         kind, role = record.get("kind"), record.get("role")
         if role == "learner" and kind == "train_step":
             self._train_step(record)
-        elif role == "learner" and kind == "eval":
+        elif role in ("learner", "coordinator") and kind == "eval":  # the coordinator's: evaluation leases
             self.accuracy.add(int(record["step"]), float(record["accuracy"]))
         elif role == "learner" and kind == "checkpoint":  # busy time of the step that wrote it
             step = int(record["step"]) - 1

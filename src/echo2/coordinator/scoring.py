@@ -5,6 +5,8 @@ PreTrainedTokenizerFast (for the chat template) only."""
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from echo2.envs.transcript import chat_tokenizer, model_vocab_size, tokenizer_file
 from echo2.protocol.messages import RolloutCompletion
 from echo2.tasks.base import Problem, TaskAdapter, render_prompt
@@ -40,6 +42,20 @@ class Scorer:
         problem = self.problem(prompt_index)
         return [self.task.reward(problem, self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
                 for c in completions]
+
+    # ---- held-out evaluation (evaluation leases) ----
+    @cached_property
+    def eval_problems(self) -> list[Problem]:
+        return self.task.eval_problems()
+
+    def eval_prompt_ids(self, index: int) -> list[int]:
+        """The held-out prompt as workers see every prompt (the task's messages, chat template)."""
+        text = render_prompt(self.chat, self.task, self.eval_problems[index])
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def eval_correct(self, index: int, token_ids: list[int]) -> bool:
+        """The check `echo2 eval` makes (task.is_correct on the decoded completion)."""
+        return self.task.is_correct(self.eval_problems[index], self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
 
 def make_scorer(task, model_source: str, max_action_tokens: int):

@@ -27,8 +27,10 @@ from echo2.protocol.messages import (
     BadPeerRequest,
     BatchResponse,
     ErrorResponse,
+    EvalSubmission,
     Heartbeat,
     LeaseRequest,
+    LeaseResponse,
     LeaveRequest,
     ProbeRequest,
     ProbeResponse,
@@ -47,6 +49,31 @@ SWEEP_INTERVAL_S = 0.25
 # upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
 # client and proxy timeouts
 MAX_BATCH_WAIT_S = 30.0
+# a lease refused for a full window waits at most this long for room (the worker asks for less
+# when its own request timeout is short): one request per long poll instead of ten a second
+MAX_LEASE_WAIT_S = 10.0
+# refusals a lease long-poll waits out: room opens when the learner takes a batch, a version
+# is published or leases end; any other refusal is answered at once
+_WAITS_FOR_ROOM = ("window full", "holding")
+
+
+class Signal:
+    """Wakes every waiter at once, from sync code: the coordinator notifies after every request
+    and sweep, and long polls re-check their condition (state changes are cheap to re-check,
+    requests over the network are not)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            pass
 
 STATE_KEY = web.AppKey("state", CoordinatorState)
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
@@ -54,6 +81,7 @@ CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
 HISTORY_KEY = web.AppKey("history", RunHistory)
+ROOM_KEY = web.AppKey("state_changed", Signal)
 JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
@@ -130,8 +158,9 @@ async def error_middleware(request: web.Request, handler):
 
 
 def write_events(app: web.Application) -> None:
-    """The state's pending events, logged and appended to metrics.jsonl."""
+    """The state's pending events, logged and appended to metrics.jsonl; long polls re-check."""
     state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    app[ROOM_KEY].notify()
     events, state.events = state.events, []
     for event in events:
         log_event(event)
@@ -208,7 +237,41 @@ async def handle_bad_peer(request: web.Request) -> web.Response:
 
 
 async def handle_lease(request: web.Request) -> web.Response:
-    return _reply(request.app[STATE_KEY].lease(await _worker_body(request, LeaseRequest)))
+    """A lease refused for a full window is held until room opens, or a new version is out (the
+    worker should load it: its room is counted from the version it holds), up to the worker's
+    wait_s: a refused worker does not poll."""
+    req = await _worker_body(request, LeaseRequest)
+    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(req.wait_s, MAX_LEASE_WAIT_S)
+    asked_at = state.current_version
+    reply = state.lease(req)
+    while _waits_for_room(reply) and loop.time() < deadline and state.current_version == asked_at:
+        await room.wait(deadline - loop.time())
+        reply = state.lease(req)
+    return _reply(reply)
+
+
+def _waits_for_room(reply: LeaseResponse) -> bool:
+    return not reply.tasks and reply.evaluation is None and reply.reason.startswith(_WAITS_FOR_ROOM)
+
+
+async def handle_evaluation(request: web.Request) -> web.Response:
+    return _reply(request.app[STATE_KEY].submit_evaluation(await _worker_body(request, EvalSubmission)))
+
+
+async def handle_evaluation_result(request: web.Request) -> web.Response:
+    """The learner asks for a version's evaluation, waiting up to wait_s for it (long poll)."""
+    version = _int_query(request, "version", minimum=0)
+    wait_s = min(_float_query(request, "wait_s", 0.0), MAX_BATCH_WAIT_S)
+    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    result = state.evaluation_result(version)
+    while not result.done and loop.time() < deadline:
+        await room.wait(deadline - loop.time())
+        result = state.evaluation_result(version)
+    return _reply(result)
 
 
 async def handle_rollout(request: web.Request) -> web.Response:
@@ -345,6 +408,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[JOIN_TOKEN_KEY] = secrets.join
     app[TLS_KEY] = tls_config or TLSConfig()
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
+    app[ROOM_KEY] = Signal()
     app.cleanup_ctx.append(_run_housekeeping)
     add_dashboard_routes(app, state, history, secrets.operator)
     add_metrics_route(app, state, history)
@@ -356,6 +420,8 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
             web.post("/v1/leave", handle_leave),
             web.post("/v1/bad_peer", handle_bad_peer),
             web.post("/v1/rollout", handle_rollout),
+            web.post("/v1/evaluation", handle_evaluation),
+            web.get("/v1/evaluation", handle_evaluation_result),
             web.post("/v1/publish", handle_publish),
             web.get("/v1/batch", handle_batch),
             web.post("/v1/batch/reject", handle_reject_batch),

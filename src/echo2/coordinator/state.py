@@ -28,6 +28,7 @@ from echo2.config.run import ActivationConfig
 from echo2.coordinator.audit import AuditLedger
 from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Dissemination, Peer
+from echo2.coordinator.evaluation_desk import EvaluationDesk
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
@@ -37,6 +38,9 @@ from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
     AuditReport,
     BadPeerRequest,
+    EvalAck,
+    EvalSubmission,
+    EvaluationResult,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -82,6 +86,14 @@ class Settings:
     audit_flags_to_quarantine: int = 2
     lora: dict = field(default_factory=dict)
     """grpo.lora when the run trains adapters: told to workers at registration."""
+    eval_on_workers: bool = False
+    """Held-out evaluation runs as evaluation leases ([evaluation] where)."""
+    eval_every: int = 25
+    final_version: int = 0
+    """train.steps: the last version, evaluated exactly."""
+    eval_problems_per_lease: int = 50
+    fresh_leases: bool = False
+    """train.fresh_leases: lease only as far ahead as keeps the learner from waiting."""
 
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -157,6 +169,12 @@ class CoordinatorState:
         )
         self.dissemination = Dissemination(s.broadcast, s.learner_upload_bps)
         self._restore()
+        self.evaluation: EvaluationDesk | None = None
+        if s.eval_on_workers:
+            self.evaluation = EvaluationDesk(scorer, store, s.eval_every, s.final_version, s.eval_problems_per_lease,
+                                             s.sampling.max_new_tokens)
+            if self.latest is not None:
+                self.evaluation.published(self.latest.version)
 
     # ---- restart ----
     def _restore(self) -> None:
@@ -186,6 +204,7 @@ class CoordinatorState:
             s.max_staleness, s.groups_per_step, _group_version, max_leases_per_worker=s.max_leases_per_worker,
             buffer=store.groups_in_state("buffered"), learner_step=store.get_meta("learner_step", 0),
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=self.current_version,
+            fresh_leases=s.fresh_leases,
         )
         self.seq = store.max_seq() + 1
 
@@ -351,22 +370,65 @@ class CoordinatorState:
 
     # ---- leases ----
     def lease(self, req: LeaseRequest) -> LeaseResponse:
+        """Work for a worker: the run's exact evaluations (versions 0 and last) first, then
+        rollouts, then, when it gets none, a due evaluation; a worker serving an evaluation gets
+        its next lease until it is done."""
         record = self._worker(req.worker_id)
         if self.latest is not None:
             self._check_version(req.version, "lease.version")
         record.version = req.version
+        held = self.evaluation.hold_version(record.worker_id, req.version) if self.evaluation else None
+        if held is not None:
+            return self._evaluation_reply(record, req.version, spare=True) or self._refused(
+                1.0, f"holding version {held} for its evaluation: load it again or wait for the evaluation to move")
+        exact = self._evaluation_reply(record, req.version, spare=False)
+        if exact is not None:
+            return exact
         if not self.controller.is_active(record.worker_id):
-            return LeaseResponse(tasks=[], retry_after_s=1.0, reason="inactive: idle until activated",
-                                 latest_version=self.current_version)
-        held = sum(1 for lease in self.leases.values() if lease.worker_id == record.worker_id)
-        grant = self.plane.grant(req.version, req.max_tasks, leased=len(self.leases), held_by_worker=held)
+            return self._evaluation_reply(record, req.version, spare=True) or self._refused(
+                1.0, "inactive: idle until activated")
+        mine = sum(1 for lease in self.leases.values() if lease.worker_id == record.worker_id)
+        grant = self.plane.grant(req.version, req.max_tasks, leased=len(self.leases), held_by_worker=mine)
         if grant.count == 0:
-            return LeaseResponse(tasks=[], retry_after_s=grant.retry_after_s, reason=grant.reason,
-                                 latest_version=self.current_version)
+            return self._evaluation_reply(record, req.version, spare=True) or self._refused(grant.retry_after_s,
+                                                                                           grant.reason)
         with self.store.tx():
             tasks = [self._new_lease(record, req.version) for _ in range(grant.count)]
             self.store.set_meta("cursor", self.cursor)
         return LeaseResponse(tasks=tasks, latest_version=self.current_version)
+
+    def _refused(self, retry_after_s: float, reason: str) -> LeaseResponse:
+        return LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason, latest_version=self.current_version)
+
+    def _evaluation_reply(self, record: WorkerRecord, version: int, spare: bool) -> LeaseResponse | None:
+        if self.evaluation is None:
+            return None
+        task = self.evaluation.offer(record.worker_id, version, spare, self.clock())
+        self._take_evaluation_events()
+        if task is None:
+            return None
+        return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version, latest_version=self.current_version)
+
+    def _take_evaluation_events(self) -> None:
+        if self.evaluation is not None and self.evaluation.events:
+            self.events += self.evaluation.events
+            self.evaluation.events = []
+
+    def submit_evaluation(self, req: EvalSubmission) -> EvalAck:
+        """A worker's greedy completions for its evaluation lease, scored here (never trained)."""
+        self._worker(req.worker_id)
+        if self.evaluation is None:
+            raise RequestError(409, "this run evaluates on the learner ([evaluation] where); no evaluation leases")
+        ack, problem = self.evaluation.submit(req, self.clock())
+        self._take_evaluation_events()
+        if ack is None:
+            raise RequestError(409 if "not held" in problem else 422, problem)
+        return ack.model_copy(update={"latest_version": self.current_version})
+
+    def evaluation_result(self, version: int) -> EvaluationResult:
+        if self.evaluation is None:
+            raise RequestError(409, "this run evaluates on the learner ([evaluation] where)")
+        return self.evaluation.result(version)
 
     def _new_lease(self, record: WorkerRecord, version: int) -> Task:
         if self.queue:
@@ -417,6 +479,10 @@ class CoordinatorState:
             self._requeue(overdue, reason="lease_timeout")
         if lost:  # a preempted worker: re-plan now, not at the next control period
             self.control(trigger=f"lost {', '.join(lost)}")
+        if self.evaluation is not None:
+            alive = {w.worker_id: w.version for w in self.workers.values() if w.alive}
+            self.evaluation.sweep(alive, self.settings.lease_timeout_s, now)
+            self._take_evaluation_events()
         self._forget(now)
 
     def _forget(self, now: float) -> None:
@@ -440,6 +506,7 @@ class CoordinatorState:
         (no trigger) also records the run's gauges (`coordinator_stats`) for the metric sinks
         and the end-of-run plots: queue depth, active workers, dollars spent so far."""
         decision = self.controller.decide(self.clock())
+        self.plane.window.set_floor(self.controller.s_min())
         if not trigger:
             self.events.append(self._stats_event())
         if decision.changed or trigger:
@@ -581,6 +648,8 @@ class CoordinatorState:
             self.store.keep_offers(self.dissemination.stored_offers(), replace=restarted)
         self.public_key_hex, self.latest = pinned, info
         self.plane.publish(info.version)
+        if self.evaluation is not None:
+            self.evaluation.published(info.version)
         self.events.append({
             "kind": "version_published", "version": info.version, "broadcast_mode": plan.mode,
             "first_hop": plan.origin_children, "max_depth": max((a.depth for a in plan.assignments), default=0),
@@ -605,6 +674,7 @@ class CoordinatorState:
     def observe_step_time(self, step_time_s: float) -> None:
         """The learner's busy time per step (train + publish), reported with its batch requests."""
         self.controller.observe_step_time(step_time_s)
+        self.plane.step_time_s = self.controller.step_time_s.value
 
     def checkpointed(self, durable_step: int, step: int) -> None:
         """The learner's checkpoint of `durable_step` is on disk, and it asks for `step` now: it
@@ -638,7 +708,7 @@ class CoordinatorState:
         if step < self.steps_taken - 1:
             raise RequestError(409, f"step {step} was never assigned a batch; the learner is at an unknown step")
         self._advance(step)
-        batch = self.plane.take_batch(step)
+        batch = self.plane.take_batch(step, now_s=self.clock())
         if batch is None:
             return None
         ids = [g["group_id"] for g in batch]
@@ -754,6 +824,7 @@ class CoordinatorState:
             "step": step,
             "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
             "max_staleness_seen": max(hist),
+            "lease_window_steps": self.plane.window.steps,
             "buffered": len(self.buffer),
             "leased": len(self.leases),
         }
@@ -769,6 +840,7 @@ class CoordinatorState:
             "counters": asdict(self.counters),
             "cost": self.controller.snapshot(),
             "audit": self.audit.snapshot(),
+            "evaluations": self.evaluation.snapshot() if self.evaluation is not None else None,
             "workers": {
                 w.worker_id: {
                     "version": w.version,

@@ -42,15 +42,16 @@ class RunProgress:
             self._apply(record)
 
     def _apply(self, record: dict) -> None:
+        if record["kind"] == "eval" and record["role"] in ("learner", "coordinator"):  # coordinator: on workers
+            self.fields["acc"] = f"{record['accuracy']:.3f} (v{record['step']})"
+            self.progress.update(self.task, **self.fields)
+            return
         if record["role"] != "learner":
             return
         if record["kind"] == "train_step":
             self.fields.update(reward=f"{record['reward_mean']:.2f}", stale=str(record["staleness_max"]),
                                wait=f"{record['wait_s']:.2f}")
             self.progress.update(self.task, completed=record["step"] + 1, **self.fields)
-        elif record["kind"] == "eval":
-            self.fields["acc"] = f"{record['accuracy']:.3f}"
-            self.progress.update(self.task, **self.fields)
         elif record["kind"] == "step_skipped":
             self.progress.console.print(f"learner step {record['step']} skipped ({record['reason']}): nothing "
                                         f"applied or published, batch handed back ({record['in_a_row']} in a row)")

@@ -23,6 +23,7 @@ from echo2.protocol.http import TransientError, call
 from echo2.protocol.messages import (
     AuditReport,
     BatchResponse,
+    EvaluationResult,
     GroupAudit,
     PublishRequest,
     RejectBatchRequest,
@@ -130,6 +131,12 @@ class LearnerIO:
             url += f"&durable_step={durable_step}"
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
+
+    def evaluation_result(self, version: int, wait_s: float) -> EvaluationResult:
+        """A version's evaluation on a worker (evaluation leases), waiting up to wait_s for it."""
+        url = f"/v1/evaluation?version={version}&wait_s={wait_s:.3f}"
+        text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
+        return EvaluationResult.model_validate_json(text)
 
     def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:
         """Hand back the batch of a skipped step; the next `fetch_batch(step)` gets new groups.

@@ -16,7 +16,8 @@ import torch
 
 from echo2.learner.batching import Samples, plan_micro_batches
 from echo2.learner.logprobs import MicroBatch, collate, lean_head_supported
-from echo2.learner.shared_prefix import SharedMicroBatch, collate_shared, shared_prefix_supported
+from echo2.learner.shared_prefix import SharedMicroBatch, collate_shared
+from echo2.models.kv_cache import supports_shared_prefix
 
 LAYOUTS = ("shared", "packed", "padded")
 
@@ -24,7 +25,7 @@ LAYOUTS = ("shared", "packed", "padded")
 def choose_layout(model, share_prompts: bool = True, sharded: bool = False) -> str:
     """The cheapest layout `model` supports. A sharded model takes one forward per pass (FSDP
     gathers its weights around it), so it does not share prompts."""
-    if share_prompts and not sharded and lean_head_supported(model) and shared_prefix_supported(model):
+    if share_prompts and not sharded and lean_head_supported(model) and supports_shared_prefix(model):
         return "shared"
     return "packed" if packing_supported(model) else "padded"
 

@@ -18,11 +18,11 @@ Layout of one shared micro-batch:
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
+
+from echo2.models.kv_cache import cache_argument, expand_cache, returned_cache
 
 
 @dataclass
@@ -85,48 +85,11 @@ def collate_shared(prompts: list[list[int]], completions: list[list[int]], promp
     )
 
 
-def shared_prefix_supported(model) -> bool:
-    """Sharing needs the model body to take and return a key/value cache whose layers all attend
-    to every earlier position (no sliding window, no recurrent state), and no activation
-    checkpointing (transformers turns the cache off under it while training)."""
-    body = getattr(model, "base_model", None)
-    config = getattr(model, "config", None)
-    if body is None or body is model or config is None or _cache_argument(type(body)) is None:
-        return False
-    if any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
-        return False
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        return False
-    if layer_types is None and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return False
-    return True
-
-
-@functools.cache
-def _cache_argument(body_class: type) -> str | None:
-    """The name the model body takes its cache by: `cache` (transformers >= 5.20) or
-    `past_key_values` (earlier)."""
-    parameters = inspect.signature(body_class.forward).parameters
-    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
-
-
 def shared_hidden_states(model, mb: SharedMicroBatch) -> torch.Tensor:
     """Hidden states [N, H] that predict the micro-batch's completion tokens, prompts computed once."""
-    from transformers.cache_utils import DynamicCache
-
     body = model.base_model
-    name = _cache_argument(type(body))
     prefix = body(input_ids=mb.prefix_ids_PL, attention_mask=mb.prefix_mask_PL, use_cache=True)
-    cache = getattr(prefix, "cache", None) or getattr(prefix, "past_key_values", None)
-    expanded = DynamicCache(ddp_cache_data=[(keys.index_select(0, mb.prompt_of_C), values.index_select(0, mb.prompt_of_C))
-                                            for keys, values in _layers(cache)])
+    expanded = expand_cache(returned_cache(prefix), mb.prompt_of_C)
     out = body(input_ids=mb.input_ids_CL, attention_mask=mb.attention_mask_CL, position_ids=mb.positions_CL,
-               use_cache=True, **{name: expanded})
+               use_cache=True, **{cache_argument(type(body)): expanded})
     return out.last_hidden_state[mb.rows_N, mb.cols_N]
-
-
-def _layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ class Learner:
     def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str = "", join_token: str = "",
                  io: LearnerIO | None = None) -> None:
         self.cfg = cfg
-        torch.set_num_threads(cfg.train.torch_threads)
+        torch.set_num_threads(cfg.learner_threads(os.cpu_count() or 1))
         precision = resolve_precision(cfg.learner)
         self.ranks, device = init_ranks(precision.device)
         self.precision = dataclasses.replace(precision, device=device)
@@ -85,7 +86,9 @@ class Learner:
             # each other's collectives inside generate
             raise ValueError(f"learner.ranks={self.ranks.world} with the multi-turn task {cfg.task.name!r}: "
                              "a sharded learner does not evaluate episodes yet; set learner.ranks=1")
-        self.eval_set = [] if self.multi_turn else self.task.eval_problems()
+        # evaluation leases: workers evaluate versions off this loop; else the learner does, between steps
+        self.eval_on_workers = cfg.evaluation.on_workers(self.multi_turn)
+        self.eval_set = [] if self.multi_turn or self.eval_on_workers else self.task.eval_problems()
         self.metrics = MetricsWriter(cfg.run_path / "metrics.jsonl" if self.leader else None, role="learner",
                                      segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
@@ -106,7 +109,7 @@ class Learner:
             self.io.start()
         try:
             self._publish(step)
-            if step == 0:
+            if step == 0 and not self.eval_on_workers:
                 self._evaluate(0)
             busy_s = None
             while step < cfg.train.steps:
@@ -119,7 +122,8 @@ class Learner:
                 publish_s = self._publish(step + 1)
                 # logged before the checkpoint: a crash in between re-logs the step on resume
                 # instead of losing its record
-                self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats)
+                self.metrics.write("train_step", step=step, wait_s=wait_s, publish_s=publish_s, **stats,
+                                   **learner_tokens_per_s(stats))
                 self._log_samples(step, groups)
                 log.info("step %d/%d: waited %.1f s for the batch, trained in %.2f s (reward %.3f, loss %.4f, "
                          "staleness <= %d), published version %d in %.2f s", step + 1, cfg.train.steps, wait_s,
@@ -127,8 +131,10 @@ class Learner:
                          publish_s)
                 busy_s = stats["train_s"] + publish_s + self._maybe_checkpoint(step + 1)
                 step += 1
-                if step % cfg.train.eval_every == 0 or step == cfg.train.steps:
+                if not self.eval_on_workers and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                     self._evaluate(step)
+            if self.eval_on_workers and self.io:
+                self._await_evaluation(cfg.train.steps)
             self.metrics.write("learner_done", steps=cfg.train.steps)
             log.info("done: %d steps trained", cfg.train.steps)
         finally:
@@ -324,6 +330,21 @@ class Learner:
                            eval_s=report.seconds)
         log.info("eval after step %d: accuracy %.3f on %d held-out problems", step, report.accuracy, report.problems)
 
+    def _await_evaluation(self, version: int) -> None:
+        """The last version's evaluation runs on a worker; the run's "after" accuracy is it, so
+        the learner waits for it (nothing else is left to do) up to evaluation.final_wait_s."""
+        limit_s = self.cfg.evaluation.final_wait_s
+        deadline = time.monotonic() + limit_s
+        log.info("waiting for a worker to evaluate version %d (up to %.0f s)", version, limit_s)
+        while time.monotonic() < deadline:
+            result = self.io.evaluation_result(version, wait_s=min(20.0, max(0.0, deadline - time.monotonic())))
+            if result.done:
+                log.info("eval of version %d on a worker: accuracy %.3f on %d held-out problems", version,
+                         result.accuracy, result.problems)
+                return
+        log.warning("no evaluation of version %d within evaluation.final_wait_s=%.0f s (are workers alive and "
+                    "holding it?); stopping without it", version, limit_s)
+
     def _evaluate_episodes(self, step: int) -> None:
         opponent = self.task.training_opponent()
         with self.precision.autocast():
@@ -336,6 +357,16 @@ class Learner:
         log.info("eval after step %d: mean reward %.3f +- %.3f, win rate %.3f, illegal %.3f over %d episodes "
                  "against %s", step, result["mean_reward"], result["ci95"], result["win_rate"], result["illegal_rate"],
                  result["episodes"], opponent)
+
+
+def learner_tokens_per_s(stats: dict) -> dict[str, float]:
+    """What the step's passes computed per second of its training time (the audit's
+    recomputation included), prompt and completion tokens apart: a shared prompt counts once."""
+    seconds = stats.get("train_s") or 0.0
+    if seconds <= 0:
+        return {}
+    return {"prompt_tokens_per_s": stats.get("prompt_tokens_computed", 0) / seconds,
+            "completion_tokens_per_s": stats.get("completion_tokens_computed", 0) / seconds}
 
 
 def wire_dtype(name: str, base_model_path: str) -> torch.dtype:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from echo2.models.generation import decode_completion, encode_prompts, strip_completion
+from echo2.models.generation import decode_completion, encode_prompts, generate_ids, strip_completion
 from echo2.tasks.base import Problem, TaskAdapter, render_prompt
 from echo2.tasks.passk import mean_pass_at_k
 
@@ -66,7 +66,13 @@ def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], m
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: Sequence[str], n: int, temperature: float,
                        max_new_tokens: int, synced_ranks: bool = False) -> list[str]:
-    """n decoded completions per prompt, prompt by prompt; greedy when temperature is 0."""
+    """n decoded completions per prompt, prompt by prompt; greedy when temperature is 0. Greedy
+    single completions take the evaluation leases' road (generate_ids), so `echo2 eval` and a
+    worker's evaluation generate alike."""
+    if n == 1 and temperature == 0 and not synced_ranks:
+        rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = generate_ids(model, rows, max_new_tokens, 0.0, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        return [decode_completion(tokenizer, row) for row in ids]
     input_ids, attention_mask = encode_prompts(tokenizer, prompts)
     device = next(model.parameters()).device
     sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else \

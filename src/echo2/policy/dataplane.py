@@ -11,7 +11,8 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
   `max_leases_per_worker` held by one worker;
 - submit: a group is buffered iff it is admissible at the current learner step;
 - advance(t): the learner asks for step t: buffered groups older than S are dropped;
-- take_batch(t): the oldest B buffered groups (submission order) form step t's batch.
+- take_batch(t): the oldest B buffered groups (submission order) form step t's batch; the
+  learner's wait for it sets how far ahead workers may generate (`policy.window`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from echo2.policy.admission import is_admissible, lease_capacity, worker_may_lease
+from echo2.policy.window import LeaseWindow
 
 G = TypeVar("G")
 
@@ -54,8 +56,11 @@ class DataPlane(Generic[G]):
         learner_step: int = 0,
         steps_taken: int = 0,
         current_version: int = -1,
+        fresh_leases: bool = False,
     ) -> None:
-        """`max_leases_per_worker` 0: B (a worker may hold one step's worth)."""
+        """`max_leases_per_worker` 0: B (a worker may hold one step's worth). `fresh_leases`:
+        lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
+        whole window of S steps."""
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
         self.max_leases_per_worker = max_leases_per_worker or groups_per_step
         self.buffer: list[G] = list(buffer)
@@ -63,6 +68,11 @@ class DataPlane(Generic[G]):
         self.learner_step, self.steps_taken, self.current_version = learner_step, steps_taken, current_version
         self._checked_at: int | None = None
         """Step at which every buffered group is known admissible (advance may skip the scan)."""
+        self.window = LeaseWindow(max_staleness, adaptive=fresh_leases)
+        self.asked_at: tuple[int, float] | None = None
+        """(step, when) the learner first asked for the batch not yet taken."""
+        self.step_time_s: float | None = None
+        """The learner's recent busy time per step (the caller keeps it current)."""
 
     # ---- versions ----
     def publish(self, version: int) -> None:
@@ -90,11 +100,13 @@ class DataPlane(Generic[G]):
         own_room = self.max_leases_per_worker - held_by_worker
         if own_room <= 0:
             return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases: return some first")
-        room = lease_capacity(self.max_staleness, self.groups_per_step, worker_version, self.steps_taken,
+        room = lease_capacity(self.window.steps, self.groups_per_step, worker_version, self.steps_taken,
                               leased + len(self.buffer))
         count = min(wanted, room, own_room)
         if count <= 0:
-            return LeaseGrant(0, WINDOW_RETRY_S, "window full: waiting for the learner")
+            ahead = f" (leasing {self.window.steps} of S={self.max_staleness} steps ahead)" \
+                if self.window.steps < self.max_staleness else ""
+            return LeaseGrant(0, WINDOW_RETRY_S, f"window full: waiting for the learner{ahead}")
         return LeaseGrant(count)
 
     # ---- rollouts ----
@@ -133,14 +145,20 @@ class DataPlane(Generic[G]):
             self.buffer = [g for g in self.buffer if is_admissible(step, self.version_of(g), S)]
         return stale
 
-    def take_batch(self, step: int) -> list[G] | None:
+    def take_batch(self, step: int, now_s: float | None = None) -> list[G] | None:
         """Step `step`'s batch, the oldest B buffered groups, or None while fewer wait. Call
-        `advance(step)` first (its drops are the caller's to record)."""
+        `advance(step)` first (its drops are the caller's to record). `now_s`: the caller's
+        clock, from which the learner's wait for each batch is measured (None: not measured)."""
         if step != self.learner_step:
             raise ValueError(f"take_batch({step}) before advance({step}): the learner is at step {self.learner_step}")
+        if now_s is not None and (self.asked_at is None or self.asked_at[0] != step):
+            self.asked_at = (step, now_s)
         need = self.groups_per_step
         if len(self.buffer) < need:
             return None
         batch, self.buffer = self.buffer[:need], self.buffer[need:]
         self.steps_taken = max(self.steps_taken, step + 1)
+        if now_s is not None and self.asked_at is not None:
+            self.window.observe(now_s - self.asked_at[1], self.step_time_s)
+            self.asked_at = None
         return batch

@@ -18,7 +18,7 @@ from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # a worker's running totals: far above any real run, and small enough that every sum and float
 # conversion of them (the dashboard, /metrics) stays exact and finite
 MAX_CLAIMED_COUNT = 1 << 53
@@ -30,7 +30,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[3] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[4] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -157,6 +157,9 @@ class LeaseRequest(Message):
     worker_id: str = _ID
     version: int = Field(ge=0)
     max_tasks: int = Field(1, ge=1, le=256)
+    wait_s: float = Field(0.0, ge=0, le=30)
+    """How long the coordinator may hold the request while the staleness window is full
+    (a long poll: it answers as soon as room opens); 0: answer at once."""
 
 
 class Task(BaseModel):
@@ -170,6 +173,19 @@ class Task(BaseModel):
     them from it); None for single-turn tasks."""
 
 
+class EvalTask(BaseModel):
+    """Part of a held-out evaluation: greedy completions of these prompts under `version`,
+    scored by the coordinator and never trained on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lease_id: str
+    version: int
+    """The version to generate with: the one the worker holds (and keeps until the evaluation
+    is done: `LeaseResponse.hold_version`)."""
+    prompt_ids: list[list[int]]
+    max_new_tokens: int
+
+
 class LeaseResponse(Message):
     kind: Literal["lease_granted"] = "lease_granted"
     tasks: list[Task]
@@ -179,6 +195,11 @@ class LeaseResponse(Message):
     latest_version: int = -1
     """Newest published version: a worker that sees a newer one asks for it at once instead of
     waiting for its next heartbeat (cuts dissemination latency by up to a heartbeat interval)."""
+    evaluation: EvalTask | None = None
+    """Instead of rollouts: part of a held-out evaluation at the version the worker holds."""
+    hold_version: int | None = None
+    """The version this worker must keep (not swap out) until the evaluation it serves is done;
+    None: swap in newer versions as they arrive."""
 
 
 class RolloutCompletion(BaseModel):
@@ -200,6 +221,39 @@ class RolloutSubmission(Message):
     completions: list[RolloutCompletion] = Field(max_length=MAX_GROUP_SIZE)
     """One per sample of the group (the run's sampling.group_size, checked after parsing)."""
     gen_time_s: float = Field(ge=0)
+
+
+class EvalSubmission(Message):
+    """Greedy completions of an evaluation lease's prompts, in its order."""
+
+    kind: Literal["evaluation"] = "evaluation"
+    worker_id: str = _ID
+    lease_id: str = _ID
+    version: int = Field(ge=0)
+    completions: list[list[int]] = Field(max_length=10_000)
+    """Token ids of each completion (each at most the lease's max_new_tokens, checked after
+    parsing)."""
+    gen_time_s: float = Field(ge=0)
+
+
+class EvalAck(Message):
+    kind: Literal["evaluation_ack"] = "evaluation_ack"
+    accepted: bool
+    done: bool = False
+    """The evaluation is complete (this was its last lease)."""
+    latest_version: int = -1
+
+
+class EvaluationResult(Message):
+    """What the learner is told of a version's evaluation (GET /v1/evaluation)."""
+
+    kind: Literal["evaluation_result"] = "evaluation_result"
+    version: int
+    done: bool
+    accuracy: float | None = None
+    problems: int = 0
+    evaluated_version: int | None = None
+    """The version actually evaluated (a due version may be evaluated at a newer one)."""
 
 
 class SubmitResponse(Message):

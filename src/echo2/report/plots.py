@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from echo2.report.figures import pyplot, save_figure
-from echo2.report.summary import staleness_mean, step_busy_s, train_steps, utilization
+from echo2.report.summary import eval_records, staleness_mean, step_busy_s, train_steps, utilization
 
 PLOTS_DIR = "plots"
 # the kinds the plots read (the rest of the file is streamed past)
@@ -26,7 +26,7 @@ def write_plots(stream: Iterable[dict], out_dir: Path) -> list[Path]:
         if record["kind"] in PLOT_KINDS:
             kept.append(record)
     steps = train_steps(kept)
-    evals = sorted((r for r in kept if r["kind"] == "eval" and r["role"] == "learner"), key=lambda r: r["step"])
+    evals = eval_records(kept)
     loaded = [r for r in kept if r["kind"] == "weights_loaded"]
     stats = [r for r in kept if r["kind"] == "coordinator_stats"]
     written = []

@@ -8,6 +8,11 @@ from rich.console import Console
 from rich.table import Table
 
 
+def _versions(evals: list[dict]) -> str:
+    shown = [f"{e['version']}: {e['accuracy']:.3f}" for e in evals]
+    return ", ".join(shown if len(shown) <= 6 else [*shown[:3], "...", *shown[-2:]])
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -35,6 +40,15 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     if summary.get("eval_s_total"):
         table.add_row("evaluation (learner time)", f"{summary['eval_s_total']:.1f} s on {summary['eval_problems']} "
                       f"held-out problems per evaluation")
+    on_workers = [e for e in summary.get("evaluations", []) if e["where"] == "workers"]
+    if on_workers:
+        table.add_row("evaluation (on workers)", f"{len(on_workers)} versions ({_versions(on_workers)}), "
+                      f"{summary['eval_worker_s_total']:.1f} s of worker time on {summary['eval_problems']} held-out "
+                      "problems each; the learner never waits for it")
+    tokens = summary.get("learner_tokens_per_s")
+    if tokens:
+        table.add_row("learner tokens/s (prompt / completion)", f"{tokens['prompt']:,.0f} / {tokens['completion']:,.0f} "
+                      f"({tokens['layout']} passes)")
     table.add_row("learner utilization (steady)", f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
     if summary.get("s_min_measured") is not None:

@@ -32,6 +32,8 @@ def _train_step(r: dict) -> tuple[int, Values]:
         "learner/wait_s": r["wait_s"],
         "learner/train_s": r["train_s"],
         "learner/publish_s": r["publish_s"],
+        "learner/prompt_tokens_per_s": r.get("prompt_tokens_per_s"),
+        "learner/completion_tokens_per_s": r.get("completion_tokens_per_s"),
         # this step's share; the summary's figure also counts checkpoint time
         "learner/utilization": utilization([r], {r["step"]: r["train_s"] + r["publish_s"]}),
     }
@@ -68,6 +70,7 @@ def _origin_bytes(r: dict) -> tuple[int, Values]:
 SCALARS: dict[tuple[str, str], Callable[[dict], tuple[int | None, Values]]] = {
     ("learner", "train_step"): _train_step,
     ("learner", "eval"): _eval,
+    ("coordinator", "eval"): _eval,  # evaluation leases, scored by the coordinator
     ("learner", "checkpoint"): lambda r: (r["step"], {"learner/checkpoint_s": r["checkpoint_s"]}),
     ("learner", "step_skipped"): lambda r: (r["step"], {"learner/skipped_in_a_row": r["in_a_row"]}),
     ("learner", "audit"): lambda r: (r["step"], {"audit/groups_audited": r["groups_audited"],

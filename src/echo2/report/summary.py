@@ -51,6 +51,17 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": summary.p50_s or 0.0, "p95": summary.p95_s or 0.0, "max": summary.max_s or 0.0, "n": summary.count}
 
 
+EVAL_ROLES = ("learner", "coordinator")
+"""Who records held-out evaluations: the learner (evaluation.where = "learner") or the
+coordinator, which scores evaluation leases."""
+
+
+def eval_records(records: Iterable[dict]) -> list[dict]:
+    """The run's held-out evaluations in version order (the last record of a version wins)."""
+    kept = {r["step"]: r for r in records if r["kind"] == "eval" and r.get("role") in EVAL_ROLES}
+    return [kept[step] for step in sorted(kept)]
+
+
 def train_steps(records: list[dict]) -> list[dict]:
     """The learner's step records in step order; a resumed learner re-logs the steps it replays
     from its checkpoint, and the last record of each step wins."""
@@ -81,7 +92,7 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
     """The summary of a run's records, read once in order (a list or `iter_metrics(path)`)."""
     records = _kept(stream)
     steps, busy_s = train_steps(records), step_busy_s(records)
-    evals = sorted(_of(records, "eval", "learner"), key=lambda r: r["step"])
+    evals = eval_records(records)
     hist: Counter[int] = Counter()
     for s in steps:
         hist.update({int(k): v for k, v in s["staleness_hist"].items()})
@@ -100,13 +111,17 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         # the first step also waits for workers to load the model: report steady state apart
         "learner_utilization_steady": utilization(steps[1:], busy_s),
         "learner_wall_s": (steps[-1]["time"] - steps[0]["time"] + steps[0]["wait_s"]) if steps else 0.0,
-        # in-run evaluation is learner time too: its share says what eval_every and eval_size cost
-        "eval_s_total": sum(e.get("eval_s", 0.0) for e in evals),
+        # in-run evaluation on the learner is learner time too: its share says what eval_every and
+        # eval_size cost; on workers (evaluation leases) it is worker time the learner never waits on
+        "eval_s_total": sum(e.get("eval_s", 0.0) for e in evals if e["role"] == "learner"),
+        "eval_worker_s_total": sum(e.get("eval_s", 0.0) for e in evals if e["role"] == "coordinator"),
         "eval_problems": evals[-1].get("problems") if evals else None,
+        "evaluations": _evaluations(records, evals),
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),
         **_learner_health(records, steps),
+        "learner_tokens_per_s": _learner_tokens(steps),
         "leases_requeued": counters.get("leases_expired", 0),
         "workers_lost": counters.get("workers_lost", 0),
         "tokens_per_s": {w: round(v["tokens_per_s"], 1) for w, v in sorted(workers.items())},
@@ -118,6 +133,29 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
     }
+
+
+def _learner_tokens(steps: list[dict]) -> dict[str, float] | None:
+    """Tokens the learner's passes computed per second of training, prompt and completion apart
+    (a shared prompt counts once); None for runs whose steps do not record them."""
+    seconds = sum(s["train_s"] for s in steps if "prompt_tokens_computed" in s)
+    if seconds <= 0:
+        return None
+    prompt = sum(s["prompt_tokens_computed"] for s in steps if "prompt_tokens_computed" in s)
+    completion = sum(s["completion_tokens_computed"] for s in steps if "prompt_tokens_computed" in s)
+    return {"prompt": round(prompt / seconds, 1), "completion": round(completion / seconds, 1),
+            "layout": steps[-1].get("layout")}
+
+
+def _evaluations(records: list[dict], evals: list[dict]) -> list[dict]:
+    """Held-out accuracy per evaluated version, with when (seconds from the run's start) the
+    version was published and when its evaluation was recorded: accuracy against wall time."""
+    start = min((r["time"] for r in records), default=0.0)
+    published = {r["version"]: r["time"] for r in _of(records, "version_published", "learner")}
+    return [{"version": e["step"], "accuracy": e["accuracy"], "problems": e.get("problems"),
+             "published_s": round(published[e["step"]] - start, 3) if e["step"] in published else None,
+             "recorded_s": round(e["time"] - start, 3), "where": "workers" if e["role"] == "coordinator" else "learner"}
+            for e in evals]
 
 
 def _replay(records: list[dict]) -> dict[str, Any] | None:

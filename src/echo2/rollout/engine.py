@@ -36,6 +36,12 @@ class Engine(ABC):
         """Swap in new policy weights (all tensors of the model, by name), cast to the engine's
         own dtype whatever dtype they travelled in."""
 
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy completions (token ids, up to and including EOS) of each prompt: what an
+        evaluation lease asks for. Blocking."""
+        raise NotImplementedError(f"the {type(self).__name__} engine cannot serve evaluation leases; set "
+                                  "[evaluation] where = 'learner' or run workers with engine = 'hf' or 'vllm'")
+
     def load_adapter(self, tensors: dict, lora: LoraConfig) -> None:
         """Swap in new LoRA adapter weights (grpo.lora) on top of the base model loaded at start."""
         raise NotImplementedError(f"the {type(self).__name__} engine cannot apply LoRA adapters (grpo.lora); "

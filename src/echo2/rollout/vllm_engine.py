@@ -52,6 +52,9 @@ class VLLMEngine(Engine):
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         return self._call(self._generate, requests) if requests else []
 
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        return self._call(self._greedy, prompts, max_new_tokens) if prompts else []
+
     def load_state_dict(self, tensors: dict) -> None:
         self._call(self._reload, list(tensors.items()))
 
@@ -77,6 +80,14 @@ class VLLMEngine(Engine):
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
         return [[_completion(sample) for sample in out.outputs] for out in outputs]
+
+    def _greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                    lora_request=self.adapter)
+        return [list(out.outputs[0].token_ids) for out in outputs]
 
     def _reload(self, named_tensors: list) -> None:
         self.llm.collective_rpc(_reload_in_worker, args=(named_tensors,))

@@ -23,6 +23,9 @@ from echo2.protocol import tls
 from echo2.protocol.http import RefusedError, TransientError, call
 from echo2.protocol.messages import (
     RELEASE,
+    EvalAck,
+    EvalSubmission,
+    EvalTask,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -51,6 +54,9 @@ HEARTBEAT_TIMEOUT_S = 5.0
 # a worker restarted under its old id waits this long for the coordinator to time out its old
 # self: several worker_timeout_s (6 s by default) on a loaded box
 JOIN_WAIT_S = 60.0
+# the longest a lease request may be held at the coordinator while the window is full: a
+# refused worker asks about once per this many seconds instead of ten times a second
+LEASE_WAIT_S = 5.0
 
 
 class Stopping(Exception):
@@ -69,12 +75,14 @@ class Worker:
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
         self.generation_s: float | None = None  # last lease-generate-submit cycle
-        self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0}
+        self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0,
+                      "eval_prompts": 0, "eval_s": 0.0}
         self.last_contact = time.monotonic()  # of any answer from the coordinator
         self.failure: WorkerFailed | None = None  # set by a background loop that gave up
         self.refusals: Counter[str] = Counter()  # lease refusals since the last throughput line
         self.last_refusal = ""
         self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
+        self.hold_version: int | None = None  # the version an evaluation this worker serves needs
 
     @property
     def version(self) -> int:
@@ -135,18 +143,25 @@ class Worker:
 
     async def _work(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.follower.swap_into(self.engine)
-            if self.version < 0 or self._too_stale():
+            holding = self.hold_version is not None  # serving an evaluation: its version stays
+            if not holding:
+                await self.follower.swap_into(self.engine)
+            if self.version < 0 or (not holding and self._too_stale()):
                 await wait_either(self.follower.ready, stop, timeout_s=1.0)
                 continue
-            if not self.active:  # told to idle: no leases, but keep the weights current
-                await wait_either(self.follower.ready, stop, timeout_s=self.heartbeat_interval_s)
-                continue
             cycle_started = time.perf_counter()
+            # told to idle, a worker still asks (at the coordinator's retry pace): idle workers
+            # serve evaluation leases, and its weights stay current meanwhile
             lease = await self._lease()
+            if lease is not None and lease.evaluation is not None:
+                await self._evaluate(lease.evaluation)
+                continue
             if lease is None or not lease.tasks:
                 self._note_refusal(lease.reason if lease else "")
-                await wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
+                if lease is not None and self._behind():  # refused at this version: load the next one
+                    await wait_either(self.follower.ready, stop, timeout_s=max(lease.retry_after_s, 1.0))
+                else:
+                    await wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
                 continue
             await self._generate_and_submit(lease.tasks)
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
@@ -175,6 +190,11 @@ class Worker:
                      self.follower.version, "active" if self.active else "idle (not activated)", refused)
             last, last_at = dict(self.stats), now
             self.refusals.clear()
+
+    def _behind(self) -> bool:
+        """A newer version than the one held has been announced (it is on its way here)."""
+        latest = self.follower.latest
+        return latest is not None and latest.version > self.version and self.hold_version is None
 
     def _too_stale(self) -> bool:
         """The coordinator would refuse a lease (the same rule): wait for the newer version."""
@@ -319,11 +339,16 @@ class Worker:
             self.beat_now.set()  # the heartbeat reply carries the announcement and assignment
 
     async def _lease(self) -> LeaseResponse | None:
-        body = LeaseRequest(worker_id=self.worker_id, version=self.version, max_tasks=self.cfg.tasks_per_lease)
+        # a full window is waited out at the coordinator (a long poll), well inside our timeout;
+        # not while a newer version is on its way: that version's room is what to wait for
+        wait_s = 0.0 if self._behind() else min(LEASE_WAIT_S, self.cfg.request_timeout_s / 3)
+        body = LeaseRequest(worker_id=self.worker_id, version=self.version, max_tasks=self.cfg.tasks_per_lease,
+                            wait_s=wait_s)
         seen_at = self.registered_at
         try:
             reply = LeaseResponse.model_validate_json(await self._retrying("POST", "/v1/lease", body))
             self._note_version_number(reply.latest_version)
+            self.hold_version = reply.hold_version
             return reply
         except RefusedError as exc:
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="lease", error=exc.message)
@@ -367,6 +392,27 @@ class Worker:
         self.stats["rollouts"] += sum(len(g) for g in groups)
         self.stats["tokens"] += sum(len(c.token_ids) for g in groups for c in g)
         self.stats["gen_s"] += gen_s
+
+    async def _evaluate(self, task: EvalTask) -> None:
+        """Greedy completions of an evaluation lease's prompts at the version held; the
+        coordinator scores them (they are never trained on)."""
+        started = time.perf_counter()
+        completions = await asyncio.to_thread(self.engine.greedy, task.prompt_ids, task.max_new_tokens)
+        gen_s = time.perf_counter() - started
+        body = EvalSubmission(worker_id=self.worker_id, lease_id=task.lease_id, version=task.version,
+                              completions=completions, gen_time_s=gen_s)
+        self.stats["eval_prompts"] += len(completions)
+        self.stats["eval_s"] += gen_s
+        try:
+            reply = EvalAck.model_validate_json(await self._retrying("POST", "/v1/evaluation", body))
+            self._note_version_number(reply.latest_version)
+            if reply.done:
+                log.info("evaluated version %d: last of its held-out prompts returned (%.1f s for %d)", task.version,
+                         gen_s, len(completions))
+        except RefusedError as exc:  # expired (we were too slow) or moved on: the coordinator gave it up
+            self.hold_version = None
+            self.metrics.write("worker_refused", worker_id=self.worker_id, what="evaluation", error=exc.message)
+            log.warning("evaluation refused (HTTP %d): %s", exc.status, exc.message)
 
     async def _submit(self, body: RolloutSubmission) -> None:
         try:

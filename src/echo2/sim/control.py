@@ -142,6 +142,7 @@ class Controller:
         self.decision_pending = False
         now = self.loop.now_s
         decision = self.core.decide(now)
+        self.fleet.data.core.window.set_floor(self.core.s_min())  # as the coordinator does
         self.decisions += 1
         self.switches += decision.changed
         for w in self.fleet.workers:

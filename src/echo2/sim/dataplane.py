@@ -32,9 +32,11 @@ def _version(group: int) -> int:
 
 
 class SimDataPlane:
-    def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0) -> None:
+    def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
+                 fresh_leases: bool = False) -> None:
         self.core: DataPlane[int] = DataPlane(
-            max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker
+            max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
+            fresh_leases=fresh_leases,
         )
         self.in_leases = 0
         self.counters = DataCounters()
@@ -81,13 +83,18 @@ class SimDataPlane:
     def publish(self, version: int) -> None:
         self.core.publish(version)
 
-    def take_batch(self, step: int) -> list[int] | None:
-        """Versions of the batch for `step`, or None while fewer than B admissible groups wait."""
+    def take_batch(self, step: int, now_s: float | None = None) -> list[int] | None:
+        """Versions of the batch for `step`, or None while fewer than B admissible groups wait.
+        `now_s`: the simulated clock (the learner's wait sets the lease window, as in the
+        coordinator)."""
         dropped = self.core.advance(step)
         if dropped:
             self.counters.dropped_stale += len(dropped)
             self.on_room()
-        batch = self.core.take_batch(step)
+        window = self.core.window.steps
+        batch = self.core.take_batch(step, now_s)
+        if self.core.window.steps > window:
+            self.on_room()  # the learner waited: the window grew, refused workers may lease now
         if batch is not None:
             self.counters.trained += len(batch)
             self.counters.staleness_hist.update(staleness(step, v) for v in batch)

@@ -47,7 +47,7 @@ class Learner:
 
     def try_take(self) -> None:
         """Take the batch if it is ready (called on every submission while waiting)."""
-        if self.waiting_since_s is None or self.data.take_batch(self.step) is None:
+        if self.waiting_since_s is None or self.data.take_batch(self.step, self.loop.now_s) is None:
             return
         self.wait_s.append(self.loop.now_s - self.waiting_since_s)
         self.waiting_since_s = None
@@ -63,6 +63,7 @@ class Learner:
 
     def _stepped(self, train_s: float) -> None:
         self.on_step(train_s)
+        self.data.core.step_time_s = train_s  # what the coordinator knows of the learner's pace
         self.step += 1
         self.end_s = self.loop.now_s
         if self.step >= self.steps:

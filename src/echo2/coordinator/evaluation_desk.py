@@ -1,0 +1,122 @@
+"""The coordinator's side of evaluation leases (`echo2.coordinator.evaluations` holds the rules):
+it renders the held-out prompts, checks and scores what workers return with the task (the
+check `echo2 eval` makes), keeps what is due and what is done in the store across restarts, and
+phrases the events metrics.jsonl records."""
+
+from __future__ import annotations
+
+from echo2.coordinator.evaluations import Evaluations, Running
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.store import Store
+from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult
+
+STORE_KEY = "evaluations"
+
+
+class EvaluationDesk:
+    def __init__(self, scorer: Scorer, store: Store, eval_every: int, final_version: int, problems_per_lease: int,
+                 max_new_tokens: int) -> None:
+        self.scorer, self.store = scorer, store
+        saved = store.get_meta(STORE_KEY, {})
+        problems = len(scorer.eval_problems)
+        self.board = Evaluations(eval_every, final_version, problems, problems_per_lease, max_new_tokens,
+                                 pending=saved.get("pending"),
+                                 done={int(k): v for k, v in saved.get("done", {}).items()})
+        self.vocab_size = scorer.vocab_size
+        self.events: list[dict] = []
+        self._prompts: dict[int, list[int]] = {}
+
+    def _save(self) -> None:
+        with self.store.tx():
+            self.store.set_meta(STORE_KEY, {"pending": sorted(self.board.pending),
+                                            "done": {str(k): v for k, v in self.board.done.items()}})
+
+    def _prompt(self, index: int) -> list[int]:
+        if index not in self._prompts:
+            self._prompts[index] = self.scorer.eval_prompt_ids(index)
+        return self._prompts[index]
+
+    def published(self, version: int) -> None:
+        if self.board.published(version):
+            self._save()
+
+    def hold_version(self, worker_id: str, worker_version: int) -> int | None:
+        """The version this worker must keep for the evaluation it serves (None: none); one
+        that moved to another version has lost it."""
+        lost = self.board.moved(worker_id, worker_version)
+        if lost is not None:
+            self._save()
+            self.events.append({"kind": "evaluation_abandoned", "version": lost.version, "due": lost.due,
+                                "worker_id": worker_id, "scored": len(lost.correct),
+                                "reason": f"the worker moved to version {worker_version}"})
+        return self.board.hold_version(worker_id)
+
+    def offer(self, worker_id: str, worker_version: int, spare: bool, now: float) -> EvalTask | None:
+        started = self.board.running
+        task = self.board.offer(worker_id, worker_version, spare, now, self._prompt)
+        running = self.board.running
+        if running is not None and running is not started:
+            self._save()
+            self.events.append({"kind": "evaluation_started", "version": running.version, "due": running.due,
+                                "worker_id": worker_id, "problems": self.board.problems})
+        return task
+
+    def submit(self, req: EvalSubmission, now: float) -> tuple[EvalAck | None, str]:
+        """(the reply, "") or (None, why the submission is refused: the worker's fault)."""
+        running = self.board.lease_of(req.worker_id, req.lease_id)
+        if running is None:
+            return None, f"evaluation lease {req.lease_id!r} is not held by {req.worker_id!r} (expired or never leased)"
+        problem = self._check(req, running)
+        if problem:
+            return None, problem
+        start = len(running.correct)
+        correct = [self.scorer.eval_correct(start + i, ids) for i, ids in enumerate(req.completions)]
+        finished = self.board.record(running, correct, req.gen_time_s, now)
+        if finished is not None:
+            self._save()
+            self.events.append({"kind": "eval", "step": finished.version, **finished.__dict__,
+                                "eval_s": finished.gen_s, "where": "workers"})
+        return EvalAck(accepted=True, done=finished is not None), ""
+
+    def _check(self, req: EvalSubmission, running: Running) -> str:
+        expected = min(self.board.per_lease, self.board.problems - len(running.correct))
+        if req.version != running.version:
+            return f"evaluation.version={req.version}; this evaluation is of version {running.version}"
+        if len(req.completions) != expected:
+            return f"evaluation.completions has {len(req.completions)} entries; the lease has {expected} prompts"
+        limit = self.board.max_new_tokens
+        for i, ids in enumerate(req.completions):
+            if len(ids) > limit:
+                return f"evaluation.completions[{i}] has {len(ids)} tokens; at most {limit} (sampling.max_new_tokens)"
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                return f"evaluation.completions[{i}] has a token id outside the vocabulary (0..{self.vocab_size - 1})"
+        return ""
+
+    def sweep(self, alive_versions: dict[str, int], lease_timeout_s: float, now: float) -> None:
+        """Give up an evaluation whose worker is gone or stalled, and exact versions no live
+        worker holds any more (nothing will ever evaluate them)."""
+        lost = self.board.expire(set(alive_versions), lease_timeout_s, now)
+        if lost is not None:
+            self.events.append({"kind": "evaluation_abandoned", "version": lost.version, "due": lost.due,
+                                "worker_id": lost.worker_id, "scored": len(lost.correct)})
+        unreachable = [d for d in self.board.pending if self.board.exact(d) and d != self.board.final_version
+                       and alive_versions and min(alive_versions.values()) > d]
+        for due in unreachable:
+            self.board.pending.discard(due)
+            self.events.append({"kind": "evaluation_skipped", "version": due,
+                                "reason": "no live worker holds it any more"})
+        if lost is not None or unreachable:
+            self._save()
+
+    def result(self, version: int) -> EvaluationResult:
+        done = self.board.result(version)
+        if done is None:
+            return EvaluationResult(version=version, done=False)
+        return EvaluationResult(version=version, done=True, accuracy=done["accuracy"], problems=done["problems"],
+                                evaluated_version=done["version"])
+
+    def snapshot(self) -> dict:
+        running = self.board.running
+        return {"pending": sorted(self.board.pending), "done": sorted(self.board.done),
+                "running": None if running is None else {"version": running.version, "worker_id": running.worker_id,
+                                                         "scored": len(running.correct)}}
