@@ -19,6 +19,10 @@
 # 3. benchmarks/delta_bytes.py: bytes per version of full bf16, delta + zstd and LoRA on a
 #    159M-parameter Qwen3 architecture trained 20 steps at lr 1e-6 and 1e-5 on the GPU (the codec
 #    runs on the CPUs), under 75 s on an H200 -> delta_bytes_gpu.json. Runs before the engines.
+# 5. benchmarks/gpu_learning_run.py: the real-model learning run (configs/smollm2_addition.toml)
+#    with learner and workers on the GPU: learner and generation tokens/s, peak memory
+#    -> gpu_learning_run.json. Skipped where echo2's run dependencies are not installed. Runs
+#    before the engines.
 # Files go to $OUT (the device tool's output folder) or to benchmarks/results/.
 #
 # Dependencies: torch with CUDA (the machine's own if it sees a GPU, else `pip install torch`
@@ -105,6 +109,27 @@ started=$(date +%s)
 "$PY" benchmarks/delta_bytes.py "${DELTA_ARGS[@]}" --out "$DELTA_OUT" > /dev/null
 echo "gpu_smoke: wrote $DELTA_OUT in $(( $(date +%s) - started )) s" >&2
 
+# 5. the real-model learning run (benchmarks/gpu_learning_run.py): configs/smollm2_addition.toml's
+#    settings with the learner (bf16-mixed) and two HF workers on the GPU: learner and generation
+#    tokens/s, peak memory. SmolLM2 when runs/.cache holds it (`echo2 models fetch`), else the
+#    Qwen3-0.6B architecture, random init (throughput only; the 98 MB file exceeds what the device
+#    carries). It needs echo2's full dependencies (`pip install -e .` or wheels in ./.whl).
+if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
+  RUN_ARGS=(--device cpu --arch tiny --steps 3 --workers 1 --new-tokens 8)
+  RUN_OUT="$OUT_DIR/gpu_learning_run_cpu_path.json"
+else
+  RUN_ARGS=(--device cuda --arch qwen3-0.6b --steps 10 --workers 2 --new-tokens 64)
+  RUN_OUT="$OUT_DIR/gpu_learning_run.json"
+fi
+if ! "$PY" -c "import echo2.cli.run_cmd, datasets, math_verify, reasoning_gym, tensorboard" 2>/dev/null; then
+  echo "gpu_smoke: echo2's run dependencies are missing here (pip install -e . or wheels in .whl); learning run skipped" >&2
+else
+  started=$(date +%s)
+  "$PY" benchmarks/gpu_learning_run.py "${RUN_ARGS[@]}" --out "$RUN_OUT" > /dev/null \
+    || echo "gpu_smoke: the learning run failed (see its output above)" >&2
+  echo "gpu_smoke: wrote $RUN_OUT in $(( $(date +%s) - started )) s" >&2
+fi
+
 # 4. the engines, in a venv with vLLM
 if [ "${ECHO2_SMOKE_CPU:-0}" = 1 ]; then
   VPY=${VLLM_PYTHON:-.venv-vllm/bin/python}
@@ -137,3 +162,4 @@ fi
 started=$(date +%s)
 "$VPY" benchmarks/engines.py "${ENGINE_ARGS[@]}" --out "$ENGINE_OUT"
 echo "gpu_smoke: wrote $ENGINE_OUT in $(( $(date +%s) - started )) s" >&2
+
