@@ -2,8 +2,9 @@
 `echo2 models fetch`) trained with `echo2 run` on configs/smollm2_addition.toml and
 configs/smollm2_basic_arithmetic.toml, side by side:
 
-- tasks: one-digit addition ("What is a + b?", the JSONL this script writes) and reasoning-gym
-  basic_arithmetic ("Calculate 26 + 28.", one- and two-digit terms);
+- tasks: one-digit addition ("What is a + b?", the JSONL this script writes; 20 steps) and
+  reasoning-gym basic_arithmetic ("Calculate 2 + 5.", one-digit terms, the bare number the only
+  right answer; 30 steps at lr 2e-5, as its config says);
 - staleness bounds S = 0, 1, 2; objectives (grpo.loss) tis and clip; seeds 0 and 1.
 
 Each run is a fresh `echo2 run` process; its wall clock starts when the process is launched
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--staleness", default="0,1,2")
     parser.add_argument("--losses", default="tis", help="grpo.loss values, e.g. tis,clip")
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=0, help="learner steps of every run (0: the task's config)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="more --set for every run")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-real"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/real_model_learning.json"))
@@ -90,7 +91,8 @@ def paired_gain(before: str, after: str, z: float = 1.96) -> dict:
 def run_one(task: str, staleness: int, loss: str, seed: int, args: argparse.Namespace, data: Path) -> dict:
     name = f"{task}-S{staleness}-{loss}-seed{seed}"
     run_dir = Path(args.work_dir) / name
-    overrides = [f"run_dir={run_dir}", f"seed={seed}", f"train.steps={args.steps}", f"train.max_staleness={staleness}",
+    steps = [f"train.steps={args.steps}"] if args.steps else []
+    overrides = [f"run_dir={run_dir}", f"seed={seed}", *steps, f"train.max_staleness={staleness}",
                  f"grpo.loss={loss}", "report.plots=false", *([f"task.dataset={data}"] if task == "addition" else []),
                  *args.overrides]
     command = [sys.executable, "-m", "echo2", "run", "--config", str(CONFIGS[task])]
@@ -98,13 +100,15 @@ def run_one(task: str, staleness: int, loss: str, seed: int, args: argparse.Name
         command += ["--set", item]
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     launched = time.time()
+    run_dir.mkdir(parents=True)
+    (run_dir / "bench_launch.json").write_text(json.dumps({"launched": launched}))  # for --reanalyse
     print(f"{name}: started", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
     result = {"task": task, "staleness": staleness, "loss": loss, "seed": seed, "run_dir": str(run_dir),
-              **analyse(run_dir, launched)}
+              "steps": json.loads((run_dir / "summary.json").read_text())["steps"], **analyse(run_dir, launched)}
     print(f"{name}: {json.dumps({k: result[k] for k in ('accuracy_before', 'accuracy_after', 'time_to_target_s')})}",
           file=sys.stderr, flush=True)
     return result
@@ -190,22 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "-m", "echo2", "models", "fetch", "smollm2-135m-instruct", "--json"], check=True,
                    cwd=ROOT, capture_output=True, timeout=1800)
     out = Path(args.out)
-    previous = json.loads(out.read_text())["runs"] if out.is_file() else []
-    runs = []
     for task in args.tasks.split(","):
         for loss in args.losses.split(","):
             for staleness in (int(s) for s in args.staleness.split(",")):
                 for seed in (int(s) for s in args.seeds.split(",")):
-                    runs.append(run_one(task, staleness, loss, seed, args, data))
-    done = {(r["task"], r["loss"], r["staleness"], r["seed"]) for r in runs}
-    runs = [r for r in previous if (r["task"], r["loss"], r["staleness"], r["seed"]) not in done] + runs
+                    save(out, run_one(task, staleness, loss, seed, args, data), args)  # kept as each run ends
+    print(json.dumps(json.loads(out.read_text())["summary"], indent=2))
+    return 0
+
+
+def save(out: Path, run: dict, args: argparse.Namespace) -> None:
+    """Add (or replace) one run in the results file and recompute the summary."""
+    runs = json.loads(out.read_text())["runs"] if out.is_file() else []
+    key = (run["task"], run["loss"], run["staleness"], run["seed"])
+    runs = [r for r in runs if (r["task"], r["loss"], r["staleness"], r["seed"]) != key] + [run]
     result = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized), 134.5M parameters",
               "machine": f"{os.cpu_count()} CPU cores, one learner thread beside two 1-thread HF workers",
-              "configs": {task: str(path.relative_to(ROOT)) for task, path in CONFIGS.items()}, "target_accuracy": TARGET, "steps": args.steps,
+              "configs": {task: str(path.relative_to(ROOT)) for task, path in CONFIGS.items()}, "target_accuracy": TARGET,
               "extra_overrides": args.overrides, "summary": aggregate(runs), "runs": runs}
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result["summary"], indent=2))
-    return 0
 
 
 if __name__ == "__main__":

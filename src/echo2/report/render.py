@@ -50,7 +50,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row("learner tokens/s (prompt / completion)", f"{tokens['prompt']:,.0f} / {tokens['completion']:,.0f} "
                       f"({tokens['layout']} passes)")
     table.add_row("learner utilization (steady)", f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
-    table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]))
+    window = summary.get("lease_window_steps_mean")
+    table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]) + (
+        f"; leased {window:.2f} steps ahead on average" if window is not None else ""))
     if summary.get("s_min_measured") is not None:
         table.add_row("S_min from measured latencies", _fmt(summary["s_min_measured"]))
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))

@@ -18,7 +18,7 @@ from echo2.broadcast.metrics import latency_summary
 SUMMARY_KINDS = frozenset({
     "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
     "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
-    "worker_released", "worker_acquired", "worker_rejoined", "episodes_replayed",
+    "worker_released", "worker_acquired", "worker_rejoined", "episodes_replayed", "batch_assigned",
 })
 
 
@@ -119,6 +119,8 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "evaluations": _evaluations(records, evals),
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
+        # train.fresh_leases: how many steps ahead workers were let generate, beside the staleness
+        "lease_window_steps_mean": _mean_window(records),
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),
         **_learner_health(records, steps),
         "learner_tokens_per_s": _learner_tokens(steps),
@@ -133,6 +135,11 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
     }
+
+
+def _mean_window(records: list[dict]) -> float | None:
+    windows = [r["lease_window_steps"] for r in _of(records, "batch_assigned", "coordinator") if "lease_window_steps" in r]
+    return round(sum(windows) / len(windows), 2) if windows else None
 
 
 def _learner_tokens(steps: list[dict]) -> dict[str, float] | None:

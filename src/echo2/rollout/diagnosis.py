@@ -3,7 +3,12 @@ symptom and the fix, in one place for the running worker and `echo2 worker --che
 
 from __future__ import annotations
 
+import json
+
+from pydantic import ValidationError
+
 from echo2.protocol.http import RefusedError
+from echo2.protocol.messages import RegisterResponse, protocol_mismatch
 
 
 class WorkerFailed(Exception):
@@ -27,3 +32,20 @@ def refusal_fix(exc: RefusedError, url: str, path: str) -> str:
     if exc.status == 426:
         return exc.message  # names both protocol versions and the fix
     return f"the coordinator refused {path} with HTTP {exc.status}: {exc.message}"
+
+
+def registration_reply(text: str) -> RegisterResponse:
+    """The coordinator's answer to a registration; one from another echo2 release is refused
+    with both versions named, not as some malformed field."""
+    try:
+        return RegisterResponse.model_validate_json(text)
+    except ValidationError:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise WorkerFailed(f"the coordinator's registration reply is not JSON: {text[:200]!r}") from None
+        problem = protocol_mismatch(data.get("protocol") if isinstance(data, dict) else None, "", "this worker",
+                                    "the coordinator")
+        if problem:
+            raise WorkerFailed(problem) from None
+        raise

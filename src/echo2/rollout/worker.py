@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
 
 import aiohttp
 from pydantic import ValidationError
@@ -33,17 +32,15 @@ from echo2.protocol.messages import (
     LeaveRequest,
     RegisterRequest,
     RegisterResponse,
-    RolloutCompletion,
     RolloutSubmission,
     SubmitResponse,
     Task,
-    protocol_mismatch,
 )
 from echo2.report.metrics import MetricsWriter
-from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, unreachable_fix
-from echo2.rollout.engine import GenRequest, make_engine
-from echo2.rollout.episodes import EpisodePlayer, env_task_from
-from echo2.rollout.episodes import completion as episode_completion
+from echo2.rollout.activity import ActivityLog
+from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply, unreachable_fix
+from echo2.rollout.engine import make_engine
+from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
 from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver
 
@@ -79,8 +76,7 @@ class Worker:
                       "eval_prompts": 0, "eval_s": 0.0}
         self.last_contact = time.monotonic()  # of any answer from the coordinator
         self.failure: WorkerFailed | None = None  # set by a background loop that gave up
-        self.refusals: Counter[str] = Counter()  # lease refusals since the last throughput line
-        self.last_refusal = ""
+        self.activity = ActivityLog(self.stats, cfg.log_every_s)
         self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
         self.hold_version: int | None = None  # the version an evaluation this worker serves needs
 
@@ -117,7 +113,7 @@ class Worker:
     async def _join_and_work(self, stop: asyncio.Event) -> None:
         reg = await self._register()
         # beat while the model loads: a slow load must not look like a dead worker
-        background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self._report(stop))]
+        background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
         try:
             source = self.cfg.model_source or reg.model_source
             self.engine = await self._load_engine(source, LoraConfig(**reg.lora) if reg.lora else None)
@@ -157,7 +153,7 @@ class Worker:
                 await self._evaluate(lease.evaluation)
                 continue
             if lease is None or not lease.tasks:
-                self._note_refusal(lease.reason if lease else "")
+                self.activity.refused(lease.reason if lease else "")
                 if lease is not None and self._behind():  # refused at this version: load the next one
                     await wait_either(self.follower.ready, stop, timeout_s=max(lease.retry_after_s, 1.0))
                 else:
@@ -167,29 +163,6 @@ class Worker:
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
             self.generation_s = time.perf_counter() - cycle_started
             self.stats["busy_s"] += self.generation_s
-
-    def _note_refusal(self, reason: str) -> None:
-        """A lease came back empty: say why when the reason changes (the same reason many times a
-        second would drown the log); the throughput line counts them."""
-        reason = reason or "refused (see the warning above)"
-        self.refusals[reason.split(":")[0]] += 1
-        if reason != self.last_refusal:
-            log.info("no prompts leased: %s", reason)
-            self.last_refusal = reason
-
-    async def _report(self, stop: asyncio.Event) -> None:
-        """One throughput line every cfg.log_every_s: what this worker did, or why it did not."""
-        last, last_at = dict(self.stats), time.monotonic()
-        while not stop.is_set():
-            await wait_either(stop, stop, timeout_s=self.cfg.log_every_s)
-            now = time.monotonic()
-            rollouts, tokens = (self.stats[k] - last[k] for k in ("rollouts", "tokens"))
-            refused = ", ".join(f"{n}x {why}" for why, n in self.refusals.most_common(3)) or "none"
-            log.info("last %.0f s: %d rollouts (%.1f/s), %d tokens (%.0f/s), version %d, %s; leases refused: %s",
-                     now - last_at, rollouts, rollouts / (now - last_at), tokens, tokens / (now - last_at),
-                     self.follower.version, "active" if self.active else "idle (not activated)", refused)
-            last, last_at = dict(self.stats), now
-            self.refusals.clear()
 
     def _behind(self) -> bool:
         """A newer version than the one held has been announced (it is on its way here)."""
@@ -215,7 +188,7 @@ class Worker:
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
                               download_bps=cfg.bandwidth_bps, release=RELEASE)
         try:
-            reg = _registration(await self._join(req))
+            reg = registration_reply(await self._join(req))
         except RefusedError as exc:
             raise WorkerFailed(refusal_fix(exc, self.url, "/v1/register")) from None
         # every later call speaks with this worker's own credential, not the shared join token
@@ -367,19 +340,10 @@ class Worker:
             self.stop.set()
 
     # ---- rollouts ----
-    def _generate(self, tasks: list[Task]) -> list[list[RolloutCompletion]]:
-        """Blocking: G completions per task, or G episodes per task for a multi-turn task."""
-        if self.episodes is not None:
-            return [[episode_completion(e) for e in group] for group in self.episodes.play(tasks)]
-        requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature,
-                               t.sampling.max_new_tokens) for t in tasks]
-        return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in group]
-                for group in self.engine.generate(requests)]
-
     async def _generate_and_submit(self, tasks: list[Task]) -> None:
         version = self.version
         started = time.perf_counter()
-        groups = await asyncio.to_thread(self._generate, tasks)
+        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks)
         if self.cfg.slowdown > 1:  # emulated slower hardware (config: slowdown)
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
@@ -406,9 +370,8 @@ class Worker:
         try:
             reply = EvalAck.model_validate_json(await self._retrying("POST", "/v1/evaluation", body))
             self._note_version_number(reply.latest_version)
-            if reply.done:
-                log.info("evaluated version %d: last of its held-out prompts returned (%.1f s for %d)", task.version,
-                         gen_s, len(completions))
+            log.info("evaluation of version %d: %d held-out prompts in %.1f s%s", task.version, len(completions),
+                     gen_s, " (its last)" if reply.done else "")
         except RefusedError as exc:  # expired (we were too slow) or moved on: the coordinator gave it up
             self.hold_version = None
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="evaluation", error=exc.message)
@@ -425,20 +388,3 @@ class Worker:
             self.stats["dropped"] += 1
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="rollout", error=exc.message)
             log.warning("rollout refused (HTTP %d): %s", exc.status, exc.message)
-
-
-def _registration(text: str) -> RegisterResponse:
-    """The coordinator's answer to a registration; one from another echo2 release is refused
-    with both versions named, not as some malformed field."""
-    try:
-        return RegisterResponse.model_validate_json(text)
-    except ValidationError:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise WorkerFailed(f"the coordinator's registration reply is not JSON: {text[:200]!r}") from None
-        problem = protocol_mismatch(data.get("protocol") if isinstance(data, dict) else None, "", "this worker",
-                                    "the coordinator")
-        if problem:
-            raise WorkerFailed(problem) from None
-        raise

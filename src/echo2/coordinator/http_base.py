@@ -1,0 +1,148 @@
+"""What every coordinator route shares: the app's keys, the change signal long polls wait on,
+replies and error replies, body parsing with the protocol check, the worker-credential check,
+query parameters, and writing the state's events to metrics.jsonl."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from echo2.config.tls import TLSConfig
+from echo2.coordinator.history import RunHistory
+from echo2.coordinator.log_lines import log_event
+from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
+from echo2.report.metrics import MetricsWriter
+
+
+class Signal:
+    """Wakes every waiter at once, from sync code: the coordinator notifies after every request
+    and sweep, and long polls re-check their condition (state changes are cheap to re-check,
+    requests over the network are not)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+
+
+STATE_KEY = web.AppKey("state", CoordinatorState)
+METRICS_KEY = web.AppKey("metrics", MetricsWriter)
+CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
+LIMIT_KEY = web.AppKey("max_request_bytes", int)
+TLS_KEY = web.AppKey("tls", TLSConfig)
+HISTORY_KEY = web.AppKey("history", RunHistory)
+ROOM_KEY = web.AppKey("state_changed", Signal)
+JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
+WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
+
+
+def error_reply(status: int, message: str) -> web.Response:
+    return web.json_response(ErrorResponse(error=message).model_dump(), status=status)
+
+
+def typed_reply(message: BaseModel) -> web.Response:
+    return web.Response(text=message.model_dump_json(), content_type="application/json")
+
+
+def speaks_for(request: web.Request, worker_id: str) -> None:
+    """A worker credential is good for its own worker id only."""
+    if worker_id != request[WORKER_KEY]:
+        raise RequestError(403, f"this credential belongs to worker {request[WORKER_KEY]!r}, not {worker_id!r}")
+
+
+def write_events(app: web.Application) -> None:
+    """The state's pending events, logged and appended to metrics.jsonl; long polls re-check."""
+    state, metrics = app[STATE_KEY], app[METRICS_KEY]
+    app[ROOM_KEY].notify()
+    events, state.events = state.events, []
+    for event in events:
+        log_event(event)
+        metrics.write(event.pop("kind"), **event)
+
+
+# a string or list over its cap (protocol.messages): well-formed, but refused as too large
+_OVERSIZED = frozenset({"string_too_long", "too_long"})
+
+
+def validation_error(path: str, exc: ValidationError) -> web.Response:
+    """400 for a malformed body; 422 when a field is over its size cap, naming the field."""
+    errors = exc.errors()
+    oversized = [e for e in errors if e["type"] in _OVERSIZED]
+    first = (oversized or errors)[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    if oversized:
+        return error_reply(422, f"refused {path} request: {where} is over its cap ({len(first['input'])} long): "
+                           f"{first['msg']}")
+    return error_reply(400, f"malformed {path} request: {where}: {first['msg']} ({exc.error_count()} error(s))")
+
+
+async def parse_body(request: web.Request, schema: type[BaseModel]):
+    body = await request.read()  # over client_max_size: aiohttp answers 413 itself
+    try:
+        message = schema.model_validate_json(body)
+    except ValidationError:
+        # another echo2 release's message fails on some field; say that, naming both versions
+        _refuse_other_protocols(*_claimed_protocol(body))
+        raise
+    _refuse_other_protocols(message.protocol, getattr(message, "release", ""))
+    return message
+
+
+def _refuse_other_protocols(sent: object, release: object) -> None:
+    problem = protocol_mismatch(sent, release, "this coordinator", "the request", spoken=PROTOCOL_VERSION)
+    if problem:
+        raise RequestError(426, problem)
+
+
+def _claimed_protocol(body: bytes) -> tuple[object, object]:
+    """(protocol, release) a body that did not validate says it speaks; ours when it says nothing."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return PROTOCOL_VERSION, ""
+    if not isinstance(data, dict):
+        return PROTOCOL_VERSION, ""
+    return data.get("protocol", PROTOCOL_VERSION), data.get("release", "")
+
+
+async def worker_body(request: web.Request, schema: type[BaseModel]):
+    body = await parse_body(request, schema)
+    speaks_for(request, body.report.reporter_id if isinstance(body, BadPeerRequest) else body.worker_id)
+    return body
+
+
+def int_query(request: web.Request, name: str, minimum: int) -> int:
+    raw = request.query.get(name)
+    try:
+        value = int(raw) if raw is not None else None
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise RequestError(400, f"query parameter {name}={raw!r}: expected an integer >= {minimum}")
+    return value
+
+
+def float_query(request: web.Request, name: str, default: float) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise RequestError(400, f"query parameter {name}={raw!r}: expected a finite number >= 0")
+    return value

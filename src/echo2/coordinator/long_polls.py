@@ -1,0 +1,91 @@
+"""The coordinator's long polls: a lease refused for a full window waits for room, the
+learner's batch request waits for its batch, the learner's question about a version's
+evaluation waits for its result; and the evaluation leases' submissions. Each re-checks the
+state when something changed instead of having its caller ask again."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from echo2.coordinator.http_base import (
+    CHANGED_KEY,
+    ROOM_KEY,
+    STATE_KEY,
+    float_query,
+    int_query,
+    typed_reply,
+    worker_body,
+)
+from echo2.protocol.messages import BatchResponse, EvalSubmission, LeaseRequest, LeaseResponse, TrainGroup
+
+# upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
+# client and proxy timeouts
+MAX_BATCH_WAIT_S = 30.0
+# a lease refused for a full window waits at most this long for room (the worker asks for less
+# when its own request timeout is short): one request per long poll instead of ten a second
+MAX_LEASE_WAIT_S = 10.0
+# refusals a lease long-poll waits out: room opens when the learner takes a batch, a version
+# is published or leases end; any other refusal is answered at once
+_WAITS_FOR_ROOM = ("window full", "holding")
+
+
+async def handle_lease(request: web.Request) -> web.Response:
+    """A lease refused for a full window is held until room opens, or a new version is out (the
+    worker should load it: its room is counted from the version it holds), up to the worker's
+    wait_s: a refused worker does not poll."""
+    req = await worker_body(request, LeaseRequest)
+    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(req.wait_s, MAX_LEASE_WAIT_S)
+    asked_at = state.current_version
+    reply = state.lease(req)
+    while _waits_for_room(reply) and loop.time() < deadline and state.current_version == asked_at:
+        await room.wait(deadline - loop.time())
+        reply = state.lease(req)
+    return typed_reply(reply)
+
+
+def _waits_for_room(reply: LeaseResponse) -> bool:
+    return not reply.tasks and reply.evaluation is None and reply.reason.startswith(_WAITS_FOR_ROOM)
+
+
+async def handle_evaluation(request: web.Request) -> web.Response:
+    return typed_reply(request.app[STATE_KEY].submit_evaluation(await worker_body(request, EvalSubmission)))
+
+
+async def handle_evaluation_result(request: web.Request) -> web.Response:
+    """The learner asks for a version's evaluation, waiting up to wait_s for it (long poll)."""
+    version = int_query(request, "version", minimum=0)
+    wait_s = min(float_query(request, "wait_s", 0.0), MAX_BATCH_WAIT_S)
+    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    result = state.evaluation_result(version)
+    while not result.done and loop.time() < deadline:
+        await room.wait(deadline - loop.time())
+        result = state.evaluation_result(version)
+    return typed_reply(result)
+
+
+async def handle_batch(request: web.Request) -> web.Response:
+    step = int_query(request, "step", minimum=0)
+    wait_s = min(float_query(request, "wait_s", 10.0), MAX_BATCH_WAIT_S)
+    state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
+    if "step_time_s" in request.query:
+        state.observe_step_time(float_query(request, "step_time_s", 0.0))
+    if "durable_step" in request.query:  # the learner's newest checkpoint: older batches can go
+        state.checkpointed(int_query(request, "durable_step", minimum=0), step)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    groups = state.take_batch(step)
+    while groups is None and loop.time() < deadline:
+        async with changed:
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=deadline - loop.time())
+            except TimeoutError:
+                pass
+        groups = state.take_batch(step)
+    batch = [TrainGroup.model_validate(g) for g in groups or []]
+    return typed_reply(BatchResponse(step=step, groups=batch))

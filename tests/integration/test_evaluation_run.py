@@ -1,0 +1,50 @@
+"""Evaluation leases in a real `echo2 run`: workers evaluate the versions they hold, the learner
+never waits for an evaluation (its loop time is all training, publishing, checkpoints and
+waiting for data) and its step times do not change with train.eval_every."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from tests.conftest import small_run_config
+from tests.integration.runs import processes, records, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def _run(tmp_path, name: str, eval_every: int):
+    cfg = small_run_config(tmp_path / name, train={"steps": 14, "max_staleness": 1, "eval_every": eval_every,
+                                                   "checkpoint_every": 7},
+                           task={"digits": 1, "eval_size": 50}, evaluation={"problems_per_lease": 20})
+    config = write_config(tmp_path / f"{name}.toml", cfg)
+    with processes() as start:
+        proc = start(["run", "--config", str(config)], tmp_path / f"{name}.log")
+        assert proc.wait(timeout=300) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    return cfg.run_path
+
+
+def _unaccounted_s(run_dir) -> list[float]:
+    """Per step, the learner's loop time between two step records that is none of waiting for
+    the batch, training, publishing or the previous step's checkpoint (an in-run evaluation on
+    the learner would land here)."""
+    steps = sorted(records(run_dir, "train_step"), key=lambda r: r["step"])
+    checkpoint_s = {r["step"]: r["checkpoint_s"] for r in records(run_dir, "checkpoint")}
+    return [cur["time"] - prev["time"] - cur["wait_s"] - cur["train_s"] - cur["publish_s"]
+            - checkpoint_s.get(prev["step"] + 1, 0.0) for prev, cur in zip(steps, steps[1:], strict=False)]
+
+
+def test_workers_evaluate_and_the_learner_never_waits_for_it(tmp_path):
+    every = _run(tmp_path, "every", eval_every=1)
+    rare = _run(tmp_path, "rare", eval_every=1000)
+    evals = [r for r in records(every, "eval")]
+    assert evals and all(r["role"] == "coordinator" and r["problems"] == 50 for r in evals)
+    assert len(evals) >= 5 and {0, 14} <= {r["step"] for r in evals}  # many versions, the first and last exactly
+    assert {r["step"] for r in records(rare, "eval")} == {0, 14}
+    assert sum(r["eval_s"] for r in evals) > 0
+    for run in (every, rare):
+        unaccounted = _unaccounted_s(run)
+        assert statistics.median(unaccounted) < 0.1 and max(unaccounted) < 1.0, unaccounted
+    train_s = {name: statistics.median(r["train_s"] for r in records(run, "train_step")[1:])
+               for name, run in (("every", every), ("rare", rare))}
+    assert train_s["every"] < 1.5 * train_s["rare"] + 0.05, train_s
