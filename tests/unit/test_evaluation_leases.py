@@ -216,3 +216,12 @@ def test_a_worker_evaluation_scores_what_echo2_eval_scores(tiny_model_dir, tmp_p
                                0.0, 4)
     assert texts == [scorer.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
     assert len(set(texts)) > 1  # the untrained model still says different things: a real comparison
+
+
+def test_where_evaluation_runs_follows_the_task():
+    from echo2.config.evaluation import EvaluationConfig
+
+    assert EvaluationConfig().on_workers(multi_turn=False) and not EvaluationConfig().on_workers(multi_turn=True)
+    assert not EvaluationConfig(where="learner").on_workers(multi_turn=False)
+    with pytest.raises(ValueError, match="evaluation.where='workers' with a multi-turn task"):
+        EvaluationConfig(where="workers").on_workers(multi_turn=True)

@@ -29,4 +29,7 @@ class EvaluationConfig(Frozen):
     run's "after" accuracy) before it stops without it."""
 
     def on_workers(self, multi_turn: bool) -> bool:
+        if multi_turn and self.where == "workers":
+            raise ValueError("evaluation.where='workers' with a multi-turn task: its evaluation plays episodes against "
+                             "opponents, which workers do not serve yet; set evaluation.where='auto' or 'learner'")
         return self.where == "workers" or (self.where == "auto" and not multi_turn)

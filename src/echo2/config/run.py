@@ -118,10 +118,13 @@ class GRPOConfig(Frozen):
     lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    loss: Literal["clip", "tis"] = "clip"
-    """"clip": PPO-clipped token ratio against the worker's behaviour log-probs, dual-clipped at
-    tis_cap for negative advantages. "tis": decoupled objective, clipped ratio against the
-    proximal (current) policy times a truncated importance weight pi_prox/pi_behav <= tis_cap."""
+    loss: Literal["clip", "tis"] = "tis"
+    """"tis" (default): decoupled objective, clipped ratio against the proximal (current) policy
+    times a truncated importance weight pi_prox/pi_behav <= tis_cap. "clip": PPO-clipped token
+    ratio against the worker's behaviour log-probs, dual-clipped at tis_cap for negative
+    advantages; on stale groups the tokens the policy already learned fall outside the clip
+    range and carry no gradient, which made it 1.6-3.3x slower to 0.95 on SmolLM2 at S = 1-2
+    (benchmarks/results/real_model_learning.json)."""
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
     tis_cap: float = Field(2.0, gt=1)

@@ -42,7 +42,9 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     from echo2.tasks import make_task
 
     check_model_source(cfg.model)  # a missing path or an unreachable hub: one line, before anything starts
-    make_task(cfg.task, cfg.seed).check()  # bad data is an error now, before any process starts
+    task = make_task(cfg.task, cfg.seed)
+    task.check()  # bad data is an error now, before any process starts
+    cfg.evaluation.on_workers(getattr(task, "multi_turn", False))  # so is evaluation where it cannot run
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
     tokens = _role_tokens(cfg)
