@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,64 +51,94 @@ def train_step(
     plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    parts, loss, entropy_sum, problem, skip_kind = [], 0.0, 0.0, "", ""
-    abs_diff_S = torch.zeros(len(samples))
+    passes = _run_passes(model, ref_model, samples, plan, adv_B, total_tokens, cfg, temperature, pad_id, precision,
+                         ranks, layout)
+    group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
+    if not passes.problem and audit_tolerance is not None:
+        passes.problem = _audit_problem(groups, group_abs_diff, step, audit_tolerance)
+        passes.skip_kind = "audit" if passes.problem else ""
+    grad_norm = float("nan")
+    if not passes.problem:
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            passes.problem, passes.skip_kind = f"gradient norm is {grad_norm}", "non_finite"
+    if not passes.problem:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
+    return {**_step_metrics(groups, samples, step, passes, total_tokens, len(plan), layout),
+            "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
+            "peak_memory_bytes": peak_memory_bytes(precision.device)}
+
+
+@dataclass
+class _Passes:
+    """What a step's forward/backward passes gave: per-pass stats, their sums, and the first
+    problem (a non-finite loss) that makes the step skip."""
+    parts: list[dict] = field(default_factory=list)
+    loss: float = 0.0
+    entropy_sum: float = 0.0
+    abs_diff_S: torch.Tensor | None = None
+    problem: str = ""
+    skip_kind: str = ""
+
+
+def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, samples: Samples, plan: list,
+                adv_B: torch.Tensor, total_tokens: int, cfg: GRPOConfig, temperature: float,
+                pad_id: int, precision: Precision, ranks: Ranks, layout: str) -> _Passes:
+    out = _Passes(abs_diff_S=torch.zeros(len(samples)))
     for indices, counted in ranks.share(plan):
         part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision,
-                           abs_diff_S if counted else torch.zeros(len(samples)), weight=1.0 if counted else 0.0,
+                           out.abs_diff_S if counted else torch.zeros(len(samples)), weight=1.0 if counted else 0.0,
                            always_backward=ranks.sharded, layout=layout)
         if not counted:
             continue
-        parts.append(part)
-        loss += part["loss"]
-        entropy_sum += part["entropy_sum"]
-        if not math.isfinite(part["loss"]) and not problem:
-            problem, skip_kind = f"loss is {part['loss']} in micro-batch {len(parts)} of {len(plan)}", "non_finite"
+        out.parts.append(part)
+        out.loss += part["loss"]
+        out.entropy_sum += part["entropy_sum"]
+        if not math.isfinite(part["loss"]) and not out.problem:
+            out.problem = f"loss is {part['loss']} in micro-batch {len(out.parts)} of {len(plan)}"
+            out.skip_kind = "non_finite"
             if not ranks.sharded:  # every pass is a collective under FSDP: sharded ranks run them all
                 break
     if ranks.sharded:
-        loss, entropy_sum, parts, abs_diff_S = _reduce_over_ranks(ranks, loss, entropy_sum, parts, abs_diff_S)
-        if not math.isfinite(loss) and not problem:
-            problem, skip_kind = f"loss is {loss} on another rank", "non_finite"
-    group_abs_diff = group_mean_abs_diff(samples, abs_diff_S, len(groups))
-    if not problem and audit_tolerance is not None:
-        failed = [g for g, d in zip(groups, group_abs_diff, strict=True) if g.version == step and d > audit_tolerance]
-        if failed:
-            problem, skip_kind = (f"rollout audit: {len(failed)} group(s) at version {step} differ from the learner's "
-                                  f"log-probs by more than {audit_tolerance:g} nats per token (workers "
-                                  f"{sorted({g.worker_id for g in failed})})"), "audit"
-    grad_norm = float("nan")
-    if not problem:
-        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-        if not math.isfinite(grad_norm):
-            problem, skip_kind = f"gradient norm is {grad_norm}", "non_finite"
-    if not problem:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
+        out.loss, out.entropy_sum, out.parts, out.abs_diff_S = _reduce_over_ranks(
+            ranks, out.loss, out.entropy_sum, out.parts, out.abs_diff_S)
+        if not math.isfinite(out.loss) and not out.problem:
+            out.problem, out.skip_kind = f"loss is {out.loss} on another rank", "non_finite"
+    return out
+
+
+def _audit_problem(groups: list[TrainGroup], group_abs_diff: list[float], step: int, tolerance: float) -> str:
+    """The rollout audit of the groups generated at this version: why the step is skipped, or ""."""
+    failed = [g for g, d in zip(groups, group_abs_diff, strict=True) if g.version == step and d > tolerance]
+    if not failed:
+        return ""
+    return (f"rollout audit: {len(failed)} group(s) at version {step} differ from the learner's log-probs by more "
+            f"than {tolerance:g} nats per token (workers {sorted({g.worker_id for g in failed})})")
+
+
+def _step_metrics(groups: list[TrainGroup], samples: Samples, step: int, passes: _Passes, total_tokens: int,
+                  micro_batches: int, layout: str) -> dict:
     stale = Counter(step - g.version for g in groups)
     return {
-        "skipped": bool(problem),
-        "skip_reason": problem,
-        "skip_kind": skip_kind,
-        "group_abs_diff": group_abs_diff,
-        "loss": loss,
-        "grad_norm": grad_norm,
+        "skipped": bool(passes.problem),
+        "skip_reason": passes.problem,
+        "skip_kind": passes.skip_kind,
+        "loss": passes.loss,
         "reward_mean": sum(samples.rewards) / len(samples),
         "tokens": total_tokens,
-        "entropy": entropy_sum / max(1, total_tokens),
-        "micro_batches": len(plan),
+        "entropy": passes.entropy_sum / max(1, total_tokens),
+        "micro_batches": micro_batches,
         "layout": layout,
         # what the passes computed, padding excluded (a shared prompt counts once): learner tokens/s
-        "prompt_tokens_computed": int(sum(p["prompt_tokens"] for p in parts)),
-        "completion_tokens_computed": int(sum(p["completion_tokens"] for p in parts)),
+        "prompt_tokens_computed": int(sum(p["prompt_tokens"] for p in passes.parts)),
+        "completion_tokens_computed": int(sum(p["completion_tokens"] for p in passes.parts)),
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
         "prompt_indices": [g.prompt_index for g in groups],
         "group_ids": [g.group_id for g in groups],
         "groups_by_worker": dict(Counter(g.worker_id for g in groups)),
-        "train_s": time.perf_counter() - started,
-        "peak_memory_bytes": peak_memory_bytes(precision.device),
-        **reduce_stats(parts),
+        **reduce_stats(passes.parts),
     }
 
 

@@ -22,6 +22,25 @@ def _fmt(value: Any) -> str:
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
+    console.print(_metrics_table(summary))
+    decisions = summary.get("activation_decisions", [])
+    if decisions:
+        changes = Table(title="cost-aware activation (changes while training)")
+        for column in ("t s", "active workers", "why"):
+            changes.add_column(column)
+        for d in decisions:
+            changes.add_row(f"{d['t_s']:.1f}", ", ".join(d["active"]), d["reason"])
+        console.print(changes)
+    console.print(_workers_table(summary))
+    fleet = summary.get("fleet") or {}
+    if fleet.get("released") or fleet.get("acquired"):
+        rejoin = fleet["rejoin_s"]
+        rejoined = f"{rejoin['p50']:.1f}/{rejoin['max']:.1f} s" if rejoin["n"] else "-"
+        console.print(f"fleet: released {', '.join(fleet['released']) or '-'}; acquired "
+                      f"{', '.join(fleet['acquired']) or '-'}; rejoin p50/max {rejoined}")
+
+
+def _metrics_table(summary: dict[str, Any]) -> Table:
     table = Table(title="echo2 run summary", show_header=False)
     table.add_column("metric")
     table.add_column("value")
@@ -55,6 +74,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         f"; leased {window:.2f} steps ahead on average" if window is not None else ""))
     if summary.get("s_min_measured") is not None:
         table.add_row("S_min from measured latencies", _fmt(summary["s_min_measured"]))
+    _add_data_rows(table, summary)
+    _add_system_rows(table, summary)
+    return table
+
+
+def _add_data_rows(table: Table, summary: dict[str, Any]) -> None:
+    """What happened to the rollouts: dropped, requeued, skipped, audited."""
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
     if summary.get("steps_skipped") or summary.get("log_ratio_outlier_tokens"):
@@ -66,6 +92,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
                       f"{audit['groups_audited']} ({audit['groups_recomputed']}) / {audit['groups_failed']}")
     for worker, reason in (audit.get("quarantined") or {}).items():
         table.add_row(f"quarantined: {worker}", reason)
+
+
+def _add_system_rows(table: Table, summary: dict[str, Any]) -> None:
+    """Weights, memory, broadcast, cost and plots."""
     if summary.get("bytes_per_version"):
         table.add_row("bytes per version (wire dtype)", f"{summary['bytes_per_version']:,} ({summary['wire_dtype']})")
     if summary.get("learner_peak_memory_bytes"):
@@ -79,15 +109,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         table.add_row("cost total ($/step)", f"${summary['cost_total']:.4f} (${_fmt(summary['cost_per_step'])})")
     if summary.get("plots"):
         table.add_row("plots (in the run dir)", "\n".join(summary["plots"]))
-    console.print(table)
-    decisions = summary.get("activation_decisions", [])
-    if decisions:
-        changes = Table(title="cost-aware activation (changes while training)")
-        for column in ("t s", "active workers", "why"):
-            changes.add_column(column)
-        for d in decisions:
-            changes.add_row(f"{d['t_s']:.1f}", ", ".join(d["active"]), d["reason"])
-        console.print(changes)
+
+
+def _workers_table(summary: dict[str, Any]) -> Table:
+    cast = summary.get("broadcast") or {}
     workers = Table(title="workers (dissemination = publish -> verified / -> loaded, seconds)")
     for column in ("worker", "tokens/s", "verified p50/p95/max", "loaded p50/p95/max", "versions",
                    "relayed MB", "$/h", "active s", "idle s", "released s", "$"):
@@ -103,13 +128,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
             f"{bill.get('active_s') or 0:.0f}", f"{bill.get('idle_s') or 0:.0f}", f"{bill.get('released_s') or 0:.0f}",
             f"{bill.get('cost') or 0:.4f}",
         )
-    console.print(workers)
-    fleet = summary.get("fleet") or {}
-    if fleet.get("released") or fleet.get("acquired"):
-        rejoin = fleet["rejoin_s"]
-        rejoined = f"{rejoin['p50']:.1f}/{rejoin['max']:.1f} s" if rejoin["n"] else "-"
-        console.print(f"fleet: released {', '.join(fleet['released']) or '-'}; acquired "
-                      f"{', '.join(fleet['acquired']) or '-'}; rejoin p50/max {rejoined}")
+    return workers
 
 
 def _spread(lat: dict | None) -> str:
