@@ -171,6 +171,37 @@ def test_reasoning_gym_task_is_deterministic_and_scored_by_its_dataset():
     assert [other.train_problem(i).prompt for i in range(20)] != [p.prompt for p in train[:20]]
 
 
+def test_reasoning_gym_partial_credit_can_be_turned_off():
+    base = ["task.name=reasoning_gym", "task.dataset=basic_arithmetic", "task.size=100", "task.eval_size=10",
+            'task.config={min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1, operators = ["+"]}']
+    shaped = make_task(load_run_config(None, base).task, seed=0)
+    binary = make_task(load_run_config(None, [*base, "task.partial_credit=false"]).task, seed=0)
+    problem = shaped.train_problem(0)
+    habit = f"{problem.prompt.removeprefix('Calculate ').rstrip('.')} = {problem.answer}"  # "2 + 5 = 7"
+    assert 0.0 < shaped.reward(problem, habit) < 1.0  # the dataset's len(answer)/len(completion)
+    assert binary.reward(problem, habit) == 0.0
+    assert shaped.reward(problem, problem.answer) == binary.reward(problem, problem.answer) == 1.0
+    held = binary.eval_problems()[0]
+    assert binary.is_correct(held, held.answer) and not binary.is_correct(held, f"= {held.answer}")
+
+
+def test_reasoning_gym_answer_pattern_scores_the_last_match():
+    base = ["task.name=reasoning_gym", "task.dataset=basic_arithmetic", "task.size=100", "task.eval_size=10",
+            'task.config={min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1, operators = ["*"]}',
+            "task.partial_credit=false"]
+    task = make_task(load_run_config(None, [*base, "task.answer_pattern=-?\\d+"]).task, seed=0)
+    problem = task.train_problem(0)
+    question = problem.prompt.removeprefix("Calculate ").rstrip(".")  # "4 * 7"
+    assert task.reward(problem, f"{question} = {problem.answer}") == 1.0
+    assert task.reward(problem, f"{question} = {int(problem.answer) + 10}") == 0.0  # the last integer is wrong
+    assert task.reward(problem, "no number here") == 0.0
+    assert task.reward(problem, f"1 <answer>{problem.answer}</answer> 2") == 1.0  # a tag wins over the pattern
+    grouped = make_task(load_run_config(None, [*base, "task.answer_pattern=answer is (-?\\d+)"]).task, seed=0)
+    assert grouped.reward(problem, f"the answer is {problem.answer}, not 3") == 1.0
+    with pytest.raises(ValueError, match=r"task.answer_pattern='\(' is not a regular expression"):
+        load_run_config(None, [*base, "task.answer_pattern=("])
+
+
 def test_unknown_reasoning_gym_dataset_is_a_clear_error():
     cfg = load_run_config(None, ["task.name=reasoning_gym", "task.dataset=no_such_dataset"])
     with pytest.raises(ValueError, match="task.dataset='no_such_dataset'.*reasoning-gym refused it"):

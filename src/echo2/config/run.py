@@ -123,8 +123,8 @@ class GRPOConfig(Frozen):
     times a truncated importance weight pi_prox/pi_behav <= tis_cap. "clip": PPO-clipped token
     ratio against the worker's behaviour log-probs, dual-clipped at tis_cap for negative
     advantages; on stale groups the tokens the policy already learned fall outside the clip
-    range and carry no gradient, which made it 1.1-3.3x slower (1.7x on average) to 0.95
-    held-out on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
+    range and carry no gradient, which made it 1.1-3.3x slower (1.7x summed over four seed
+    pairs) to 0.95 held-out on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
     tis_cap: float = Field(2.0, gt=1)

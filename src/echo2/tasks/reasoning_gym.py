@@ -1,8 +1,10 @@
 """Procedural reasoning tasks from the `reasoning-gym` package (chain_sum, basic_arithmetic,
 sokoban, logic puzzles, ...), by name with the dataset's own config. Problems are generated
 offline and deterministically from the run seed; a completion is scored with the dataset's own
-`score_answer` (1.0 right, partial credit where the dataset gives it), on the text inside
-`<answer>...</answer>` when the completion has one, else on the whole completion."""
+`score_answer` (1.0 right, partial credit where the dataset gives it unless
+`task.partial_credit = false`), on the text inside `<answer>...</answer>` when the completion
+has one, else on the last match of `task.answer_pattern` when one is set, else on the whole
+completion."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from echo2.config.task import TaskConfigBase
 from echo2.tasks.base import Problem, TaskAdapter
@@ -30,6 +32,28 @@ class ReasoningGymConfig(TaskConfigBase):
     max_digits); see reasoning_gym's docs for each dataset."""
     size: int = Field(10_000, ge=1, le=10_000_000)
     """Training problems per epoch (generated on demand; each epoch is reshuffled)."""
+    answer_pattern: str = Field("", max_length=256)
+    """A regular expression that finds the answer in a completion without `<answer>` tags: its
+    last match is scored (the first group's text where the pattern has a group), and a
+    completion it does not match earns 0. "" scores the whole completion. For example
+    "-?\\d+" (the last integer) for arithmetic datasets, whose answers are bare numbers."""
+    partial_credit: bool = True
+    """True: the dataset's score as it gives it, partial credit included (most datasets give
+    len(answer)/len(completion) to a completion that contains the answer). False: 1.0 for full
+    marks, else 0. A model whose habit earns partial credit (SmolLM2's "2 + 5 = 7" for "7") can
+    collapse onto that habit, since it is the best-rewarded thing it samples; binary rewards
+    leave it nothing to collapse onto. Held-out accuracy counts full marks either way."""
+
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"task.answer_pattern={pattern!r} is not a regular expression ({exc}); give one such as "
+                             "'-?\\d+', or '' to score the whole completion") from None
+        return pattern
 
 
 class ReasoningGymTask(TaskAdapter):
@@ -80,13 +104,34 @@ class ReasoningGymTask(TaskAdapter):
     def reward(self, problem: Problem, completion: str) -> float:
         entries = self._eval_entries if problem.held_out else None
         entry = entries[problem.source_index] if entries is not None else self._train_entry(problem.source_index)
-        tagged = _ANSWER_TAG.findall(completion)
-        answer = (tagged[-1] if tagged else completion).strip()
+        answer = self._answer(completion)
+        if answer is None:
+            return 0.0
         try:
             score = float(self._train_set.score_answer(answer=answer, entry=entry))
         except Exception:  # noqa: BLE001  an untrusted completion that breaks a scorer earns nothing
             return 0.0
-        return min(1.0, max(0.0, score))
+        score = min(1.0, max(0.0, score))
+        return score if self.rg_cfg.partial_credit or score == 1.0 else 0.0
+
+
+    def _answer(self, completion: str) -> str | None:
+        """The text scored: the last `<answer>` tag's, else the pattern's last match (None when
+        it has none), else the whole completion."""
+        tagged = _ANSWER_TAG.findall(completion)
+        if tagged:
+            return tagged[-1].strip()
+        if not self.rg_cfg.answer_pattern:
+            return completion.strip()
+        matches = list(self._pattern.finditer(completion))
+        if not matches:
+            return None
+        last = matches[-1]
+        return (last.group(1) if self._pattern.groups else last.group(0)).strip()
+
+    @cached_property
+    def _pattern(self) -> re.Pattern:
+        return re.compile(self.rg_cfg.answer_pattern)
 
 
 def _create(name: str, config: dict[str, Any], seed: int, size: int):
