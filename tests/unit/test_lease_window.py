@@ -8,7 +8,7 @@ from __future__ import annotations
 from tests.unit.test_sim_activation import _scenario
 
 from echo2.policy.dataplane import DataPlane
-from echo2.policy.window import CALM_STEPS, LeaseWindow
+from echo2.policy.window import CALM_STEPS, MAX_CALM_STEPS, LeaseWindow
 from echo2.sim.simulator import simulate
 
 
@@ -38,6 +38,21 @@ def test_the_window_shrinks_when_batches_are_ready_and_grows_when_the_learner_wa
         synchronous.observe(0.0, 1.0)
         fixed.observe(0.0, 1.0)
     assert synchronous.steps == 0 and fixed.steps == 2
+
+
+def test_a_window_one_step_too_small_is_tried_ever_more_rarely():
+    """A fleet that needs 2 steps ahead: at 1 the learner waits. Each wait doubles the ready
+    batches it takes to shrink again, so 400 steps cost a handful of waits, not one in four."""
+    window = LeaseWindow(max_staleness=3)
+    window.set_floor(1)
+    waits = 0
+    for _ in range(400):
+        waited = window.steps < 2
+        waits += waited
+        window.observe(wait_s=1.0 if waited else 0.0, step_time_s=10.0)
+    assert window.calm_needed == MAX_CALM_STEPS
+    assert waits <= 10, waits  # 5 to reach the cap, then one per MAX_CALM_STEPS + 1 steps
+    assert window.steps >= 1
 
 
 def _fast_fleet(fresh: bool) -> DataPlane:
