@@ -62,7 +62,10 @@ def test_released_worker_exits_and_an_acquired_one_rejoins_and_trains(tmp_path):
             return [r for r in records(run_dir, "train_step")
                     if r["time"] > acquired["time"] and r["groups_by_worker"].get(back, 0) > 0]
 
-        wait_for(trained_after_acquire, 90, f"{back}'s groups in a train step after its acquire", alive=proc)
+        try:
+            wait_for(trained_after_acquire, 150, f"{back}'s groups in a train step after its acquire", alive=proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_diagnosis(run_dir, back)}") from None
         bill = _coordinator_state(run_dir)["cost"]["workers"][worker_id]
         assert bill["released_s"] > 0 and bill["idle_s"] > 0  # idle (billed) before its release, then free
         proc.send_signal(signal.SIGTERM)
@@ -74,6 +77,17 @@ def test_released_worker_exits_and_an_acquired_one_rejoins_and_trains(tmp_path):
     summary = summarize(iter_metrics(run_dir / "metrics.jsonl"))
     assert worker_id in summary["fleet"]["released"] and back in summary["fleet"]["acquired"]
     assert summary["fleet"]["rejoin_s"]["n"] >= 1
+
+
+def _diagnosis(run_dir, worker_id: str) -> str:
+    """What the run did around a worker that never trained after its acquire: the decisions,
+    its refusals and the tails of its and the learner's logs."""
+    kinds = ("activation", "worker_acquired", "worker_registered", "worker_left", "worker_lost", "worker_refused",
+             "batch_assigned")
+    rows = [r for r in records(run_dir) if r["kind"] in kinds and r.get("worker_id", worker_id) == worker_id][-30:]
+    logs = [run_dir / "logs" / f"worker-{worker_id[1:]}.log", run_dir / "logs" / "learner.log"]
+    tails = [f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:]) for p in logs if p.is_file()]
+    return "\n".join([json.dumps(r)[:400] for r in rows] + tails)
 
 
 def _active_or_released(run_dir) -> set[str] | None:

@@ -27,7 +27,7 @@ def _cases(join: dict, credential: dict, worker_id: str, seq: int) -> list[tuple
     return [
         ("wrong token", "POST", "/v1/register", {"worker_id": f"f{seq}", "engine": "hf"}, WRONG),
         ("no token", "POST", "/v1/heartbeat", {"worker_id": worker_id, "version": 0}, {}),
-        ("join token takes a batch", "GET", "/v1/batch?step=0&wait_s=0", None, join),
+        ("join token takes a batch", "POST", "/v1/batch", {"step": 0, "wait_s": 0}, join),
         ("join token publishes", "POST", "/v1/publish", {"info": {}, "public_key_hex": "00"}, join),
         ("worker reads state", "GET", "/v1/state", None, credential),
         ("malformed json", "POST", "/v1/lease", b"{not json", credential),

@@ -13,6 +13,7 @@ from tests.unit.metrics_fixtures import synthetic_run, write_run
 from tests.unit.test_coordinator_http import LEARNER, OPERATOR, _join, _post, run_with_server
 
 from echo2.coordinator.state import RequestError
+from echo2.coordinator.view import snapshot
 from echo2.protocol.messages import (
     Heartbeat,
     RegisterRequest,
@@ -48,7 +49,7 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     assert refused == 5000 - 60  # registrations_per_minute: a burst of a minute's worth
     for i in range(5000):
         state.register(RegisterRequest(worker_id=f"spread{i}", engine="hf"), source=f"10.{i // 250}.{i % 250}.1")
-    flooded = len(json.dumps(state.snapshot()))
+    flooded = len(json.dumps(snapshot(state)))
     for wait_s in (state.settings.worker_timeout_s + 1, state.settings.forget_workers_after_s + 1):
         clock.now += wait_s
         state.heartbeat(Heartbeat(worker_id="honest", version=0))  # the honest worker stays
@@ -61,8 +62,8 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     print(f"/v1/state: {flooded} bytes during the flood, {after} after")
     assert flooded > 1_000_000  # what the flood held while it was live
     assert after < 2_000, after  # the honest worker's record and the run's counters
-    assert list(state.workers) == ["honest"] and set(state.credentials.values()) == {"honest"}
-    assert len(state.join_buckets) <= 1 and state.controller.snapshot()["workers"].keys() <= {"honest"}
+    assert list(state.workers) == ["honest"] and set(state.registry.credentials.values()) == {"honest"}
+    assert len(state.registry.join_buckets) <= 1 and state.controller.snapshot()["workers"].keys() <= {"honest"}
 
 
 def test_oversized_fields_are_refused_with_422_naming_the_field(tmp_path, tiny_model_dir):
@@ -125,8 +126,8 @@ def test_trained_groups_leave_the_store_once_checkpointed(tmp_path, tiny_model_d
         return sent
 
     async def batch(session, url, step: int, durable: int | None):
-        query = f"step={step}&wait_s=0" + (f"&durable_step={durable}" if durable is not None else "")
-        async with session.get(f"{url}/v1/batch?{query}", headers=LEARNER) as resp:
+        body = {"step": step, "wait_s": 0, "durable_step": durable}
+        async with session.post(f"{url}/v1/batch", json=body, headers=LEARNER) as resp:
             return resp.status, await resp.json()
 
     async def scenario(session, url):

@@ -41,11 +41,11 @@ def test_the_join_token_alone_cannot_act_as_the_learner_or_operator(state):
     async def scenario(session, url):
         return {
             "publish": (await _post(session, url, "/v1/publish", body, AUTH))[0],
-            "batch": (await _get(session, url, "/v1/batch?step=0&wait_s=0", AUTH))[0],
+            "batch": (await _post(session, url, "/v1/batch", {"step": 0, "wait_s": 0}, AUTH))[0],
             "reject": (await _post(session, url, "/v1/batch/reject", {"step": 0}, AUTH))[0],
             "state": (await _get(session, url, "/v1/state", AUTH))[0],
             "state as learner": (await _get(session, url, "/v1/state", LEARNER))[0],
-            "batch as operator": (await _get(session, url, "/v1/batch?step=0&wait_s=0", OPERATOR))[0],
+            "batch as operator": (await _post(session, url, "/v1/batch", {"step": 0, "wait_s": 0}, OPERATOR))[0],
             "state as operator": (await _get(session, url, "/v1/state", OPERATOR))[0],
             "heartbeat with the learner token": (await _post(session, url, "/v1/heartbeat",
                                                              {"worker_id": "w1", "version": 0}, LEARNER))[0],

@@ -13,6 +13,7 @@ from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish
 from echo2.broadcast.metrics import BadPeerReport
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.dissemination import Dissemination, Peer
+from echo2.coordinator.view import snapshot
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 
 ORIGIN = "http://learner:1"
@@ -43,7 +44,7 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
                            reason="corrupt_chunk", detail="lies")
     state.bad_peer(BadPeerRequest(report=report))
     assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources] == ["origin"]
-    assert "origin" not in state.dissemination.suspects
+    assert "origin" not in state.versions.dissemination.suspects
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
     assert [s.peer_id for s in single.assignment("w1", 3, ORIGIN, peers(2)).sources] == ["w0"]
@@ -79,7 +80,7 @@ def test_throughput_is_what_the_coordinator_measures_not_what_a_worker_claims(st
     clock.now += 2.0
     state.submit(submission(state, "boaster", task.task_id, 0))
     assert state.controller.workers["boaster"].rollouts_per_s.value == pytest.approx(measured)
-    row = state.snapshot()["workers"]["boaster"]
+    row = snapshot(state)["workers"]["boaster"]
     assert row["rollouts_per_s_claimed"] == pytest.approx(1e12) and row["rollouts_per_s_measured"] == pytest.approx(measured)
 
 

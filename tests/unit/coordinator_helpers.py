@@ -3,6 +3,7 @@ and well-formed messages to mutate into bad ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,10 @@ from safetensors.numpy import save
 
 from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
-from echo2.config.run import ActivationConfig
+from echo2.config.run import ActivationConfig, RunConfig
 from echo2.coordinator.scoring import Scorer
-from echo2.coordinator.state import CoordinatorState, Settings
+from echo2.coordinator.settings import Settings, resolve
+from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.store import Store
 from echo2.protocol.messages import (
     LeaseRequest,
@@ -40,13 +42,24 @@ def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int 
                sampling: SamplingParams = SAMPLING, activation: ActivationConfig | None = None, scorer=None,
                **settings_fields):
     """`settings_fields`: any other Settings field (evaluation leases, lease caps, ...)."""
-    settings = Settings(
-        max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=sampling,
-        model_source=str(model_dir), heartbeat_interval_s=1.0, worker_timeout_s=5.0, lease_timeout_s=60.0,
-        activation=activation or ActivationConfig(), **settings_fields,
-    )
+    settings = quick_settings(model_dir, max_staleness=max_staleness, groups_per_step=groups_per_step,
+                             sampling=sampling, activation=activation or ActivationConfig(), **settings_fields)
     scorer = scorer or Scorer(make_task(AdditionConfig(), seed=0), str(model_dir))
     return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)
+
+
+def quick_settings(model_dir: Path, **fields) -> Settings:
+    """The run config's defaults (`resolve`), with short timeouts and evaluation on the learner
+    unless `fields` say otherwise."""
+    base = resolve(RunConfig.model_validate({"run_dir": str(model_dir.parent / "unused-run")}), multi_turn=False)
+    quick = {"model_source": str(model_dir), "heartbeat_interval_s": 1.0, "worker_timeout_s": 5.0,
+             "lease_timeout_s": 60.0, "eval_on_workers": False, "final_version": 0}
+    return replace(base, **{**quick, **fields})
+
+
+def event_records(state: CoordinatorState) -> list[dict]:
+    """The state's pending events as the metrics records they become."""
+    return [event.record() for event in state.events]
 
 
 LEARNER_KEY = generate_private_key()

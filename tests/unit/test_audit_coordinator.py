@@ -5,10 +5,20 @@ groups dropped and its prompts redone, and a skipped step's honest groups handed
 from __future__ import annotations
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+from tests.unit.coordinator_helpers import (
+    FakeClock,
+    event_records,
+    lease,
+    make_state,
+    publish,
+    register,
+    submission,
+)
 
 from echo2.coordinator.state import RequestError
-from echo2.protocol.messages import AuditReport, GroupAudit, RegisterRequest
+from echo2.coordinator.view import snapshot
+from echo2.protocol.learner_api import AuditReport, GroupAudit
+from echo2.protocol.messages import RegisterRequest
 
 
 @pytest.fixture
@@ -17,7 +27,7 @@ def clock():
 
 
 def verdict(group: dict, failed: bool, diff: float | None = None) -> GroupAudit:
-    return GroupAudit(group_id=group["group_id"], worker_id=group["worker_id"], version=group["version"], tokens=8,
+    return GroupAudit(group_id=group.group_id, worker_id=group.worker_id, version=group.version, tokens=8,
                       mean_abs_logprob_diff=diff if diff is not None else (3.0 if failed else 2e-7),
                       recomputed=False, failed=failed)
 
@@ -36,14 +46,14 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
     fill(state, "liar", 2)
     fill(state, "honest", 2)
     batch = state.take_batch(0)  # the liar's two groups: the oldest
-    assert [g["worker_id"] for g in batch] == ["liar", "liar"]
+    assert [g.worker_id for g in batch] == ["liar", "liar"]
 
     # the learner found one of them fabricated and skipped the step
     assert state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])) == []
-    state.reject_batch(0, "rollout audit", [batch[1]["group_id"]])
+    state.reject_batch(0, "rollout audit", [batch[1].group_id])
     assert state.audit.workers["liar"].failed == 1 and state.counters.rejected_by_learner == 1
-    assert [g["group_id"] for g in state.buffer][0] == batch[1]["group_id"]  # back at the head
-    assert state.queue[0] == batch[0]["prompt_index"]  # the failed group's prompt is redone
+    assert [g.group_id for g in state.buffer][0] == batch[1].group_id  # back at the head
+    assert state.leases_book.queue[0] == batch[0].prompt_index  # the failed group's prompt is redone
 
     # a retried report of the same failure counts once
     state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)]))
@@ -52,18 +62,18 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
     held = lease(state, "liar", 0).tasks
     batch = state.take_batch(0)
     assert state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)])) == ["liar"]
-    event = next(e for e in state.events if e["kind"] == "worker_quarantined")
+    event = next(e for e in event_records(state) if e["kind"] == "worker_quarantined")
     assert event["worker_id"] == "liar" and "2 of its groups failed" in event["reason"]
     assert event["leases_requeued"] == len(held)
-    state.reject_batch(0, "rollout audit", [g["group_id"] for g in batch])
-    assert all(g["worker_id"] == "honest" for g in state.buffer)  # none of the liar's groups remain
+    state.reject_batch(0, "rollout audit", [g.group_id for g in batch])
+    assert all(g.worker_id == "honest" for g in state.buffer)  # none of the liar's groups remain
     assert state.counters.dropped_quarantined + state.counters.rejected_by_learner >= 2
 
     for call in (lambda: lease(state, "liar", 0), lambda: register(state, "liar")):
         with pytest.raises(RequestError, match="quarantined: rollout audit") as err:
             call()
         assert err.value.status == 403
-    assert state.snapshot()["audit"]["quarantined"].keys() == {"liar"}
+    assert snapshot(state)["audit"]["quarantined"].keys() == {"liar"}
 
     # a restarted coordinator still refuses it
     state.store.close()
@@ -80,6 +90,6 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
     batch = state.take_batch(0)
     state.record_audit(AuditReport(step=0, groups=[verdict(g, False, diff=1e-6 * (i + 1))
                                                    for i, g in enumerate(batch)]))
-    stats = state.snapshot()["audit"]["workers"]["a"]
+    stats = snapshot(state)["audit"]["workers"]["a"]
     assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0}
     assert not state.audit.quarantined and len(lease(state, "a", 0).tasks) == 1

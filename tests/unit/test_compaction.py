@@ -7,7 +7,15 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+from tests.unit.coordinator_helpers import (
+    FakeClock,
+    event_records,
+    lease,
+    make_state,
+    publish,
+    register,
+    submission,
+)
 from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
 
 from echo2.coordinator.state import CoordinatorState, RequestError
@@ -40,7 +48,7 @@ def test_checkpointed_steps_are_deleted_and_the_rest_replays_exactly(tmp_path, t
     batches = [_one_step(state, step) for step in range(6)]
     state.checkpointed(4, step=6)  # the learner checkpointed step 4 and asks for step 6
     assert _stored_steps(state) == {"groups": [4, 4, 5, 5], "batches": [4, 5]}
-    assert state.events[-1] == {"kind": "groups_compacted", "durable_step": 4, "groups_deleted": 8,
+    assert event_records(state)[-1] == {"kind": "groups_compacted", "durable_step": 4, "groups_deleted": 8,
                                 "store_bytes": state.store.size_bytes()}
     # a learner killed before its next checkpoint resumes at step 4: the same data again
     assert state.take_batch(4) == batches[4] and state.take_batch(5) == batches[5]
@@ -48,17 +56,17 @@ def test_checkpointed_steps_are_deleted_and_the_rest_replays_exactly(tmp_path, t
         state.take_batch(3)
     assert err.value.status == 409
     state.checkpointed(2, step=4)  # an older checkpoint reported late changes nothing
-    assert state.durable_step == 4
+    assert state.groups.durable_step == 4
     with pytest.raises(RequestError, match="durable_step=7 is ahead") as err:
         state.checkpointed(7, step=7)  # batches were assigned up to step 5 only
     assert err.value.status == 422
 
     state.store.close()  # the coordinator restarts
     revived = make_state(tmp_path, tiny_model_dir, clock)
-    assert revived.durable_step == 4 and revived.steps_taken == 6
+    assert revived.groups.durable_step == 4 and revived.steps_taken == 6
     assert revived.take_batch(5) == batches[5]
     register(revived, "a")
-    assert [g["version"] for g in _one_step(revived, 6)] == [6, 6]  # and the run goes on
+    assert [g.version for g in _one_step(revived, 6)] == [6, 6]  # and the run goes on
     assert revived.counters.trained == 14
 
 
@@ -77,8 +85,8 @@ def test_rejected_and_stale_groups_of_checkpointed_steps_go_too(tmp_path, tiny_m
     assert state.take_batch(0)  # step 0 again, on a fresh group
     publish(state, 1)
     submit(1)
-    state.buffer.append({**state.store.batch(0)[0], "group_id": "straggler"})  # version 0: stale at step 1
-    state.store.add_group("straggler", state.seq, state.buffer[-1])
+    state.buffer.append(state.store.batch(0)[0].model_copy(update={"group_id": "straggler"}))  # stale at step 1
+    state.store.add_group(state.buffer[-1], state.groups.seq)
     assert state.take_batch(1) and state.counters.dropped_stale == 1
     states = dict(state.store.db.execute("SELECT state, COUNT(*) FROM groups GROUP BY state"))
     assert states == {"trained": 2, "rejected": 1, "dropped": 1}

@@ -13,6 +13,8 @@ from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
 from echo2.coordinator.credentials import Secrets
 from echo2.coordinator.server import build_app
+from echo2.coordinator.view import snapshot
+from echo2.protocol.learner_api import RejectBatchResponse
 from echo2.report.metrics import MetricsWriter
 
 TOKEN = "loopback-token-0123456789"  # the join token
@@ -86,7 +88,7 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
         w1 = await _join(session, url, "w1")
         status, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0}, w1)
         task = lease["tasks"][0]
-        before = json.dumps(state.snapshot(), sort_keys=True)
+        before = json.dumps(snapshot(state), sort_keys=True)
         good = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
                 "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
         cases = {
@@ -102,7 +104,7 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
             "oversized": {**good, "padding": "x" * (80 << 10)},
         }
         results = {name: await _post(session, url, "/v1/rollout", body, w1) for name, body in cases.items()}
-        after = json.dumps(state.snapshot(), sort_keys=True)
+        after = json.dumps(snapshot(state), sort_keys=True)
         accepted = await _post(session, url, "/v1/rollout", good, w1)
         return results, before, after, accepted
 
@@ -132,10 +134,10 @@ def test_batch_long_poll_returns_when_the_batch_fills(state):
         submitter = asyncio.create_task(submit_later())
         loop = asyncio.get_running_loop()
         started = loop.time()
-        async with session.get(url + "/v1/batch?step=0&wait_s=10", headers=LEARNER) as resp:
+        async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 10}, headers=LEARNER) as resp:
             batch = await resp.json()
         await submitter
-        async with session.get(url + "/v1/batch?step=x", headers=LEARNER) as resp:
+        async with session.post(url + "/v1/batch", json={"step": "x"}, headers=LEARNER) as resp:
             bad = resp.status
         return batch, loop.time() - started, bad
 
@@ -152,12 +154,12 @@ def test_learner_hands_a_batch_back(state):
             body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
                     "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
             await _post(session, url, "/v1/rollout", body, w1)
-        async with session.get(url + "/v1/batch?step=0&wait_s=1", headers=LEARNER) as resp:
+        async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 1}, headers=LEARNER) as resp:
             batch = await resp.json()
         wrong_step = await _post(session, url, "/v1/batch/reject", {"step": 3, "reason": "x"}, LEARNER)
         malformed = await _post(session, url, "/v1/batch/reject", {"step": -1}, LEARNER)
         ok = await _post(session, url, "/v1/batch/reject", {"step": 0, "reason": "loss is nan"}, LEARNER)
-        async with session.get(url + "/v1/batch?step=0&wait_s=0.2", headers=LEARNER) as resp:
+        async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 0.2}, headers=LEARNER) as resp:
             after = await resp.json()
         return batch, wrong_step, malformed, ok, after
 
@@ -165,5 +167,5 @@ def test_learner_hands_a_batch_back(state):
     assert len(batch["groups"]) == 2
     assert wrong_step[0] == 409 and "newest assigned batch is step 0" in wrong_step[1]["error"]
     assert malformed[0] == 400
-    assert ok == (200, {"ok": True, "groups_rejected": 2})
+    assert ok[0] == 200 and RejectBatchResponse.model_validate(ok[1]).groups_rejected == 2
     assert after["groups"] == [] and state.counters.rejected_by_learner == 2

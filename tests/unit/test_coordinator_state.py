@@ -18,6 +18,7 @@ from tests.unit.coordinator_helpers import (
 )
 
 from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.coordinator.view import snapshot
 from echo2.protocol.messages import Heartbeat, RegisterRequest, RolloutCompletion
 
 
@@ -46,7 +47,7 @@ def test_lease_submit_batch_round_trip(state):
     replies = [state.submit(submission(state, "a", t.task_id, 0)) for t in tasks]
     assert all(r.accepted and r.rewards == [1.0, 1.0] for r in replies)
     batch = state.take_batch(0)
-    assert [g["group_id"] for g in batch] == [t.task_id for t in tasks]
+    assert [g.group_id for g in batch] == [t.task_id for t in tasks]
     # asking again for the same step returns the same batch: a restarted learner replays it
     assert state.take_batch(0) == batch
     assert state.counters.trained == 2 and state.buffer == []
@@ -96,7 +97,7 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     clock.now += 3  # a silent for 6 s > worker_timeout_s = 5; b beat 3 s ago
     state.sweep()
     assert not state.workers["a"].alive and state.workers["b"].alive
-    assert list(state.queue) == [prompt]
+    assert list(state.leases_book.queue) == [prompt]
     with pytest.raises(RequestError) as err:
         state.submit(submission(state, "a", task.task_id, 0) if task.task_id in state.leases else _late(task.task_id))
     assert err.value.status == 404
@@ -123,7 +124,7 @@ def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
         clock.now += 5
         state.heartbeat(Heartbeat(worker_id="a", version=0))
         state.sweep()
-    assert state.leases == {} and len(state.queue) == 1 and state.counters.leases_expired == 1
+    assert state.leases == {} and len(state.leases_book.queue) == 1 and state.counters.leases_expired == 1
 
 
 @pytest.mark.parametrize("base_version", [7, -2])
@@ -161,11 +162,11 @@ def test_bad_submission_is_refused_and_changes_nothing(state, case):
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     ok = submission(state, "a", task.task_id, 0)
-    before = (copy.deepcopy(state.snapshot()), dict(state.leases), list(state.buffer))
+    before = (copy.deepcopy(snapshot(state)), dict(state.leases), list(state.buffer))
     with pytest.raises(RequestError) as err:
         state.submit(ok.model_copy(update=BAD_SUBMISSIONS[case](ok)))
     assert err.value.status == 422
-    assert (state.snapshot(), dict(state.leases), list(state.buffer)) == before
+    assert (snapshot(state), dict(state.leases), list(state.buffer)) == before
     assert state.submit(ok).accepted  # the lease is still valid after the refusal
 
 
@@ -181,10 +182,10 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
     publish(state, 1)
     t1 = lease(state, "a", 1).tasks[0]
     # a straggler of version 0 arriving now would be stale at step 1: simulate one buffered
-    state.buffer.append({**state.store.batch(0)[0], "group_id": "old", "version": 0})
+    state.buffer.append(state.store.batch(0)[0].model_copy(update={"group_id": "old", "version": 0}))
     state.submit(submission(state, "a", t1.task_id, 1))
     batch = state.take_batch(1)
-    assert [g["version"] for g in batch] == [1] and state.counters.dropped_stale == 1
+    assert [g.version for g in batch] == [1] and state.counters.dropped_stale == 1
 
 
 def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_dir, clock):
@@ -196,8 +197,8 @@ def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_d
     leased_prompt = state.leases[t2.task_id].prompt_index
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)
-    assert [g["group_id"] for g in revived.buffer] == [t1.task_id]
-    assert list(revived.queue) == [leased_prompt] and revived.cursor == 2
+    assert [g.group_id for g in revived.buffer] == [t1.task_id]
+    assert list(revived.leases_book.queue) == [leased_prompt] and revived.leases_book.cursor == 2
     assert revived.current_version == 0
     register(revived, "a")
     again = lease(revived, "a", 0).tasks[0]
@@ -248,14 +249,14 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
 
 
 def _check_invariants(state: CoordinatorState, trained: list) -> None:
-    places = [("queue", i) for i in state.queue]
+    places = [("queue", i) for i in state.leases_book.queue]
     places += [("lease", lease.prompt_index) for lease in state.leases.values()]
-    places += [("buffer", g["prompt_index"]) for g in state.buffer]
-    places += [("trained", g["prompt_index"]) for _, g in trained]
+    places += [("buffer", g.prompt_index) for g in state.buffer]
+    places += [("trained", g.prompt_index) for _, g in trained]
     indices = [i for _, i in places]
     assert len(indices) == len(set(indices)), places  # never handed out or trained twice
     for step, group in trained:
-        assert step - group["version"] <= state.settings.max_staleness
+        assert step - group.version <= state.settings.max_staleness
 
 
 def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_model_dir, clock):
@@ -274,7 +275,7 @@ def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_
     for task in lease(state, "a", 0, max_tasks=2).tasks:
         state.submit(submission(state, "a", task.task_id, 0))
     second = state.take_batch(0)
-    assert second and not {g["group_id"] for g in second} & {g["group_id"] for g in first}
+    assert second and not {g.group_id for g in second} & {g.group_id for g in first}
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)  # the new batch is the step's for good
     assert revived.take_batch(0) == second and revived.counters.rejected_by_learner == 2
@@ -317,7 +318,7 @@ def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
     clock.now += state.settings.forget_workers_after_s + 1
     state.sweep()
     assert list(state.workers) == ["real"]  # it did work: kept for the run's accounting
-    assert set(state.credentials.values()) == {"real"} and not state.join_buckets
+    assert set(state.registry.credentials.values()) == {"real"} and not state.registry.join_buckets
 
 
 def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_dir, clock):
@@ -326,19 +327,19 @@ def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_
 
     from tests.conftest import small_run_config
 
-    from echo2.coordinator.main import settings_from
     from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.settings import resolve
     from echo2.coordinator.store import Store
     from echo2.tasks import make_task
 
     lora = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
     cfg = small_run_config(tmp_path / "run", grpo={"lora": lora})
-    assert settings_from(cfg).lora == lora
-    assert settings_from(small_run_config(tmp_path / "plain")).lora == {}
+    assert resolve(cfg, multi_turn=False).lora.model_dump(mode="json") == lora
+    assert resolve(small_run_config(tmp_path / "plain"), multi_turn=False).lora is None
     scorer = Scorer(make_task(cfg.task, seed=0), str(tiny_model_dir))
-    settings = replace(settings_from(cfg), model_source=str(tiny_model_dir))
+    settings = replace(resolve(cfg, multi_turn=False), model_source=str(tiny_model_dir))
     state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), scorer, clock=clock)
-    assert state.register(RegisterRequest(worker_id="a", engine="vllm")).lora == lora
+    assert state.register(RegisterRequest(worker_id="a", engine="vllm")).lora.model_dump(mode="json") == lora
 
 
 def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path, tiny_model_dir, clock):
@@ -383,8 +384,8 @@ def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path,
     state.store.close()
 
     state = restarted()  # the coordinator restarts; the learner and its origin do not
-    assert next_fetch(state) == (1, "delta") and not state.dissemination.anchor_wanted
+    assert next_fetch(state) == (1, "delta") and not state.versions.dissemination.anchor_wanted
     # the learner restarts too: it publishes the newest again, and its new origin serves no delta
     state.publish(delta(2).model_copy(update={"origin_url": "http://learner:2"}), LEARNER_KEY_HEX)
-    assert next_fetch(state) is None and state.dissemination.anchor_wanted
-    assert state.store.offers() == [state.dissemination.stored_offers()[2, "delta"]]
+    assert next_fetch(state) is None and state.versions.dissemination.anchor_wanted
+    assert state.store.offers() == [state.versions.dissemination.stored_offers()[2, "delta"]]

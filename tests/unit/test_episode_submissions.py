@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish
+from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish
 
 from echo2.config.run import load_run_config
 from echo2.coordinator.scoring import make_scorer
@@ -65,7 +65,7 @@ def test_an_honest_group_is_scored_by_replay(state):
     assert reply.accepted and reply.rewards == [e.reward for e in episodes]
     group = TrainGroup.model_validate(state.buffer[-1])
     assert group.prompt_ids == task.prompt_ids and group.completions[0].segments == episodes[0].segments
-    replayed = [e for e in state.events if e["kind"] == "episodes_replayed"]
+    replayed = [e for e in event_records(state) if e["kind"] == "episodes_replayed"]
     assert replayed[-1]["episodes"] == SAMPLING.group_size and replayed[-1]["replay_s"] > 0
 
 
@@ -84,7 +84,7 @@ def test_a_transcript_its_actions_do_not_reproduce_is_refused(state):
     with pytest.raises(RequestError) as refused:
         submit(state, task, doctored)
     assert refused.value.status == 422 and "does not replay" in refused.value.message
-    assert [e for e in state.events if e["kind"] == "replay_refused"][-1]["worker_id"] == "a"
+    assert [e for e in event_records(state) if e["kind"] == "replay_refused"][-1]["worker_id"] == "a"
     assert not state.buffer  # nothing of the group is trained
     assert submit(state, task, wire(episodes)).accepted  # the honest transcript still is
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register
+from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish, register
 from tests.unit.test_coordinator_http import LEARNER, _join, _post, run_with_server
 
 from echo2.coordinator.evaluations import Evaluations
@@ -92,7 +92,7 @@ def test_version_0_is_evaluated_first_by_one_worker_and_scored_by_the_coordinato
     assert state.submit_evaluation(EvalSubmission(worker_id="w0", lease_id=second.evaluation.lease_id, version=0,
                                                   completions=_answers(state, second.evaluation, 0.5),
                                                   gen_time_s=0.5)).done
-    (record,) = [e for e in state.events if e["kind"] == "eval"]
+    (record,) = [e for e in event_records(state) if e["kind"] == "eval"]
     assert (record["step"], record["accuracy"], record["problems"], record["worker_id"], record["eval_s"]) == \
         (0, 0.5, 200, "w0", 2.0)
     assert state.evaluation_result(0).accuracy == 0.5 and not state.evaluation_result(2).done
@@ -139,7 +139,7 @@ def test_a_worker_gone_silent_loses_the_evaluation_to_another(state):
     state.clock.now += 10  # past worker_timeout_s for w0; w1 heartbeats
     state.workers["w1"].last_seen = state.clock.now
     state.sweep()
-    assert [e["kind"] for e in state.events if e["kind"].startswith("evaluation_")][-1] == "evaluation_abandoned"
+    assert [e["kind"] for e in event_records(state) if e["kind"].startswith("evaluation_")][-1] == "evaluation_abandoned"
     assert lease(state, "w1", 0).evaluation is not None
 
 
@@ -161,7 +161,7 @@ def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(state):
                 done = {"worker_id": "w2", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
                         "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
                 await _post(session, url, "/v1/rollout", done, headers)
-            async with session.get(url + "/v1/batch?step=0&wait_s=1", headers=LEARNER) as resp:
+            async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 1}, headers=LEARNER) as resp:
                 assert len((await resp.json())["groups"]) == 2
 
         opener = asyncio.create_task(room_later())

@@ -5,9 +5,10 @@ static provider, is simply gone."""
 from __future__ import annotations
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, make_state
+from tests.unit.coordinator_helpers import FakeClock, event_records, make_state
 
 from echo2.config.run import ActivationConfig
+from echo2.coordinator.view import snapshot
 from echo2.protocol.messages import LeaveRequest, RegisterRequest
 
 
@@ -27,7 +28,7 @@ def _state(tmp_path, tiny_model_dir, provider: str):
 
 
 def _left(state, worker_id: str) -> dict:
-    return [e for e in state.events if e["kind"] == "worker_left" and e["worker_id"] == worker_id][-1]
+    return [e for e in event_records(state) if e["kind"] == "worker_left" and e["worker_id"] == worker_id][-1]
 
 
 @pytest.mark.parametrize("provider, released", [("local", True), ("static", False)])
@@ -37,7 +38,7 @@ def test_an_idle_worker_leaving_is_released_only_with_a_releasable_provider(tmp_
     state.leave(LeaveRequest(worker_id="dear"))
     assert _left(state, "dear")["released"] is released
     assert state.controller.is_released("dear") is released
-    assert state.snapshot()["cost"]["workers"]["dear"]["released"] is released
+    assert snapshot(state)["cost"]["workers"]["dear"]["released"] is released
 
 
 def test_an_active_worker_leaving_is_gone_and_a_released_one_is_chosen_in_its_place(tmp_path, tiny_model_dir):
@@ -45,5 +46,5 @@ def test_an_active_worker_leaving_is_gone_and_a_released_one_is_chosen_in_its_pl
     state.leave(LeaveRequest(worker_id="dear"))
     state.leave(LeaveRequest(worker_id="cheap"))
     assert _left(state, "cheap")["released"] is False and not state.controller.is_released("cheap")
-    decision = [e for e in state.events if e["kind"] == "activation"][-1]
+    decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["active"] == ["dear"]  # the provider is asked to acquire it

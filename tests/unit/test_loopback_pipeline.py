@@ -99,6 +99,6 @@ def forge(state, io: LearnerIO) -> None:
     info = VersionInfo(version=2, signed=signed, origin_url=io.origin_url, published_at=time.time())
     with pytest.raises(RequestError, match="publish of version 2 refused"):
         state.publish(info, state.public_key_hex)
-    state.dissemination.plan_version(2, info.origin_url, state._peers())
-    state.dissemination.published(info, restarted=False)
-    state.latest = info
+    state.versions.dissemination.plan_version(2, info.origin_url, state.registry.peers())
+    state.versions.dissemination.published(info, restarted=False)
+    state.versions.latest = info

@@ -17,7 +17,7 @@ from tests.unit.test_coordinator_http import TOKEN, _post, _serve, run_with_serv
 import echo2.coordinator.http_base as http_base
 import echo2.coordinator.server as server
 from echo2.config.worker import WorkerConfig
-from echo2.protocol.messages import PROTOCOL_VERSION
+from echo2.protocol.messages import PROTOCOL_CHANGES, PROTOCOL_VERSION
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.check import run_checks
 from echo2.rollout.diagnosis import WorkerFailed
@@ -81,8 +81,9 @@ def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
 
     status, reply = run_with_server(state, scenario)
     assert status == 426
-    assert (f"this coordinator speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0), the request speaks protocol 7 "
-            "(echo2 9.9.9)") in reply["error"]
+    # the error says what this protocol changed, so an operator knows what the other side lacks
+    assert (f"this coordinator speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
+            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the request speaks protocol 7 (echo2 9.9.9)") in reply["error"]
 
 
 def test_a_wrong_url_is_reported_within_seconds_and_the_worker_gives_up(tmp_path):
@@ -148,8 +149,9 @@ def test_check_names_a_wrong_token_a_wrong_url_and_another_version(state, monkey
     monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     other = _checks(state, WorkerConfig())
     assert other["protocol"] == ("failed", f"incompatible echo2 versions: this worker speaks protocol {PROTOCOL_VERSION} "
-                                           f"(echo2 0.1.0), the coordinator speaks protocol {PROTOCOL_VERSION + 1} "
-                                           "(echo2 0.1.0). Run the same echo2 "
+                                           f"(echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
+                                           f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the coordinator speaks protocol "
+                                           f"{PROTOCOL_VERSION + 1} (echo2 0.1.0). Run the same echo2 "
                                            "release on the coordinator, the learner and every worker")
 
 
@@ -212,7 +214,7 @@ def test_a_worker_joins_again_when_a_restarted_coordinator_no_longer_knows_it(st
             await _until(lambda: "w7" in state.workers)
             first = state.workers["w7"].credential_digest
             state.workers.clear()  # what a restart leaves: accepted work kept, the registry gone
-            state.credentials.clear()
+            state.registry.credentials.clear()
             await _until(lambda: "w7" in state.workers and state.workers["w7"].credential_digest != first)
         finally:
             stop.set()

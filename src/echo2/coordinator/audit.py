@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from echo2.protocol.messages import AuditReport
+from echo2.protocol.learner_api import AuditReport
 
 
 @dataclass

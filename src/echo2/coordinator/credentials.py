@@ -45,7 +45,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("POST", "/v1/leave"): WORKER,
     ("POST", "/v1/bad_peer"): WORKER,
     ("POST", "/v1/publish"): LEARNER,
-    ("GET", "/v1/batch"): LEARNER,
+    ("POST", "/v1/batch"): LEARNER,
     ("POST", "/v1/batch/reject"): LEARNER,
     ("POST", "/v1/audit"): LEARNER,
     ("GET", "/v1/state"): OPERATOR,

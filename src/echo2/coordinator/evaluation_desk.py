@@ -5,6 +5,7 @@ phrases the events metrics.jsonl records."""
 
 from __future__ import annotations
 
+from echo2.coordinator import events as ev
 from echo2.coordinator.evaluations import Evaluations, Running
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
@@ -14,8 +15,9 @@ STORE_KEY = "evaluations"
 
 
 class EvaluationDesk:
-    def __init__(self, scorer: Scorer, store: Store, eval_every: int, final_version: int, problems_per_lease: int,
-                 max_new_tokens: int) -> None:
+    def __init__(self, scorer: Scorer, store: Store, events: list[ev.Event], *, eval_every: int, final_version: int,
+                 problems_per_lease: int, max_new_tokens: int) -> None:
+        """`events`: the coordinator's (shared): this desk's events go there."""
         self.scorer, self.store = scorer, store
         saved = store.get_meta(STORE_KEY, {})
         problems = len(scorer.eval_problems)
@@ -23,7 +25,7 @@ class EvaluationDesk:
                                  pending=saved.get("pending"),
                                  done={int(k): v for k, v in saved.get("done", {}).items()})
         self.vocab_size = scorer.vocab_size
-        self.events: list[dict] = []
+        self.events = events
         self._prompts: dict[int, list[int]] = {}
 
     def _save(self) -> None:
@@ -46,9 +48,9 @@ class EvaluationDesk:
         lost = self.board.moved(worker_id, worker_version)
         if lost is not None:
             self._save()
-            self.events.append({"kind": "evaluation_abandoned", "version": lost.version, "due": lost.due,
-                                "worker_id": worker_id, "scored": len(lost.correct),
-                                "reason": f"the worker moved to version {worker_version}"})
+            self.events.append(ev.EvaluationAbandoned(version=lost.version, due=lost.due, worker_id=worker_id,
+                                                      scored=len(lost.correct),
+                                                      reason=f"the worker moved to version {worker_version}"))
         return self.board.hold_version(worker_id)
 
     def offer(self, worker_id: str, worker_version: int, spare: bool, now: float) -> EvalTask | None:
@@ -57,8 +59,8 @@ class EvaluationDesk:
         running = self.board.running
         if running is not None and running is not started:
             self._save()
-            self.events.append({"kind": "evaluation_started", "version": running.version, "due": running.due,
-                                "worker_id": worker_id, "problems": self.board.problems})
+            self.events.append(ev.EvaluationStarted(version=running.version, due=running.due, worker_id=worker_id,
+                                                    problems=self.board.problems))
         return task
 
     def submit(self, req: EvalSubmission, now: float) -> tuple[EvalAck | None, str]:
@@ -74,8 +76,7 @@ class EvaluationDesk:
         finished = self.board.record(running, correct, req.gen_time_s, now)
         if finished is not None:
             self._save()
-            self.events.append({"kind": "eval", "step": finished.version, **finished.__dict__,
-                                "eval_s": finished.gen_s, "where": "workers"})
+            self.events.append(ev.EvaluationDone(step=finished.version, **finished.__dict__, eval_s=finished.gen_s))
         return EvalAck(accepted=True, done=finished is not None), ""
 
     def _check(self, req: EvalSubmission, running: Running) -> str:
@@ -97,14 +98,13 @@ class EvaluationDesk:
         worker holds any more (nothing will ever evaluate them)."""
         lost = self.board.expire(set(alive_versions), lease_timeout_s, now)
         if lost is not None:
-            self.events.append({"kind": "evaluation_abandoned", "version": lost.version, "due": lost.due,
-                                "worker_id": lost.worker_id, "scored": len(lost.correct)})
+            self.events.append(ev.EvaluationAbandoned(version=lost.version, due=lost.due, worker_id=lost.worker_id,
+                                                      scored=len(lost.correct)))
         unreachable = [d for d in self.board.pending if self.board.exact(d) and d != self.board.final_version
                        and alive_versions and min(alive_versions.values()) > d]
         for due in unreachable:
             self.board.pending.discard(due)
-            self.events.append({"kind": "evaluation_skipped", "version": due,
-                                "reason": "no live worker holds it any more"})
+            self.events.append(ev.EvaluationSkipped(version=due, reason="no live worker holds it any more"))
         if lost is not None or unreachable:
             self._save()
 

@@ -12,9 +12,10 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from echo2.config.tls import TLSConfig
+from echo2.coordinator.errors import RequestError
 from echo2.coordinator.history import RunHistory
 from echo2.coordinator.log_lines import log_event
-from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
 from echo2.report.metrics import MetricsWriter
 
@@ -67,10 +68,10 @@ def write_events(app: web.Application) -> None:
     """The state's pending events, logged and appended to metrics.jsonl; long polls re-check."""
     state, metrics = app[STATE_KEY], app[METRICS_KEY]
     app[ROOM_KEY].notify()
-    events, state.events = state.events, []
-    for event in events:
-        log_event(event)
-        metrics.write(event.pop("kind"), **event)
+    for event in state.take_events():
+        record = event.record()
+        log_event(record)
+        metrics.write(record.pop("kind"), **record)
 
 
 # a string or list over its cap (protocol.messages): well-formed, but refused as too large

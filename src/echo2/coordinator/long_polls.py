@@ -15,10 +15,12 @@ from echo2.coordinator.http_base import (
     STATE_KEY,
     float_query,
     int_query,
+    parse_body,
     typed_reply,
     worker_body,
 )
-from echo2.protocol.messages import BatchResponse, EvalSubmission, LeaseRequest, LeaseResponse, TrainGroup
+from echo2.protocol.learner_api import BatchRequest, BatchResponse
+from echo2.protocol.messages import EvalSubmission, LeaseRequest, LeaseResponse
 
 # upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
 # client and proxy timeouts
@@ -70,22 +72,22 @@ async def handle_evaluation_result(request: web.Request) -> web.Response:
 
 
 async def handle_batch(request: web.Request) -> web.Response:
-    step = int_query(request, "step", minimum=0)
-    wait_s = min(float_query(request, "wait_s", 10.0), MAX_BATCH_WAIT_S)
+    """The learner's progress report and its ask for a step's batch, held until the batch is
+    ready or `wait_s` (at most MAX_BATCH_WAIT_S) has passed."""
+    req = await parse_body(request, BatchRequest)
     state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
-    if "step_time_s" in request.query:
-        state.observe_step_time(float_query(request, "step_time_s", 0.0))
-    if "durable_step" in request.query:  # the learner's newest checkpoint: older batches can go
-        state.checkpointed(int_query(request, "durable_step", minimum=0), step)
+    if req.step_time_s is not None:
+        state.observe_step_time(req.step_time_s)
+    if req.durable_step is not None:  # the learner's newest checkpoint: older batches can go
+        state.checkpointed(req.durable_step, req.step)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    groups = state.take_batch(step)
+    deadline = loop.time() + min(req.wait_s, MAX_BATCH_WAIT_S)
+    groups = state.take_batch(req.step)
     while groups is None and loop.time() < deadline:
         async with changed:
             try:
                 await asyncio.wait_for(changed.wait(), timeout=deadline - loop.time())
             except TimeoutError:
                 pass
-        groups = state.take_batch(step)
-    batch = [TrainGroup.model_validate(g) for g in groups or []]
-    return typed_reply(BatchResponse(step=step, groups=batch))
+        groups = state.take_batch(req.step)
+    return typed_reply(BatchResponse(step=req.step, groups=groups or []))

@@ -15,44 +15,14 @@ from echo2.config.run import RunConfig
 from echo2.coordinator.credentials import coordinator_secrets
 from echo2.coordinator.scoring import make_scorer
 from echo2.coordinator.server import build_app
-from echo2.coordinator.state import CoordinatorState, Settings
+from echo2.coordinator.settings import resolve
+from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.store import Store
 from echo2.protocol import tls
-from echo2.protocol.messages import SamplingParams
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
 
 log = logging.getLogger("echo2.coordinator")
-
-
-def settings_from(cfg: RunConfig) -> Settings:
-    return Settings(
-        max_staleness=cfg.train.max_staleness,
-        groups_per_step=cfg.grpo.prompts_per_step,
-        sampling=SamplingParams(
-            temperature=cfg.sampling.temperature,
-            max_new_tokens=cfg.sampling.max_new_tokens,
-            group_size=cfg.sampling.group_size,
-        ),
-        model_source=cfg.base_model_path,
-        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
-        worker_timeout_s=cfg.coordinator.worker_timeout_s,
-        lease_timeout_s=cfg.coordinator.lease_timeout_s,
-        activation=cfg.activation,
-        learner_price_per_hour=cfg.learner.price_per_hour,
-        broadcast=cfg.broadcast,
-        learner_upload_bps=cfg.learner.upload_bps,
-        max_leases_per_worker=cfg.coordinator.max_leases_per_worker or cfg.grpo.prompts_per_step,
-        forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
-        registrations_per_minute=cfg.coordinator.registrations_per_minute,
-        audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
-        lora=cfg.grpo.lora.model_dump(mode="json") if cfg.grpo.lora is not None else {},
-        eval_on_workers=cfg.evaluation.on_workers(multi_turn=getattr(make_task(cfg.task, cfg.seed), "multi_turn", False)),
-        eval_every=cfg.train.eval_every,
-        final_version=cfg.train.steps,
-        eval_problems_per_lease=cfg.evaluation.problems_per_lease,
-        fresh_leases=cfg.train.fresh_leases,
-    )
 
 
 def auth_token(configured: str) -> str:
@@ -70,7 +40,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     task = make_task(cfg.task, cfg.seed)
     task.check()  # loads and validates the task's data before the first lease needs it
     scorer = make_scorer(task, cfg.base_model_path, cfg.sampling.max_new_tokens)
-    state = CoordinatorState(settings_from(cfg), store, scorer)
+    state = CoordinatorState(resolve(cfg, multi_turn=getattr(task, "multi_turn", False)), store, scorer)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)
     secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from echo2.config.tls import TLSConfig
 from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, VIEWER, WORKER, Secrets
 from echo2.coordinator.dashboard import add_dashboard_routes, viewer_gate
+from echo2.coordinator.errors import RequestError
 from echo2.coordinator.history import RunHistory
 from echo2.coordinator.http_base import (
     CHANGED_KEY,
@@ -41,19 +42,26 @@ from echo2.coordinator.long_polls import (
 )
 from echo2.coordinator.probe import check_relay_address, probe_relay
 from echo2.coordinator.prometheus import add_metrics_route
-from echo2.coordinator.state import CoordinatorState, RequestError
+from echo2.coordinator.state import CoordinatorState
+from echo2.coordinator.view import snapshot, stats_event
+from echo2.protocol.learner_api import (
+    AuditReport,
+    AuditResponse,
+    PublishRequest,
+    PublishResponse,
+    RejectBatchRequest,
+    RejectBatchResponse,
+)
 from echo2.protocol.messages import (
     PROTOCOL_VERSION,
     RELEASE,
-    AuditReport,
     BadPeerRequest,
     Heartbeat,
     LeaveRequest,
+    OkResponse,
     ProbeRequest,
     ProbeResponse,
-    PublishRequest,
     RegisterRequest,
-    RejectBatchRequest,
     RolloutSubmission,
 )
 from echo2.report.metrics import MetricsWriter
@@ -128,12 +136,12 @@ async def handle_heartbeat(request: web.Request) -> web.Response:
 
 async def handle_leave(request: web.Request) -> web.Response:
     request.app[STATE_KEY].leave(await worker_body(request, LeaveRequest))
-    return web.json_response({"ok": True})
+    return typed_reply(OkResponse())
 
 
 async def handle_bad_peer(request: web.Request) -> web.Response:
     request.app[STATE_KEY].bad_peer(await worker_body(request, BadPeerRequest))
-    return web.json_response({"ok": True})
+    return typed_reply(OkResponse())
 
 
 async def handle_rollout(request: web.Request) -> web.Response:
@@ -147,18 +155,18 @@ async def handle_rollout(request: web.Request) -> web.Response:
 async def handle_publish(request: web.Request) -> web.Response:
     req = await parse_body(request, PublishRequest)
     anchor_wanted = request.app[STATE_KEY].publish(req.info, req.public_key_hex)
-    return web.json_response({"ok": True, "version": req.info.version, "anchor_wanted": anchor_wanted})
+    return typed_reply(PublishResponse(version=req.info.version, anchor_wanted=anchor_wanted))
 
 
 async def handle_reject_batch(request: web.Request) -> web.Response:
     req = await parse_body(request, RejectBatchRequest)
     rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason, req.requeue_group_ids)
-    return web.json_response({"ok": True, "groups_rejected": rejected})
+    return typed_reply(RejectBatchResponse(groups_rejected=rejected))
 
 
 async def handle_audit(request: web.Request) -> web.Response:
     quarantined = request.app[STATE_KEY].record_audit(await parse_body(request, AuditReport))
-    return web.json_response({"ok": True, "quarantined": quarantined})
+    return typed_reply(AuditResponse(quarantined=quarantined))
 
 
 async def handle_broadcast_config(request: web.Request) -> web.Response:
@@ -169,7 +177,7 @@ async def handle_broadcast_config(request: web.Request) -> web.Response:
 
 
 async def handle_state(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STATE_KEY].snapshot())
+    return web.json_response(snapshot(request.app[STATE_KEY]))
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -198,6 +206,7 @@ async def _housekeeping(app: web.Application) -> None:
         state.sweep()
         if loop.time() >= next_control:
             state.control()
+            state.events.append(stats_event(state))
             next_control = loop.time() + state.settings.activation.control_period_s
         write_events(app)
 
@@ -210,7 +219,7 @@ async def _run_housekeeping(app: web.Application):
     task.cancel()
     stop_history.set()
     await history  # its file read in a thread: let it finish before the files close
-    app[METRICS_KEY].write("coordinator_final", **app[STATE_KEY].snapshot())
+    app[METRICS_KEY].write("coordinator_final", **snapshot(app[STATE_KEY]))
 
 
 def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
@@ -239,7 +248,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
             web.post("/v1/evaluation", handle_evaluation),
             web.get("/v1/evaluation", handle_evaluation_result),
             web.post("/v1/publish", handle_publish),
-            web.get("/v1/batch", handle_batch),
+            web.post("/v1/batch", handle_batch),
             web.post("/v1/batch/reject", handle_reject_batch),
             web.post("/v1/audit", handle_audit),
             web.get("/v1/state", handle_state),

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from echo2.protocol.messages import TrainGroup
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -26,10 +29,23 @@ CREATE TABLE IF NOT EXISTS offers (
   version INTEGER NOT NULL, form TEXT NOT NULL, info TEXT NOT NULL, PRIMARY KEY (version, form));
 """
 _INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+
+
+class GroupState(StrEnum):
+    """Where a submitted group is: buffered until trained in exactly one step's batch, or
+    dropped as stale, rejected by the learner, or dropped with its quarantined worker."""
+
+    BUFFERED = "buffered"
+    TRAINED = "trained"
+    DROPPED = "dropped"
+    REJECTED = "rejected"
+    QUARANTINED = "quarantined"
+
+
 # states of groups that no future request reads once their step is checkpointed: trained ones
 # are never served again; dropped (stale), rejected and quarantined ones never trained (their
 # prompts, where redone, are queued by index)
-_RETIRED_STATES = ("trained", "dropped", "rejected", "quarantined")
+_RETIRED_STATES = tuple(state.value for state in GroupState if state is not GroupState.BUFFERED)
 
 
 class Store:
@@ -72,22 +88,21 @@ class Store:
         return [r[0] for r in self.db.execute("SELECT prompt_index FROM pending ORDER BY prompt_index")]
 
     # ---- rollout groups ----
-    def add_group(self, group_id: str, seq: int, payload: dict) -> None:
-        self.db.execute(
-            "INSERT INTO groups VALUES (?, ?, 'buffered', NULL, ?)", (group_id, seq, json.dumps(payload))
-        )
+    def add_group(self, group: TrainGroup, seq: int) -> None:
+        self.db.execute("INSERT INTO groups VALUES (?, ?, ?, NULL, ?)",
+                        (group.group_id, seq, GroupState.BUFFERED.value, group.model_dump_json()))
 
-    def set_group_state(self, group_ids: list[str], state: str, step: int | None = None) -> None:
+    def set_group_state(self, group_ids: list[str], state: GroupState, step: int | None = None) -> None:
         self.db.executemany(
-            "UPDATE groups SET state=?, step=? WHERE group_id=?", [(state, step, g) for g in group_ids]
+            "UPDATE groups SET state=?, step=? WHERE group_id=?", [(state.value, step, g) for g in group_ids]
         )
 
-    def groups_in_state(self, state: str) -> list[dict]:
-        rows = self.db.execute("SELECT payload FROM groups WHERE state=? ORDER BY seq", (state,))
-        return [json.loads(r[0]) for r in rows]
+    def groups_in_state(self, state: GroupState) -> list[TrainGroup]:
+        rows = self.db.execute("SELECT payload FROM groups WHERE state=? ORDER BY seq", (state.value,))
+        return [TrainGroup.model_validate_json(r[0]) for r in rows]
 
-    def has_groups(self, state: str, step: int) -> bool:
-        row = self.db.execute("SELECT 1 FROM groups WHERE state=? AND step=? LIMIT 1", (state, step)).fetchone()
+    def has_groups(self, state: GroupState, step: int) -> bool:
+        row = self.db.execute("SELECT 1 FROM groups WHERE state=? AND step=? LIMIT 1", (state.value, step)).fetchone()
         return row is not None
 
     def max_seq(self) -> int:
@@ -97,14 +112,14 @@ class Store:
     def save_batch(self, step: int, group_ids: list[str]) -> None:
         self.db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (step, json.dumps(group_ids)))
 
-    def batch(self, step: int) -> list[dict] | None:
+    def batch(self, step: int) -> list[TrainGroup] | None:
         row = self.db.execute("SELECT group_ids FROM batches WHERE step=?", (step,)).fetchone()
         if row is None:
             return None
         ids = json.loads(row[0])
         placeholders = ",".join("?" * len(ids))
         rows = self.db.execute(f"SELECT group_id, payload FROM groups WHERE group_id IN ({placeholders})", ids)
-        by_id = {gid: json.loads(payload) for gid, payload in rows}
+        by_id = {gid: TrainGroup.model_validate_json(payload) for gid, payload in rows}
         return [by_id[g] for g in ids]
 
     def delete_batch(self, step: int) -> None:

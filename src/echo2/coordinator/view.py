@@ -1,6 +1,7 @@
-"""One view of a running run, for the dashboard (`/dashboard/state.json`) and Prometheus
-(`/metrics`): the coordinator's live state (`CoordinatorState.snapshot`) joined with the run's
-history (`RunHistory`). Both read it at request time, so there is one source of truth and no
+"""Views of a running run. `snapshot` is the coordinator's live state (`GET /v1/state`, the
+run's last `coordinator_final` record) and `stats_event` its gauges once per control period;
+`run_view`, for the dashboard (`/dashboard/state.json`) and Prometheus (`/metrics`), joins
+the snapshot with the run's history (`RunHistory`). Both read it at request time, so there is one source of truth and no
 gauge to keep in step with the state.
 
 Per-worker publish-to-loaded time and bytes relayed are what the worker's heartbeats say
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from typing import Any
 
 from echo2.broadcast.topology import ORIGIN_ID
+from echo2.coordinator.events import CoordinatorStats
 from echo2.coordinator.history import RunHistory
+from echo2.coordinator.registry import WorkerRecord
 from echo2.coordinator.state import CoordinatorState
 
 MAX_WORKER_ROWS = 500
@@ -22,8 +26,55 @@ MAX_WORKER_ROWS = 500
 dashboard megabytes long."""
 
 
+def snapshot(state: CoordinatorState) -> dict[str, Any]:
+    controller = state.controller
+    controller.account(state.clock())  # bill up to now, not to the last control tick
+    return {
+        "learner_step": state.learner_step,
+        "version": state.current_version,
+        "queued": len(state.leases_book.queue),
+        "leased": len(state.leases),
+        "buffered": len(state.buffer),
+        "counters": asdict(state.counters),
+        "cost": controller.snapshot(),
+        "audit": state.audit.snapshot(),
+        "evaluations": state.evaluation.snapshot() if state.evaluation is not None else None,
+        "workers": {w.worker_id: _worker_state(state, w) for w in state.workers.values()},
+    }
+
+
+def _worker_state(state: CoordinatorState, w: WorkerRecord) -> dict[str, Any]:
+    busy_s = w.measured_busy_s(state.clock())
+    return {
+        "version": w.version,
+        "alive": w.alive,
+        "active": state.controller.is_active(w.worker_id),
+        "price_per_hour": w.price_per_hour,
+        "leases": w.leases_held,
+        "rollouts": w.rollouts,
+        "tokens": w.tokens,
+        "tokens_per_s": w.tokens / w.gen_time_s if w.gen_time_s > 0 else 0.0,
+        "rollouts_per_s_measured": w.rollouts / busy_s if busy_s > 0 else None,
+        "rollouts_per_s_claimed": w.claimed_rollouts / w.claimed_busy_s if w.claimed_busy_s > 0 else None,
+        "bytes_relayed_claimed": w.claimed_bytes_relayed,
+        "publish_to_loaded_s_claimed": w.claimed_dissemination_s,
+    }
+
+
+def stats_event(state: CoordinatorState) -> CoordinatorStats:
+    """The run's gauges right after a control decision (which billed up to now): queue depth,
+    active workers, dollars spent so far (metric sinks, end-of-run plots)."""
+    workers = state.workers.values()
+    return CoordinatorStats(
+        learner_step=state.learner_step, version=state.current_version, queued=len(state.leases_book.queue),
+        leased=len(state.leases), buffered=len(state.buffer), workers_alive=sum(1 for w in workers if w.alive),
+        workers_active=sum(1 for w in workers if state.controller.is_active(w.worker_id)),
+        cost_total=state.controller.total_cost(), price_per_hour=state.controller.price_per_hour_now(),
+    )
+
+
 def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
-    snap = state.snapshot()
+    snap = snapshot(state)
     workers = _worker_rows(snap)
     return _finite({
         "time": time.time(),
@@ -71,7 +122,7 @@ def _worker_rows(snap: dict) -> list[dict[str, Any]]:
 def _tree(state: CoordinatorState) -> dict[str, Any] | None:
     """The current version's broadcast tree: who pulls from whom (each worker's first source),
     and whether it holds the version yet."""
-    plan = state.dissemination.plan
+    plan = state.versions.dissemination.plan
     if plan is None:
         return None
     nodes = [{"id": ORIGIN_ID, "parent": None, "depth": 0, "holds": True, "relay": True}]

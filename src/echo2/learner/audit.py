@@ -34,7 +34,8 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
 from echo2.models.weights import payload_tensors
-from echo2.protocol.messages import GroupAudit, TrainGroup
+from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.messages import TrainGroup
 
 
 class VersionCache:

@@ -4,7 +4,6 @@ coordinator. The torch training loop calls the blocking wrappers and never touch
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import time
@@ -20,16 +19,16 @@ from echo2.broadcast.signing import generate_private_key, load_private_key, publ
 from echo2.config.run import RunConfig
 from echo2.protocol import tls
 from echo2.protocol.http import TransientError, call
-from echo2.protocol.messages import (
+from echo2.protocol.learner_api import (
     AuditReport,
+    BatchRequest,
     BatchResponse,
-    EvaluationResult,
     GroupAudit,
     PublishRequest,
+    PublishResponse,
     RejectBatchRequest,
-    TrainGroup,
-    VersionInfo,
 )
+from echo2.protocol.messages import EvaluationResult, TrainGroup, VersionInfo
 
 # transient failures (coordinator restarting, connection reset) are retried for this long
 # before the learner gives up; long enough to ride out a coordinator restart
@@ -109,7 +108,7 @@ class LearnerIO:
         body = PublishRequest(info=info, public_key_hex=public_key_hex(self.key.public_key()))
         reply = self._with_retries(lambda: self._post("/v1/publish", body), self.request_timeout_s)
         # a worker's way to the newest version got too long: the next version goes out full as well
-        self.origin.encoder.anchor_requested |= bool(json.loads(reply).get("anchor_wanted", False))
+        self.origin.encoder.anchor_requested |= PublishResponse.model_validate_json(reply).anchor_wanted
         self.last_encode_s = sum(form.encode_s for _, form in forms)
         return info
 
@@ -124,12 +123,9 @@ class LearnerIO:
         `step_time_s`, the learner's busy time on its last step, feeds the activation controller;
         `durable_step`, the step of the newest checkpoint on disk, lets the coordinator delete
         the batches of earlier steps (a resumed learner never asks for them)."""
-        url = f"/v1/batch?step={step}&wait_s={wait_s}"
-        if step_time_s is not None:
-            url += f"&step_time_s={step_time_s:.6f}"
-        if durable_step is not None:
-            url += f"&durable_step={durable_step}"
-        text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
+        body = BatchRequest(step=step, wait_s=wait_s, step_time_s=step_time_s, durable_step=durable_step)
+        text = self._with_retries(lambda: self._post("/v1/batch", body, extra_timeout_s=wait_s),
+                                  self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 
     def evaluation_result(self, version: int, wait_s: float) -> EvaluationResult:
@@ -165,8 +161,10 @@ class LearnerIO:
                 time.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 
-    async def _post(self, path: str, body: PublishRequest | RejectBatchRequest | AuditReport) -> str:
-        return await call(self.session, "POST", self.coordinator_url + path, body, self.request_timeout_s)
+    async def _post(self, path: str, body: PublishRequest | RejectBatchRequest | AuditReport | BatchRequest,
+                    extra_timeout_s: float = 0.0) -> str:
+        return await call(self.session, "POST", self.coordinator_url + path, body,
+                          self.request_timeout_s + extra_timeout_s)
 
     async def _get(self, path: str, extra_timeout_s: float) -> str:
         return await call(self.session, "GET", self.coordinator_url + path, None, self.request_timeout_s + extra_timeout_s)

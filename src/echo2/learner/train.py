@@ -37,7 +37,8 @@ from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
-from echo2.protocol.messages import GroupAudit, TrainGroup
+from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.messages import TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
 

@@ -17,8 +17,14 @@ from echo2.broadcast.manifest import SignedManifest
 from echo2.broadcast.metrics import BadPeerReport
 from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
+from echo2.config.broadcast import BroadcastConfig
+from echo2.config.run import LoraConfig
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
+PROTOCOL_CHANGES = {
+    5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
+}
+"""What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
 # conversion of them (the dashboard, /metrics) stays exact and finite
 MAX_CLAIMED_COUNT = 1 << 53
@@ -30,7 +36,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[4] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[5] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -81,8 +87,8 @@ class RegisterResponse(Message):
     sampling: SamplingParams
     model_source: str
     latest: VersionInfo | None
-    broadcast: dict
-    """The run's BroadcastConfig (chunking, timeouts, limits): every peer must agree on it."""
+    broadcast: BroadcastConfig
+    """The run's broadcast settings (chunking, timeouts, limits): every peer must agree on it."""
     learner_public_key: str
     """Hex Ed25519 key manifests must be signed with ("" until the learner first publishes)."""
     credential: str
@@ -91,8 +97,8 @@ class RegisterResponse(Message):
     task: dict = {}
     """The run's task config when it is multi-turn (the environment a worker plays episodes in,
     its budgets); empty for single-turn tasks, whose prompts come whole with each lease."""
-    lora: dict = {}
-    """The run's grpo.lora when it trains adapters (empty otherwise): a vLLM worker reserves
+    lora: LoraConfig | None = None
+    """The run's grpo.lora when it trains adapters (None otherwise): a vLLM worker reserves
     adapter room of that rank when it builds its engine, before the first version arrives."""
 
 
@@ -264,52 +270,6 @@ class SubmitResponse(Message):
     latest_version: int = -1
 
 
-# ---- learner <-> coordinator ------------------------------------------------------------
-
-
-class PublishRequest(Message):
-    kind: Literal["publish"] = "publish"
-    info: VersionInfo
-    public_key_hex: str = Field(pattern=r"^[0-9a-f]{64}$")
-    """The learner's signing key, relayed to workers that do not pin one."""
-
-
-class RejectBatchRequest(Message):
-    """The learner could not use the batch of `step` (its loss or gradient was not finite): the
-    step was skipped, nothing was published, and the next request for `step` needs new groups."""
-
-    kind: Literal["reject_batch"] = "reject_batch"
-    step: int = Field(ge=0)
-    reason: str = Field("", max_length=500)
-    requeue_group_ids: list[str] = Field([], max_length=100_000)
-    """Groups of the batch that are fine (the step was skipped for others' sake, e.g. a failed
-    audit): they go back to the buffer instead of being retired."""
-
-
-class GroupAudit(BaseModel):
-    """The learner's check of one trained group: its tokens' mean |log-prob under the claimed
-    version - behaviour log-prob|."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    group_id: str = Field(max_length=200)
-    worker_id: str = Field(max_length=200)
-    version: int
-    tokens: int = Field(ge=0)
-    mean_abs_logprob_diff: float = Field(ge=0)
-    recomputed: bool
-    """True: recomputed under the published version it claims (the wire payload); False: checked
-    by the learner's own step at its current version (a wire equal to the learner's weights)."""
-    failed: bool
-
-
-class AuditReport(Message):
-    """What the learner audited at `step` (sent before the step is applied or skipped)."""
-
-    kind: Literal["audit_report"] = "audit_report"
-    step: int = Field(ge=0)
-    groups: list[GroupAudit] = Field(max_length=100_000)
-
-
 class BadPeerRequest(Message):
     """A worker reporting a source that sent bytes no honest relay sends."""
 
@@ -328,11 +288,10 @@ class TrainGroup(BaseModel):
     completions: list[RolloutCompletion]
 
 
-class BatchResponse(Message):
-    kind: Literal["batch"] = "batch"
-    step: int
-    groups: list[TrainGroup]
-    """Empty while the batch is not ready; the learner asks again (long poll)."""
+class OkResponse(Message):
+    """The reply to a request that changes state and has nothing else to say."""
+
+    kind: Literal["ok"] = "ok"
 
 
 class ErrorResponse(Message):
@@ -347,5 +306,6 @@ def protocol_mismatch(sent: object, sent_release: object, here: str, there: str,
     if sent == spoken:
         return None
     theirs = f"protocol {sent!r}" + (f" (echo2 {str(sent_release)[:64]})" if sent_release else "")
-    return (f"incompatible echo2 versions: {here} speaks protocol {spoken} (echo2 {RELEASE}), {there} speaks "
-            f"{theirs}. Run the same echo2 release on the coordinator, the learner and every worker")
+    changed = f" (protocol {spoken}: {PROTOCOL_CHANGES[spoken]})" if spoken in PROTOCOL_CHANGES else ""
+    return (f"incompatible echo2 versions: {here} speaks protocol {spoken} (echo2 {RELEASE}){changed}, {there} "
+            f"speaks {theirs}. Run the same echo2 release on the coordinator, the learner and every worker")

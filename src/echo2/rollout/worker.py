@@ -116,7 +116,7 @@ class Worker:
         background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
         try:
             source = self.cfg.model_source or reg.model_source
-            self.engine = await self._load_engine(source, LoraConfig(**reg.lora) if reg.lora else None)
+            self.engine = await self._load_engine(source, reg.lora)
             env_task = env_task_from(reg.task)
             self.episodes = EpisodePlayer(self.engine, env_task, source) if env_task is not None else None
             background.append(asyncio.create_task(self.follower.run(stop)))

@@ -1,0 +1,100 @@
+"""Prompts handed out: the queue of prompts to lease again (expired, requeued or redone, oldest
+work first), the cursor into the task's prompt stream, and the live leases. A lease's id is
+also its task's id on the wire and, once submitted, its group's id: one id, three roles.
+
+Every change is written through to the store (`pending`: prompts out or waiting) inside the
+caller's transaction, so a restarted coordinator queues exactly the prompts that were out.
+A worker's busy time (holding at least one lease) is measured here, on the coordinator's clock."""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from echo2.coordinator.registry import WorkerRecord
+from echo2.coordinator.store import Store
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    """= the task id the worker sees = the group id its submission becomes."""
+    worker_id: str
+    prompt_index: int
+    version: int
+    leased_at: float
+
+
+class LeaseBook:
+    def __init__(self, store: Store, workers: dict[str, WorkerRecord], clock: Callable[[], float]) -> None:
+        """`workers`: the registry's records (shared): leases keep their busy time."""
+        self.store, self.workers, self.clock = store, workers, clock
+        self.leases: dict[str, Lease] = {}
+        self.cursor: int = store.get_meta("cursor", 0)
+        # prompts that were leased when we stopped go back to the queue: their leases died with us
+        self.queue: deque[int] = deque(store.pending_prompts())
+        with store.tx():
+            for index in self.queue:
+                store.set_pending(index, None)
+
+    def held_by(self, worker_id: str) -> list[Lease]:
+        return [lease for lease in self.leases.values() if lease.worker_id == worker_id]
+
+    def of(self, lease_id: str, worker_id: str) -> Lease | None:
+        """The live lease `lease_id` when `worker_id` holds it."""
+        lease = self.leases.get(lease_id)
+        return lease if lease is not None and lease.worker_id == worker_id else None
+
+    def issue(self, record: WorkerRecord, version: int, count: int) -> list[Lease]:
+        """`count` new leases for `record` at `version`: queued prompts first, then new ones."""
+        leases = []
+        with self.store.tx():
+            for _ in range(count):
+                if self.queue:
+                    index = self.queue.popleft()
+                else:
+                    index, self.cursor = self.cursor, self.cursor + 1
+                lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, self.clock())
+                self.leases[lease.lease_id] = lease
+                if record.leases_held == 0:
+                    record.busy_since = lease.leased_at
+                record.leases_held += 1
+                self.store.set_pending(index, lease.lease_id)
+                leases.append(lease)
+            self.store.set_meta("cursor", self.cursor)
+        return leases
+
+    def requeue(self, leases: list[Lease]) -> None:
+        """Leases that ended without a group (expired, their worker gone): their prompts go back
+        to the head of the queue (call inside a transaction)."""
+        for lease in leases:
+            del self.leases[lease.lease_id]
+            self._ended(lease.worker_id)
+            self.queue.appendleft(lease.prompt_index)  # oldest work first
+            self.store.set_pending(lease.prompt_index, None)
+
+    def close(self, lease: Lease) -> None:
+        """A lease answered with a group (kept or dropped): its prompt is done (call inside a
+        transaction)."""
+        del self.leases[lease.lease_id]
+        self._ended(lease.worker_id)
+        self.store.clear_pending(lease.prompt_index)
+
+    def redo(self, prompt_indices: list[int]) -> None:
+        """Prompts whose groups were thrown away go back to the head of the queue (inside the
+        caller's transaction), so no prompt of the dataset is lost to a lying worker."""
+        for index in prompt_indices:
+            self.queue.appendleft(index)
+            self.store.set_pending(index, None)
+
+    def overdue(self, now: float, lease_timeout_s: float) -> list[Lease]:
+        return [lease for lease in self.leases.values() if now - lease.leased_at > lease_timeout_s]
+
+    def _ended(self, worker_id: str) -> None:
+        record = self.workers.get(worker_id)
+        if record is not None and record.leases_held > 0:
+            record.leases_held -= 1
+            if record.leases_held == 0:
+                record.busy_s += self.clock() - record.busy_since

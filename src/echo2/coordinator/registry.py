@@ -1,0 +1,145 @@
+"""Who works on the run: one record per worker id (alive or not, for the run's accounting),
+the credential digests issued at registration, and the per-address join bucket that
+rate-limits registrations and relay probes. Records of long-gone workers that did nothing and
+cost nothing are forgotten, so a flood of registrations leaves bounded state."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from echo2.coordinator.credentials import credential_digest, new_worker_credential
+from echo2.coordinator.dissemination import Peer
+from echo2.coordinator.errors import RequestError
+from echo2.protocol.messages import RegisterRequest
+
+# ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
+RESERVED_WORKER_IDS = frozenset({"origin"})
+JOIN_BUCKET_IDLE_S = 60.0
+"""A bucket untouched this long is full again: nothing left to remember."""
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    engine: str
+    price_per_hour: float
+    relay_address: str
+    last_seen: float
+    upload_bps: float = 1e9
+    download_bps: float = 1e9
+    version: int = -1
+    alive: bool = True
+    """False once evicted; the record stays for the run's accounting until it registers again."""
+    rollouts: int = 0
+    tokens: int = 0
+    gen_time_s: float = 0.0
+    credential_digest: str = ""
+    """sha256 of the credential issued at registration (the credential itself is not kept)."""
+    leases_held: int = 0
+    busy_since: float = 0.0
+    busy_s: float = 0.0
+    """Time it held at least one lease, on the coordinator's clock: with `rollouts` (validated
+    submissions) its measured throughput, which is what activation uses."""
+    claimed_rollouts: int = 0
+    claimed_busy_s: float = 0.0
+    """What its heartbeats say (reported beside the measurement, never used to decide)."""
+    claimed_bytes_relayed: int = 0
+    claimed_dissemination_s: float | None = None
+    """Its heartbeats' weight bytes relayed to peers and last publish-to-loaded time (shown on
+    the dashboard and /metrics; nothing is decided on them)."""
+
+    def measured_busy_s(self, now: float) -> float:
+        return self.busy_s + (now - self.busy_since if self.leases_held else 0.0)
+
+
+class Registry:
+    def __init__(self, registrations_per_minute: float, worker_timeout_s: float, clock: Callable[[], float],
+                 quarantined: dict[str, str]) -> None:
+        """`quarantined`: worker id -> reason, the audit's (shared, not copied): those ids are refused."""
+        self.registrations_per_minute, self.worker_timeout_s = registrations_per_minute, worker_timeout_s
+        self.clock, self.quarantined = clock, quarantined
+        self.workers: dict[str, WorkerRecord] = {}
+        self.credentials: dict[str, str] = {}  # credential digest -> worker id
+        self.join_buckets: dict[str, tuple[float, float]] = {}  # source address -> (tokens, as of)
+
+    def take_join_token(self, source: str) -> None:
+        """Token bucket per source address: registrations_per_minute, with as large a burst (relay
+        probes draw from it too: each makes the coordinator open a connection)."""
+        rate, now = self.registrations_per_minute, self.clock()
+        tokens, as_of = self.join_buckets.get(source, (rate, now))
+        tokens = min(rate, tokens + (now - as_of) * rate / 60.0)
+        if tokens < 1.0:
+            wait_s = (1.0 - tokens) * 60.0 / rate
+            raise RequestError(429, f"too many registrations from {source or 'this address'}: at most {rate:g} a "
+                                    f"minute; retry in {wait_s:.1f} s")
+        self.join_buckets[source] = (tokens - 1.0, now)
+
+    def admit(self, req: RegisterRequest) -> tuple[WorkerRecord, str, WorkerRecord | None]:
+        """A new record for `req` and its credential, plus the record it replaces (an evicted or
+        departed worker joining again keeps its totals; its old credential is void). A live
+        worker's id cannot be taken over."""
+        worker_id = req.worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        self.refuse_quarantined(worker_id)
+        if worker_id in RESERVED_WORKER_IDS:
+            raise RequestError(422, f"worker_id {worker_id!r} is reserved; choose another")
+        old = self.workers.get(worker_id)
+        if old is not None and old.alive:
+            raise RequestError(409, f"worker {worker_id!r} is live; a restarted worker may register again once the "
+                                    f"coordinator has timed it out (worker_timeout_s={self.worker_timeout_s})")
+        if old is not None:
+            self.credentials.pop(old.credential_digest, None)
+        credential, digest = new_worker_credential()
+        record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock(),
+                              upload_bps=req.upload_bps, download_bps=req.download_bps, credential_digest=digest)
+        if old is not None:
+            record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
+        self.workers[worker_id] = record
+        self.credentials[digest] = worker_id
+        return record, credential, old
+
+    def worker_for_credential(self, credential: str) -> str | None:
+        """The worker id a credential was issued to (None: not one this coordinator issued)."""
+        return self.credentials.get(credential_digest(credential)) if credential else None
+
+    def refuse_quarantined(self, worker_id: str) -> None:
+        reason = self.quarantined.get(worker_id)
+        if reason is not None:
+            raise RequestError(403, f"worker {worker_id!r} is quarantined: {reason}")
+
+    def live(self, worker_id: str) -> WorkerRecord:
+        """The live record a request speaks for (refused when quarantined or unknown); the
+        request itself is a sign of life."""
+        self.refuse_quarantined(worker_id)
+        record = self.workers.get(worker_id)
+        if record is None or not record.alive:
+            raise RequestError(404, f"unknown worker {worker_id!r}: register first (or again, after a timeout)")
+        record.last_seen = self.clock()
+        return record
+
+    def silent(self, now: float) -> list[str]:
+        """Live workers silent past worker_timeout_s, now marked gone."""
+        lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > self.worker_timeout_s]
+        for record in lost:
+            record.alive = False
+        return [w.worker_id for w in lost]
+
+    def forget(self, now: float, horizon_s: float, costless: Callable[[str], bool]) -> list[str]:
+        """Drop workers gone longer than `horizon_s` that never did any work and cost nothing,
+        and idle join buckets. Returns the ids forgotten."""
+        gone = [w for w in self.workers.values()
+                if not w.alive and w.rollouts == 0 and now - w.last_seen > horizon_s and costless(w.worker_id)]
+        for record in gone:
+            del self.workers[record.worker_id]
+            self.credentials.pop(record.credential_digest, None)
+        for source in [s for s, (_, as_of) in self.join_buckets.items() if now - as_of > JOIN_BUCKET_IDLE_S]:
+            del self.join_buckets[source]
+        return [w.worker_id for w in gone]
+
+    def peers(self) -> list[Peer]:
+        return [Peer(w.worker_id, w.relay_address, w.upload_bps, w.download_bps, w.version)
+                for w in self.workers.values() if w.alive]
+
+    def alive_versions(self) -> dict[str, int]:
+        return {w.worker_id: w.version for w in self.workers.values() if w.alive}

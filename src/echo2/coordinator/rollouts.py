@@ -1,0 +1,89 @@
+"""A worker's submitted group, from its lease to the buffer: the lease and version checked, the
+completions validated against the sampling settings, rewards computed here (never taken from
+the worker), the worker's measured throughput updated, and the group admitted under the
+staleness bound or dropped as stale."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from echo2.coordinator import events as ev
+from echo2.coordinator.errors import RequestError
+from echo2.coordinator.groups import GroupBook
+from echo2.coordinator.leases import Lease, LeaseBook
+from echo2.coordinator.registry import Registry, WorkerRecord
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.store import Store
+from echo2.coordinator.validation import check_submission
+from echo2.coordinator.versions import VersionDesk
+from echo2.envs.episode import ReplayMismatch
+from echo2.policy.controller import ActivationController
+from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
+
+
+class RolloutIntake:
+    def __init__(self, *, registry: Registry, leases: LeaseBook, groups: GroupBook, versions: VersionDesk,
+                 controller: ActivationController, scorer: Scorer, sampling: SamplingParams, store: Store,
+                 events: list[ev.Event], clock: Callable[[], float]) -> None:
+        self.registry, self.leases, self.groups, self.versions = registry, leases, groups, versions
+        self.controller, self.scorer, self.sampling, self.store = controller, scorer, sampling, store
+        self.events, self.clock = events, clock
+
+    def submit(self, req: RolloutSubmission) -> SubmitResponse:
+        record = self.registry.live(req.worker_id)
+        lease = self.leases.of(req.task_id, req.worker_id)
+        if lease is None:
+            raise RequestError(409, f"task {req.task_id!r} is not leased to {req.worker_id!r} (expired, re-leased or "
+                                    "never leased)")
+        self.versions.check(req.version, "rollout.version")
+        if req.version < lease.version:
+            raise RequestError(422, f"rollout.version={req.version} is older than the lease's version {lease.version}")
+        problem = check_submission(req, self.sampling, self.scorer.vocab_size, self.scorer.max_episode_tokens)
+        if problem:
+            raise RequestError(422, problem)
+        rewards = self._rewards(lease, req)
+        record.rollouts += len(req.completions)
+        tokens = sum(len(c.token_ids) for c in req.completions)
+        record.tokens += tokens
+        record.gen_time_s += req.gen_time_s
+        self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
+        fresh = self.groups.plane.admits(req.version)
+        self.controller.observe_outcome(req.worker_id, admitted=fresh)
+        with self.store.tx():
+            if fresh:
+                self.groups.add(TrainGroup(group_id=lease.lease_id, prompt_index=lease.prompt_index,
+                                           prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
+                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions))
+            else:
+                self.groups.count_stale_submission()
+            self.leases.close(lease)
+        self._measure(record)
+        if fresh:
+            return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.versions.current)
+        step = self.groups.plane.learner_step
+        self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
+        return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.versions.current,
+                              reason=f"stale: step {step} - version {req.version} > S")
+
+    def _rewards(self, lease: Lease, req: RolloutSubmission) -> list[float]:
+        """Computed here, never taken from the worker; a multi-turn transcript that its seed and
+        its own actions do not reproduce is refused whole (and recorded: an honest worker never
+        sends one)."""
+        try:
+            started = time.perf_counter()
+            rewards = self.scorer.rewards(lease.prompt_index, req.completions)
+            if self.scorer.max_episode_tokens is not None:  # what verifying the episodes cost us
+                self.events.append(ev.EpisodesReplayed(worker_id=req.worker_id, episodes=len(rewards),
+                                                       replay_s=time.perf_counter() - started))
+            return rewards
+        except ReplayMismatch as exc:
+            self.events.append(ev.ReplayRefused(worker_id=req.worker_id, task_id=req.task_id,
+                                                prompt_index=lease.prompt_index, reason=str(exc)[:500]))
+            raise RequestError(422, f"{exc}; the group is refused") from None
+
+    def _measure(self, record: WorkerRecord) -> None:
+        """Throughput as the coordinator sees it: validated rollouts per second of holding
+        leases. A worker's own figures (heartbeats) never steer activation: one claiming 10^6
+        rollouts/s once had the honest workers switched off."""
+        self.controller.observe_busy(record.worker_id, record.rollouts, record.measured_busy_s(self.clock()))

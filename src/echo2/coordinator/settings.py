@@ -1,0 +1,70 @@
+"""What the coordinator's state machine needs from the run config, derived in one place
+(`resolve`): no field here has a default of its own, so the config's defaults are the only ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo2.config.broadcast import BroadcastConfig
+from echo2.config.run import ActivationConfig, LoraConfig, RunConfig
+from echo2.protocol.messages import SamplingParams
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_staleness: int
+    groups_per_step: int
+    """B: prompt groups per learner step (grpo.prompts_per_step)."""
+    sampling: SamplingParams
+    model_source: str
+    heartbeat_interval_s: float
+    worker_timeout_s: float
+    lease_timeout_s: float
+    activation: ActivationConfig
+    learner_price_per_hour: float
+    broadcast: BroadcastConfig
+    learner_upload_bps: float
+    max_leases_per_worker: int
+    """coordinator.max_leases_per_worker as configured: 0 means B (the data plane applies it)."""
+    forget_workers_after_s: float
+    registrations_per_minute: float
+    audit_flags_to_quarantine: int
+    lora: LoraConfig | None
+    """grpo.lora when the run trains adapters: told to workers at registration."""
+    eval_on_workers: bool
+    """Held-out evaluation runs as evaluation leases ([evaluation] where)."""
+    eval_every: int
+    final_version: int
+    """train.steps: the last version, evaluated exactly."""
+    eval_problems_per_lease: int
+    fresh_leases: bool
+    """train.fresh_leases: lease only as far ahead as keeps the learner from waiting."""
+
+
+def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
+    """The coordinator's settings for `cfg`; `multi_turn`: the run's task plays episodes (its
+    evaluation stays on the learner under evaluation.where = "auto")."""
+    return Settings(
+        max_staleness=cfg.train.max_staleness,
+        groups_per_step=cfg.grpo.prompts_per_step,
+        sampling=SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
+                                group_size=cfg.sampling.group_size),
+        model_source=cfg.base_model_path,
+        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+        worker_timeout_s=cfg.coordinator.worker_timeout_s,
+        lease_timeout_s=cfg.coordinator.lease_timeout_s,
+        activation=cfg.activation,
+        learner_price_per_hour=cfg.learner.price_per_hour,
+        broadcast=cfg.broadcast,
+        learner_upload_bps=cfg.learner.upload_bps,
+        max_leases_per_worker=cfg.coordinator.max_leases_per_worker,
+        forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
+        registrations_per_minute=cfg.coordinator.registrations_per_minute,
+        audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
+        lora=cfg.grpo.lora,
+        eval_on_workers=cfg.evaluation.on_workers(multi_turn=multi_turn),
+        eval_every=cfg.train.eval_every,
+        final_version=cfg.train.steps,
+        eval_problems_per_lease=cfg.evaluation.problems_per_lease,
+        fresh_leases=cfg.train.fresh_leases,
+    )

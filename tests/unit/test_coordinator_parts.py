@@ -1,0 +1,83 @@
+"""The coordinator's parts and typed records: settings derived from the run config in one place,
+one event type per metrics kind, group states as an enum through the store, and replies that
+are typed messages."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, fields
+
+import pytest
+from tests.conftest import small_run_config
+from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+
+from echo2.coordinator import events as ev
+from echo2.coordinator.settings import Settings, resolve
+from echo2.coordinator.store import GroupState, Store
+from echo2.protocol.learner_api import BatchRequest
+
+
+def test_settings_have_no_defaults_of_their_own(tmp_path):
+    """A second copy of a default drifts from the config's; only `resolve` makes Settings."""
+    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(Settings))
+    cfg = small_run_config(tmp_path / "run", coordinator={"max_leases_per_worker": 0})
+    settings = resolve(cfg, multi_turn=False)
+    assert settings.max_leases_per_worker == 0  # as configured: the data plane reads 0 as B
+    assert (settings.groups_per_step, settings.max_staleness) == (cfg.grpo.prompts_per_step, cfg.train.max_staleness)
+    assert settings.eval_on_workers and not resolve(cfg, multi_turn=True).eval_on_workers  # where = "auto"
+
+
+def test_the_data_plane_applies_the_lease_cap_default(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=3, max_leases_per_worker=0)
+    assert state.groups.plane.max_leases_per_worker == 3
+
+
+def test_every_event_kind_has_one_type_and_a_json_record():
+    kinds = ev.event_kinds()
+    subclasses = [cls for cls in _all_subclasses(ev.Event)]
+    assert len(kinds) == len(subclasses), "two event types share a kind"
+    assert {"worker_registered", "batch_assigned", "version_published", "eval", "coordinator_stats"} <= set(kinds)
+    record = ev.GroupsDropped(reason="stale", step=3, prompt_indices=[1, 2]).record()
+    assert list(record) == ["kind", "reason", "step", "prompt_indices"] and record["kind"] == "groups_dropped"
+    json.dumps(record)
+
+
+def test_a_run_of_the_state_machine_emits_only_typed_events(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=1)
+    register(state, "a")
+    publish(state, 0)
+    task = lease(state, "a", 0).tasks[0]
+    state.submit(submission(state, "a", task.task_id, 0))
+    assert state.take_batch(0)
+    events = state.take_events()
+    assert events and all(isinstance(e, ev.Event) for e in events) and state.events == []
+    assert [e.kind for e in events] == ["worker_registered", "version_published", "batch_assigned"]
+
+
+def test_group_states_go_through_the_store_as_the_enum(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=1)
+    register(state, "a")
+    publish(state, 0)
+    task = lease(state, "a", 0).tasks[0]
+    state.submit(submission(state, "a", task.task_id, 0))
+    (buffered,) = state.store.groups_in_state(GroupState.BUFFERED)
+    assert buffered.group_id == task.task_id  # one id: lease, task and group
+    state.take_batch(0)
+    assert state.store.has_groups(GroupState.TRAINED, 0) and not state.store.groups_in_state(GroupState.BUFFERED)
+    state.store.close()
+    rows = Store(tmp_path / "coordinator.db").db.execute("SELECT DISTINCT state FROM groups").fetchall()
+    assert rows == [("trained",)]  # stored as the plain names older stores hold
+
+
+def test_a_batch_request_is_validated_like_any_message():
+    assert BatchRequest(step=2, wait_s=1.0).durable_step is None
+    with pytest.raises(ValueError):
+        BatchRequest(step=-1)
+    with pytest.raises(ValueError):
+        BatchRequest(step=0, stale_field=1)
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
