@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The README's multi-machine recipe ("Running the roles yourself"), one step per call:
+# The multi-machine recipe of docs/operations.md ("Running the roles yourself"), one step per call:
 #
 #     docs/multihost.sh STEP
 #
 # on the machine the step belongs to. tests/integration/test_multihost_netns.py runs exactly
 # these steps on hosts made of network namespaces, and tests/unit/test_multihost_recipe.py checks
-# that the README shows these very commands, so the documented recipe is the tested one.
+# that docs/operations.md shows these very commands, so the documented recipe is the tested one.
 #
 # Settings, from the environment:
 #   ECHO2_AUTH_TOKEN  the run's join token (every machine; the learner machine makes it up)

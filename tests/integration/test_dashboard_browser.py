@@ -1,7 +1,7 @@
 """The live dashboard in a real browser: headless Debian chromium (driven by selenium through
 Debian's chromedriver: nothing is downloaded) against a running `echo2 run`. It logs in with
 the operator token, sees the learner step advance and the worker table fill, and saves a
-screenshot to the run dir (`dashboard.png`; README's docs/images/dashboard.png is one)."""
+screenshot to the run dir (`dashboard.png`; docs/images/dashboard.png, in docs/observability.md, is one)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def test_released_worker_exits_and_an_acquired_one_rejoins_and_trains(tmp_path):
         assert left[0]["released"] is True
         # once every worker is either active or released, stop the active ones: the controller
         # must choose a released one again (an idle one stopped here would leave as released
-        # without the launcher knowing: see the README's limits)
+        # without the launcher knowing: see the limits in docs/activation.md)
         active = wait_for(lambda: _active_or_released(run_dir), 60, "active or released workers only", alive=proc)
         pids = json.loads((run_dir / "pids.json").read_text())
         for other in active:

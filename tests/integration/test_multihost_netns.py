@@ -1,4 +1,4 @@
-"""The README's multi-machine recipe, run literally (docs/multihost.sh) across hosts made of
+"""The multi-machine recipe of docs/operations.md, run literally (docs/multihost.sh) across hosts made of
 network namespaces (root only): the coordinator and the learner on one host, three workers on
 three others behind 100 Mbit/s tbf links, one of them refusing incoming connections as a host
 behind NAT does. The run trains a few steps; weights are relayed from worker to worker, the

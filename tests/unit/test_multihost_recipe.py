@@ -1,6 +1,6 @@
-"""The README's multi-machine recipe is the one the netns test runs: every `echo2` command of
-the README block is a step of docs/multihost.sh, in the same order, with the script's settings
-in the README's placeholders (PORT 8470, LEARNER_HOST, ...)."""
+"""The documented multi-machine recipe (docs/operations.md) is the one the netns test runs: every
+`echo2` command of that block is a step of docs/multihost.sh, in the same order, with the
+script's settings in the doc's placeholders (PORT 8470, LEARNER_HOST, ...)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# the script's settings as the README writes them
+# the script's settings as the doc writes them
 PLACEHOLDERS = {"CONFIG": "my.toml", "RUN_DIR": "runs/my-run", "PORT": "8470", "LEARNER_HOST": "LEARNER_HOST",
                 "THIS_HOST": "THIS_HOST", "BANDWIDTH_BPS": "1e9", "PRICE_PER_HOUR": "0.34"}
 
 
-def _readme_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+def _documented_commands() -> list[list[str]]:
+    text = (ROOT / "docs" / "operations.md").read_text()
     section = text[text.index("## Running the roles yourself"):]
     block = section[section.index("```\n") + 4:]
     block = block[:block.index("\n```")]
@@ -37,7 +37,7 @@ def _script_commands() -> list[list[str]]:
     return commands
 
 
-def test_the_readme_shows_the_tested_recipe():
+def test_the_docs_show_the_tested_recipe():
     script = _script_commands()
     assert len(script) == 6  # prepare, coordinator, learner, check, worker, worker behind NAT
-    assert _readme_commands() == script
+    assert _documented_commands() == script

@@ -1,5 +1,5 @@
 """`--set` next to `--run-dir` is never silently ignored: it changes the run's config.json (the
-README's `echo2 coordinator --run-dir DIR --set coordinator.host=0.0.0.0` used to bind
+documented `echo2 coordinator --run-dir DIR --set coordinator.host=0.0.0.0` used to bind
 127.0.0.1), fields a run in progress cannot change are refused naming the flag, and a flag
 that cannot apply (`--config` with `--run-dir`) is refused too."""
 

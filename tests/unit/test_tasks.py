@@ -247,14 +247,15 @@ def test_chat_template_variables_reach_the_template(tmp_path, tiny_model_dir):
     assert render_prompt(tokenizer, task, problem) == f"{problem.prompt}|no-think"
 
 
-def test_the_readme_example_task_works():
-    """The README's 'Adding a task' example, as written there, is a working adapter."""
+def test_the_documented_example_task_works():
+    """The 'Adding a task' example of docs/tasks-and-environments.md, as written there, is a
+    working adapter."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("# src/echo2/tasks/reverse.py\n", 1)[1].split("```", 1)[0]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "tasks-and-environments.md").read_text()
+    block = doc.split("# src/echo2/tasks/reverse.py\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
-    exec(compile(block, "README.md", "exec", dont_inherit=True), namespace)  # noqa: S102  our own docs
+    exec(compile(block, "tasks-and-environments.md", "exec", dont_inherit=True), namespace)  # noqa: S102  our own docs
     task = namespace["ReverseTask"](namespace["ReverseConfig"](), 0)
     problem = task.train_problem(1)
     assert task.reward(problem, "renrael") == 1.0 and task.reward(problem, "learner") == 0.0
