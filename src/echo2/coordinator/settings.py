@@ -14,7 +14,7 @@ from echo2.protocol.messages import SamplingParams
 class Settings:
     max_staleness: int
     groups_per_step: int
-    """B: prompt groups per learner step (grpo.prompts_per_step)."""
+    """P: prompt groups per learner step (grpo.prompts_per_step; B = P x group_size rollouts)."""
     sampling: SamplingParams
     model_source: str
     heartbeat_interval_s: float
@@ -25,7 +25,7 @@ class Settings:
     broadcast: BroadcastConfig
     learner_upload_bps: float
     max_leases_per_worker: int
-    """coordinator.max_leases_per_worker as configured: 0 means B (the data plane applies it)."""
+    """coordinator.max_leases_per_worker as configured: 0 means P (the data plane applies it)."""
     forget_workers_after_s: float
     registrations_per_minute: float
     audit_flags_to_quarantine: int

@@ -2,7 +2,7 @@
 the worker all import it; `echo2.policy.dataplane` combines it into leases and batches).
 
 Symbols: learner step t (= its current policy version), rollout version v, staleness bound S,
-groups per learner step B.
+prompt groups per learner step P (B = P x group_size rollouts).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def lease_capacity(
     """Groups a worker holding version v may still be handed so that each is trained in time.
 
     Batches are served oldest group first, so a new group is trained after every outstanding
-    one (leased or buffered): it lands in the batch of step floor((taken*B + outstanding) / B).
-    It is admissible iff that step is <= v + S, i.e. at most (v + S + 1) x B groups may be
+    one (leased or buffered): it lands in the batch of step floor((taken*P + outstanding) / P).
+    It is admissible iff that step is <= v + S, i.e. at most (v + S + 1) x P groups may be
     consumed or outstanding. With v the newest version this is AReaL's capacity rule; with an
     older v (a worker still loading) the room shrinks, so a lagging worker cannot fill the
     queue with groups that would be dropped as stale before the learner reaches them.

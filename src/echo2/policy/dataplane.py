@@ -3,7 +3,8 @@ admission at submission, the drop of stale groups and the batches. The coordinat
 under SQLite and HTTP (`CoordinatorState`), the simulator drives it with counts and versions
 (`echo2.sim.dataplane`); neither restates a rule.
 
-Symbols: learner step t, staleness bound S, groups per step B. A group is anything the caller
+Symbols: learner step t, staleness bound S, prompt groups per step P (grpo.prompts_per_step;
+B = P x group_size is rollouts, as in the planner). A group is anything the caller
 keeps (a stored record, or just its version); `version_of` reads its policy version.
 
 - lease: refused before the first version and while the worker is more than S versions behind;
@@ -11,7 +12,7 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
   `max_leases_per_worker` held by one worker;
 - submit: a group is buffered iff it is admissible at the current learner step;
 - advance(t): the learner asks for step t: buffered groups older than S are dropped;
-- take_batch(t): the oldest B buffered groups (submission order) form step t's batch; the
+- take_batch(t): the oldest P buffered groups (submission order) form step t's batch; the
   learner's wait for it sets how far ahead workers may generate (`policy.window`).
 """
 
@@ -58,7 +59,7 @@ class DataPlane(Generic[G]):
         current_version: int = -1,
         fresh_leases: bool = False,
     ) -> None:
-        """`max_leases_per_worker` 0: B (a worker may hold one step's worth). `fresh_leases`:
+        """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
         whole window of S steps."""
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
@@ -146,7 +147,7 @@ class DataPlane(Generic[G]):
         return stale
 
     def take_batch(self, step: int, now_s: float | None = None) -> list[G] | None:
-        """Step `step`'s batch, the oldest B buffered groups, or None while fewer wait. Call
+        """Step `step`'s batch, the oldest P buffered groups, or None while fewer wait. Call
         `advance(step)` first (its drops are the caller's to record). `now_s`: the caller's
         clock, from which the learner's wait for each batch is measured (None: not measured)."""
         if step != self.learner_step:

@@ -1,7 +1,7 @@
 """How far ahead workers may generate: S bounds staleness, it is not a target. With workers
 faster than the learner, a window of S steps fills with groups that wait S steps to train (152
 of 168 trained groups sat at S = 2 on SmolLM2 before this rule). The lease window is the fewest
-steps of outstanding groups that keep the learner from waiting: `steps` of B groups may be
+steps of outstanding groups that keep the learner from waiting: `steps` of P groups may be
 leased or buffered ahead of the batch in training (`admission.lease_capacity` with it in place
 of S), so groups train at the lowest staleness the fleet allows.
 
@@ -30,7 +30,7 @@ class LeaseWindow:
     def __init__(self, max_staleness: int, adaptive: bool = True) -> None:
         self.max_staleness, self.adaptive = max_staleness, adaptive
         self.steps = max_staleness
-        """Steps of B groups that may be outstanding ahead of the batch in training (<= S)."""
+        """Steps of P groups that may be outstanding ahead of the batch in training (<= S)."""
         self.floor = max_staleness
         """The fewest steps the window may shrink to: the measured S_min (S until known)."""
         self.calm = 0

@@ -84,7 +84,7 @@ class SimDataPlane:
         self.core.publish(version)
 
     def take_batch(self, step: int, now_s: float | None = None) -> list[int] | None:
-        """Versions of the batch for `step`, or None while fewer than B admissible groups wait.
+        """Versions of the batch for `step`, or None while fewer than P admissible groups wait.
         `now_s`: the simulated clock (the learner's wait sets the lease window, as in the
         coordinator)."""
         dropped = self.core.advance(step)

@@ -1,4 +1,4 @@
-"""The simulated learner: ask for the batch of step t, wait until the data plane has B admissible
+"""The simulated learner: ask for the batch of step t, wait until the data plane has P admissible
 groups, train for one step time, publish version t+1, repeat. Utilization is busy / (busy +
 wait), exactly as the run summary computes it from the real learner's `train_step` records."""
 
