@@ -61,6 +61,10 @@ class LearnerIO:
         self.io_loop: LoopThread | None = None
         self.last_encode_s = 0.0
         """Seconds the last publish spent building its delta (0 for a full version)."""
+        # made on the I/O loop by `start` (aiohttp objects belong to the loop that runs them)
+        self.session: aiohttp.ClientSession | None = None
+        self.origin: Origin | None = None
+        self.origin_url = ""
 
     # ---- lifecycle ----
     def start(self) -> None:

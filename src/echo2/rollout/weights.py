@@ -31,6 +31,7 @@ class WeightReceiver:
         self.relay: RelayServer | None = None
         self.pinned_key = load_public_key(cfg.learner_public_key) if cfg.learner_public_key else None
         self.worker_id = ""
+        self.session: aiohttp.ClientSession | None = None  # made by `start`, on the worker's loop
         self.measured_rate_bytes_per_s: float | None = None
         """What this worker received its recent versions at (an EWMA over versions): the
         slow-sender cutoff follows it rather than the declared rates the plan was built from."""

@@ -39,7 +39,7 @@ from echo2.protocol.messages import (
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply, unreachable_fix
-from echo2.rollout.engine import make_engine
+from echo2.rollout.engine import Engine, make_engine
 from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
 from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver
@@ -79,6 +79,14 @@ class Worker:
         self.activity = ActivityLog(self.stats, cfg.log_every_s)
         self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
         self.hold_version: int | None = None  # the version an evaluation this worker serves needs
+        # set once the run starts (`run`, `_run`) and the worker registers (`_register`)
+        self.stop: asyncio.Event | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.follower: VersionFollower | None = None
+        self.relay_address = ""
+        self.engine: Engine | None = None
+        self.heartbeat_interval_s = 1.0
+        self.max_staleness = 0
 
     @property
     def version(self) -> int:

@@ -50,6 +50,7 @@ class Node:
         self.relay: RelayServer | None = None
         self.held_version: int | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.cpu_at_ready_s = 0.0  # process CPU seconds when it started serving (set by `start`)
 
     async def start(self) -> None:
         if self.args.role == "origin":
