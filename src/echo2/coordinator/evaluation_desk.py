@@ -6,10 +6,11 @@ phrases the events metrics.jsonl records."""
 from __future__ import annotations
 
 from echo2.coordinator import events as ev
+from echo2.coordinator.errors import RequestError
 from echo2.coordinator.evaluations import Evaluations, Running
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
-from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult
+from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult, LeaseResponse
 
 STORE_KEY = "evaluations"
 
@@ -62,6 +63,35 @@ class EvaluationDesk:
             self.events.append(ev.EvaluationStarted(version=running.version, due=running.due, worker_id=worker_id,
                                                     problems=self.board.problems))
         return task
+
+    def first_reply(self, worker_id: str, version: int, now: float, latest_version: int) -> LeaseResponse | None:
+        """The lease reply evaluations take before rollouts: a worker holding a version for its
+        evaluation gets only that evaluation's leases (or a refusal), then the run's exact
+        evaluations (versions 0 and last) go first; None: rollouts may be leased."""
+        held = self.hold_version(worker_id, version)
+        if held is not None:
+            return self.spare_reply(worker_id, version, now, latest_version) or LeaseResponse(
+                tasks=[], retry_after_s=1.0, latest_version=latest_version,
+                reason=f"holding version {held} for its evaluation: load it again or wait for the evaluation to move")
+        return self._reply(self.offer(worker_id, version, False, now), latest_version)
+
+    def spare_reply(self, worker_id: str, version: int, now: float, latest_version: int) -> LeaseResponse | None:
+        """A due evaluation for a worker that gets no rollouts (None: none is due)."""
+        return self._reply(self.offer(worker_id, version, True, now), latest_version)
+
+    @staticmethod
+    def _reply(task: EvalTask | None, latest_version: int) -> LeaseResponse | None:
+        if task is None:
+            return None
+        return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version, latest_version=latest_version)
+
+    def submit_checked(self, req: EvalSubmission, now: float, latest_version: int) -> EvalAck:
+        """A worker's greedy completions for its evaluation lease, scored here (never trained);
+        refused (RequestError) when the lease is not its or the completions do not fit it."""
+        ack, problem = self.submit(req, now)
+        if ack is None:
+            raise RequestError(409 if "not held" in problem else 422, problem)
+        return ack.model_copy(update={"latest_version": latest_version})
 
     def submit(self, req: EvalSubmission, now: float) -> tuple[EvalAck | None, str]:
         """(the reply, "") or (None, why the submission is refused: the worker's fault)."""

@@ -212,26 +212,16 @@ class CoordinatorState:
         return LeaseResponse(tasks=tasks, latest_version=self.current_version)
 
     def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
-        """The run's exact evaluations before rollouts; a worker holding a version for its
-        evaluation gets only that evaluation's leases."""
         if self.evaluation is None:
             return None
-        held = self.evaluation.hold_version(record.worker_id, version)
-        if held is not None:
-            return self._spare_or_refused(record, version, 1.0, f"holding version {held} for its evaluation: load "
-                                                               "it again or wait for the evaluation to move")
-        return self._offer_evaluation(record, version, spare=False)
+        return self.evaluation.first_reply(record.worker_id, version, self.clock(), self.current_version)
 
     def _spare_or_refused(self, record: WorkerRecord, version: int, retry_after_s: float, reason: str) -> LeaseResponse:
         """A due evaluation for a worker that gets no rollouts, else the refusal."""
-        return self._offer_evaluation(record, version, spare=True) or LeaseResponse(
-            tasks=[], retry_after_s=retry_after_s, reason=reason, latest_version=self.current_version)
-
-    def _offer_evaluation(self, record: WorkerRecord, version: int, spare: bool) -> LeaseResponse | None:
-        task = self.evaluation.offer(record.worker_id, version, spare, self.clock()) if self.evaluation else None
-        if task is None:
-            return None
-        return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version, latest_version=self.current_version)
+        spare = self.evaluation.spare_reply(record.worker_id, version, self.clock(), self.current_version) \
+            if self.evaluation is not None else None
+        return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason,
+                                      latest_version=self.current_version)
 
     def _release_leases(self, worker_id: str, reason: str) -> int:
         mine = self.leases_book.held_by(worker_id)
@@ -287,10 +277,7 @@ class CoordinatorState:
         self.registry.live(req.worker_id)
         if self.evaluation is None:
             raise RequestError(409, "this run evaluates on the learner ([evaluation] where); no evaluation leases")
-        ack, problem = self.evaluation.submit(req, self.clock())
-        if ack is None:
-            raise RequestError(409 if "not held" in problem else 422, problem)
-        return ack.model_copy(update={"latest_version": self.current_version})
+        return self.evaluation.submit_checked(req, self.clock(), self.current_version)
 
     def evaluation_result(self, version: int) -> EvaluationResult:
         if self.evaluation is None:
