@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _follow(cfg, console) -> None:
     from echo2.report.metrics import MetricsTail
-    from echo2.report.sinks import SinkFeeder, make_sinks
+    from echo2.report.sink_factory import make_sinks
+    from echo2.report.sinks import SinkFeeder
 
     sinks = SinkFeeder(make_sinks(cfg), warn=lambda line: console.print(f"[yellow]{line}[/]"))
     tail = MetricsTail(cfg.run_path / "metrics.jsonl")

@@ -23,7 +23,8 @@ from echo2.launch.progress import RunProgress
 from echo2.report.finish import finish_run
 from echo2.report.metrics import MetricsTail, MetricsWriter
 from echo2.report.render import render_summary
-from echo2.report.sinks import SinkFeeder, make_sinks
+from echo2.report.sink_factory import make_sinks
+from echo2.report.sinks import SinkFeeder
 
 # the coordinator binds within a second or two even on a loaded box; a minute means it is broken
 COORDINATOR_START_TIMEOUT_S = 60.0
