@@ -10,7 +10,7 @@ from echo2.config.run import RunConfig
 
 
 def load_for_eval(model_source: str, checkpoint: Path | None, device: str):
-    from echo2.learner.checkpoint import load_model_weights
+    from echo2.learner.checkpoint_reader import load_model_weights
     from echo2.models.device import resolve_device
     from echo2.models.loading import load_model, load_tokenizer
 

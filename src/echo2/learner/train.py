@@ -25,7 +25,8 @@ from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
-from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from echo2.learner.checkpoint import latest_checkpoint, save_checkpoint
+from echo2.learner.checkpoint_reader import load_checkpoint
 from echo2.learner.distributed import init_ranks
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
