@@ -11,6 +11,7 @@ from safetensors.numpy import save
 from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.config.run import ActivationConfig
+from echo2.config.task import AdditionConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.state import CoordinatorState, Settings
 from echo2.coordinator.store import Store
@@ -23,7 +24,6 @@ from echo2.protocol.messages import (
     VersionInfo,
 )
 from echo2.tasks import make_task
-from echo2.tasks.addition import AdditionConfig
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2)
 

@@ -18,7 +18,8 @@ def env_task_from(task_config: dict) -> EnvTask | None:
     """The run's multi-turn task from the coordinator's registration reply (None: single-turn)."""
     if not task_config:
         return None
-    from echo2.tasks.registry import TaskConfig, make_task
+    from echo2.config.task import TaskConfig
+    from echo2.tasks.registry import make_task
 
     cfg = TypeAdapter(TaskConfig).validate_python(task_config)
     # the run seed only picks held-out episodes, which a worker never plays: leases bring the seeds

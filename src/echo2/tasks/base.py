@@ -3,7 +3,7 @@ problem becomes prompt text.
 
 Adapters import no torch: the coordinator computes rewards with them (a reward sent by a worker
 is never trusted), and new tasks plug in without touching scheduling or training. Adding a task
-is one module defining its config schema and its adapter, and one entry in
+is one module defining its adapter, its config schema in `echo2.config.task`, and one entry in
 `echo2.tasks.registry`.
 """
 
