@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from echo2.config.task import TaskConfigBase
+from echo2.envs.chat import first_messages, render_messages
 
 
 @dataclass(frozen=True)
@@ -68,29 +69,6 @@ class TaskAdapter(ABC):
         return first_messages(problem.prompt, self.instruction, self.cfg.system_prompt)
 
 
-def first_messages(question: str, instruction: str, system_prompt: str) -> list[dict[str, str]]:
-    """The conversation a policy starts from: the optional system message, then the question
-    (with the instruction on the line after it) as the user's turn."""
-    text = f"{question}\n{instruction}" if instruction else question
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*system, {"role": "user", "content": text}]
-
-
 def render_prompt(tokenizer, task: TaskAdapter, problem: Problem) -> str:
     """The prompt text a policy sees for a problem of `task` (see `render_messages`)."""
     return render_messages(tokenizer, task.messages(problem), task.cfg)
-
-
-def uses_chat_template(tokenizer, cfg: TaskConfigBase) -> bool:
-    return bool(cfg.chat_template and getattr(tokenizer, "chat_template", None))
-
-
-def render_messages(tokenizer, messages: list[dict[str, str]], cfg: TaskConfigBase) -> str:
-    """The tokenizer's chat template applied to `messages` (ending with the assistant's turn to
-    answer) when the task config asks for it and the tokenizer has one, else their contents
-    line by line. `tokenizer` is any transformers tokenizer (only its chat template is used, no
-    torch)."""
-    if uses_chat_template(tokenizer, cfg):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **cfg.chat_template_kwargs)
-    return "\n".join(m["content"] for m in messages)
