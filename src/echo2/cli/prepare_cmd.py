@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from echo2.models.prepare import prepare_base_model
+    from echo2.learner.base_model import prepare_base_model
     from echo2.models.sources import check_model_source
 
     cfg = config_from_args(args)

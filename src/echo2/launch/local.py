@@ -38,7 +38,7 @@ class RunFailed(Exception):
 
 
 def run_local(cfg: RunConfig, console: Console) -> int:
-    from echo2.models.prepare import prepare_base_model
+    from echo2.learner.base_model import prepare_base_model
     from echo2.models.sources import check_model_source
     from echo2.tasks import make_task
 
