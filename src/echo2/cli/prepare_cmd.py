@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from echo2.cli.common import add_config_args, config_from_args, write_resolved
+from echo2.cli.common import add_config_args, config_from_args
+from echo2.config.run_dir import write_resolved
 
 
 def add_parser(subparsers) -> None:

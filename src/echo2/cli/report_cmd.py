@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from echo2.cli.common import add_set_arg, read_resolved, with_overrides
+from echo2.cli.common import add_set_arg
+from echo2.config.run_dir import read_resolved, with_overrides
 
 # how often --follow reads what was appended: the sinks need no finer grain than a learner step
 FOLLOW_POLL_S = 1.0

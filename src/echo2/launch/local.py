@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
+from echo2.config.run_dir import write_resolved
 from echo2.config.tls import TLSConfig
 from echo2.coordinator.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
