@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.config.run import ActivationConfig
 from echo2.config.task import AdditionConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.state import CoordinatorState, Settings
 from echo2.coordinator.store import Store
+from echo2.protocol.manifest import build_manifest
 from echo2.protocol.messages import (
     LeaseRequest,
     RegisterRequest,

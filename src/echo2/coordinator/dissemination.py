@@ -14,18 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from echo2.broadcast.catchup import Form, Offer, cheapest_path, path_bytes, retained
-from echo2.broadcast.topology import (
-    ORIGIN_ID,
-    Assignment,
-    BroadcastPlan,
-    OriginInfo,
-    PeerInfo,
-    Source,
-    late_joiner_assignment,
-    plan_broadcast,
-)
+from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import bytes_per_s
+from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
 from echo2.protocol.messages import VersionInfo
 
 

@@ -13,9 +13,9 @@ import math
 import time
 from typing import Any
 
-from echo2.broadcast.topology import ORIGIN_ID
 from echo2.coordinator.history import RunHistory
 from echo2.coordinator.state import CoordinatorState
+from echo2.protocol.broadcast import ORIGIN_ID
 
 MAX_WORKER_ROWS = 500
 """Workers listed (live ones first): a flood of registrations must not make every poll of the

@@ -14,12 +14,12 @@ from typing import Any
 
 import aiohttp
 
-from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
 from echo2.protocol import tls
 from echo2.protocol.http import TransientError, call
+from echo2.protocol.manifest import AdapterSpec
 from echo2.protocol.messages import (
     AuditReport,
     BatchResponse,

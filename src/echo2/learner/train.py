@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
@@ -38,6 +37,7 @@ from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
+from echo2.protocol.manifest import AdapterSpec
 from echo2.protocol.messages import GroupAudit, TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task

@@ -12,9 +12,9 @@ import torch
 from echo2.broadcast.catchup import Offer, cheapest_path, path_bytes, retained
 from echo2.broadcast.delta import decode_delta, encode_delta, same_layout
 from echo2.broadcast.encoder import VersionEncoder
-from echo2.broadcast.manifest import build_manifest, verify_content
 from echo2.config.broadcast import BroadcastConfig
 from echo2.models.weights import plan_layout, write_payload
+from echo2.protocol.manifest import build_manifest, verify_content
 
 
 def _payload(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> memoryview:

@@ -22,9 +22,10 @@ import echo2
 from echo2.broadcast.lab.netns import HostSpec, LabNetwork
 from echo2.broadcast.latency import predict_plan_s
 from echo2.broadcast.metrics import latency_summary
-from echo2.broadcast.topology import OriginInfo, PeerInfo, plan_broadcast
+from echo2.broadcast.topology import plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import ideal_s
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
 
 MBIT = 1e6
 TOKEN = "lab-token"
