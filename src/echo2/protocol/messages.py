@@ -12,10 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from echo2 import __version__ as RELEASE
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
+from echo2.protocol.release import RELEASE
 
 PROTOCOL_VERSION = 4
 # a worker's running totals: far above any real run, and small enough that every sum and float
