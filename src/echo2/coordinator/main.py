@@ -47,7 +47,7 @@ def settings_from(cfg: RunConfig) -> Settings:
         registrations_per_minute=cfg.coordinator.registrations_per_minute,
         audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
         lora=cfg.grpo.lora.model_dump(mode="json") if cfg.grpo.lora is not None else {},
-        eval_on_workers=cfg.evaluation.on_workers(multi_turn=getattr(make_task(cfg.task, cfg.seed), "multi_turn", False)),
+        eval_on_workers=cfg.evaluation.on_workers(multi_turn=make_task(cfg.task, cfg.seed).kind == "episode"),
         eval_every=cfg.train.eval_every,
         final_version=cfg.train.steps,
         eval_problems_per_lease=cfg.evaluation.problems_per_lease,

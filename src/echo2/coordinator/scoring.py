@@ -61,7 +61,7 @@ class Scorer:
 def make_scorer(task, model_source: str, max_action_tokens: int):
     """The coordinator's scorer for `task`: decoded completions scored by a task adapter, or
     multi-turn episodes replayed in their environment."""
-    if getattr(task, "multi_turn", False):
+    if task.kind == "episode":
         from echo2.coordinator.replay import EpisodeScorer
 
         return EpisodeScorer(task, model_source, max_action_tokens)

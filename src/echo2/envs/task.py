@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from typing import Literal
 
 from echo2.config.task import EnvTaskConfigBase, GuessNumberConfig, PokerConfig
 from echo2.envs.base import Environment
@@ -25,11 +26,12 @@ def episode_seed(run_seed: int, stream: str, index: int) -> int:
 
 
 class EnvTask(ABC):
-    """The adapter of a multi-turn task (no torch)."""
+    """The adapter of a multi-turn task (no torch): an echo2.tasks.base `Task` of kind "episode"
+    (a protocol, so this package need not import echo2.tasks, which imports it)."""
 
+    kind: Literal["episode"] = "episode"
     name: str
     default_instruction: str = ""
-    multi_turn = True
 
     def __init__(self, cfg: EnvTaskConfigBase, seed: int) -> None:
         self.cfg, self.seed = cfg, seed

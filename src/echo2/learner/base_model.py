@@ -87,7 +87,7 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
 
     ws = cfg.warmstart
     max_new = cfg.sampling.max_new_tokens
-    multi_turn = getattr(task, "multi_turn", False)
+    multi_turn = task.kind == "episode"
 
     def training_accuracy() -> float:
         if multi_turn:  # the share of training episodes played without an illegal action

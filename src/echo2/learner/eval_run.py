@@ -28,7 +28,7 @@ def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks
 
     task = make_task(cfg.task, cfg.seed)
     task.check()
-    if getattr(task, "multi_turn", False):
+    if task.kind == "episode":
         return _run_episodes(task, model, tokenizer, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                              limit=limit)
     problems = task.eval_problems()[:limit] if limit else task.eval_problems()

@@ -81,7 +81,7 @@ class Learner:
         )
         self.scoring_model: torch.nn.Module | None = None  # a sharded learner's audit recomputes on it
         self.task = make_task(cfg.task, cfg.seed)
-        self.multi_turn = getattr(self.task, "multi_turn", False)
+        self.multi_turn = self.task.kind == "episode"
         if self.multi_turn and self.ranks.sharded:
             # episode evaluation generates turn by turn on one rank; sharded ranks would wait on
             # each other's collectives inside generate

@@ -24,7 +24,7 @@ def env_task_from(task_config: dict) -> EnvTask | None:
     cfg = TypeAdapter(TaskConfig).validate_python(task_config)
     # the run seed only picks held-out episodes, which a worker never plays: leases bring the seeds
     task = make_task(cfg, seed=0)
-    if not getattr(task, "multi_turn", False):
+    if task.kind != "episode":
         raise ValueError(f"the coordinator sent task {cfg.name!r} as multi-turn, but it is not")
     return task
 

@@ -11,9 +11,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
 
 from echo2.config.task import TaskConfigBase
 from echo2.envs.chat import first_messages, render_messages
+
+TaskKind = Literal["single", "episode"]
+""""single": one prompt, one completion, one reward (a `TaskAdapter`). "episode": turns in an
+environment, rewarded at the end (an echo2.envs.task `EnvTask`)."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What every task is, whichever its kind; `kind` says which of the two interfaces it has
+    beyond this (callers branch on it, not on the class)."""
+
+    kind: TaskKind
+    name: str
+    cfg: TaskConfigBase
+
+    @property
+    def instruction(self) -> str: ...
+
+    def check(self) -> None:
+        """Load and validate the task's data now: a bad file or field is an error before any
+        process starts."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +52,9 @@ class Problem:
 
 
 class TaskAdapter(ABC):
+    """The adapter of a single-turn task (a `Task` of kind "single")."""
+
+    kind: TaskKind = "single"
     name: str
     default_instruction: str = ""
 

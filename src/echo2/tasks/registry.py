@@ -8,7 +8,7 @@ from __future__ import annotations
 from echo2.config.task import TASK_SCHEMAS, TaskConfigBase
 from echo2.envs.task import EnvTask, GuessNumberTask, PokerTask
 from echo2.tasks.addition import AdditionTask
-from echo2.tasks.base import TaskAdapter
+from echo2.tasks.base import Task, TaskAdapter
 from echo2.tasks.math import MathTask
 from echo2.tasks.reasoning_gym import ReasoningGymTask
 
@@ -28,9 +28,10 @@ TASKS: dict[str, tuple[type[TaskConfigBase], type[TaskAdapter] | type[EnvTask]]]
     name: (TASK_SCHEMAS[name], adapter) for name, adapter in _ADAPTERS.items()
 }
 
-def make_task(cfg, seed: int) -> TaskAdapter | EnvTask:
+def make_task(cfg, seed: int) -> Task:
     """The adapter for a validated task config; data is loaded lazily (call `check()` to load
-    and validate it now). Multi-turn tasks' adapters are `EnvTask`s (`multi_turn` is True)."""
+    and validate it now). Its `kind` says which it is: a `TaskAdapter` ("single") or, for a
+    multi-turn task, an `EnvTask` ("episode")."""
     entry = TASKS.get(cfg.name)
     if entry is None:
         raise ValueError(f"task.name: unknown task {cfg.name!r} (allowed: {sorted(TASKS)})")
