@@ -28,7 +28,7 @@ from typing import Any
 
 _HOME = {
     # catchup (which forms stay served, the cheapest way to the newest version)
-    "Offer": "echo2.broadcast.catchup",
+    "ServedForm": "echo2.broadcast.catchup",
     "cheapest_path": "echo2.broadcast.catchup",
     "retained": "echo2.broadcast.catchup",
     # delta (lossless version deltas) and the learner's encoder
