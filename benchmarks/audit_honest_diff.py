@@ -37,7 +37,8 @@ from echo2.models.embedded import fetch  # noqa: E402
 from echo2.models.loading import load_model, load_tokenizer  # noqa: E402
 from echo2.models.weights import model_payload, payload_tensors, unique_tensors  # noqa: E402
 from echo2.protocol.messages import RolloutCompletion, TrainGroup  # noqa: E402
-from echo2.rollout.engine import GenRequest, make_engine  # noqa: E402
+from echo2.rollout.engine import GenRequest  # noqa: E402
+from echo2.rollout.engine_factory import make_engine  # noqa: E402
 
 WIRES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

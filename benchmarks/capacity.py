@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from echo2.cli.common import read_resolved
+from echo2.config.run_dir import read_resolved
 from echo2.planner import effective_throughput_rps, learner_utilization
 from echo2.report.metrics import read_metrics
 from echo2.report.summary import step_busy_s, summarize, train_steps

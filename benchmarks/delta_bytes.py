@@ -117,8 +117,8 @@ def measure_deltas(args, lr: float, device: str, codecs: list[str]) -> dict:
     import torch
 
     from echo2.broadcast.delta import decode_delta, encode_delta
-    from echo2.broadcast.manifest import content_index
     from echo2.models.weights import model_payload
+    from echo2.protocol.manifest import content_index
 
     model = build_model(args, device)
     previous: list = []

@@ -118,7 +118,8 @@ def measure(point: dict) -> dict:
     from echo2.config.worker import WorkerConfig
     from echo2.models.loading import load_model, load_tokenizer
     from echo2.models.weights import model_payload, payload_tensors
-    from echo2.rollout.engine import GenRequest, make_engine
+    from echo2.rollout.engine import GenRequest
+    from echo2.rollout.engine_factory import make_engine
 
     torch.set_num_threads(point["threads"])
     model_dir = point["model_dir"]

@@ -58,7 +58,7 @@ def main() -> int:
 def evaluate(run_dir: Path, episodes: int) -> dict:
     import torch
 
-    from echo2.cli.common import read_resolved
+    from echo2.config.run_dir import read_resolved
     from echo2.learner.checkpoint import latest_checkpoint
     from echo2.learner.eval_run import load_for_eval
     from echo2.models.env_evaluation import evaluate_episodes, mean_ci

@@ -1,3 +1,5 @@
 """echo2: asynchronous RL post-training with a central learner and remote rollout workers."""
 
-__version__ = "0.1.0"
+from echo2.protocol.release import RELEASE as __version__
+
+__all__ = ["__version__"]

@@ -24,7 +24,7 @@ from tests.integration.runs import (
 )
 from tests.reliability.accounting import accounting, assert_sound
 
-from echo2.planner.activation import covers
+from echo2.planner.covering import covers
 
 pytestmark = pytest.mark.integration
 

@@ -159,8 +159,8 @@ def test_secrets_come_from_the_environment_or_private_files(tmp_path, monkeypatc
 
 def test_the_learner_without_its_token_says_where_to_get_it(tmp_path, monkeypatch, capsys):
     from echo2.cli import main
-    from echo2.cli.common import write_resolved
     from echo2.config.run import RunConfig
+    from echo2.config.run_dir import write_resolved
 
     monkeypatch.delenv("ECHO2_LEARNER_TOKEN", raising=False)
     monkeypatch.delenv("ECHO2_LEARNER_TOKEN_FILE", raising=False)

@@ -11,11 +11,12 @@ import aiohttp
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 from tests.unit.test_coordinator_http import run_with_server
 
-from echo2.broadcast import Origin, OriginInfo, PeerInfo, fetch_version, generate_private_key
+from echo2.broadcast import Origin, fetch_version, generate_private_key
 from echo2.broadcast.lab.payload import synthetic_payload
 from echo2.broadcast.topology import plan_broadcast
 from echo2.broadcast.wire import CHUNKS_PATH, STATUS_PATH
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
 
 TOKEN = "slow-clients-token-0123456789"
 # two stream slots, short timeouts: a stuck child must be dropped within a couple of seconds

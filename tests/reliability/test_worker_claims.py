@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
-from echo2.broadcast.metrics import BadPeerReport
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.dissemination import Dissemination, Peer
 from echo2.coordinator.view import snapshot
+from echo2.protocol.broadcast import BadPeerReport
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 
 ORIGIN = "http://learner:1"

@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save
 
-from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.config.run import ActivationConfig, RunConfig
+from echo2.config.task import AdditionConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.settings import Settings, resolve
 from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.store import Store
+from echo2.protocol.manifest import build_manifest
 from echo2.protocol.messages import (
     LeaseRequest,
     RegisterRequest,
@@ -25,7 +26,6 @@ from echo2.protocol.messages import (
     VersionInfo,
 )
 from echo2.tasks import make_task
-from echo2.tasks.addition import AdditionConfig
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2)
 

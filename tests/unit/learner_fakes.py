@@ -8,9 +8,9 @@ import random
 import time
 from pathlib import Path
 
-from echo2.broadcast.manifest import build_manifest
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
+from echo2.protocol.manifest import build_manifest
 from echo2.protocol.messages import EvaluationResult, RolloutCompletion, TrainGroup, VersionInfo
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.unit.metrics_fixtures import synthetic_run, write_run
 
-from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
+from echo2.config.run_dir import write_resolved
 
 
 def report_run(steps: int = 12, workers: int = 3) -> list[dict]:

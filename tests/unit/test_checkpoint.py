@@ -8,7 +8,8 @@ import random
 import torch
 
 from echo2.config.run import GRPOConfig
-from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from echo2.learner.checkpoint import latest_checkpoint, save_checkpoint
+from echo2.learner.checkpoint_reader import load_checkpoint
 from echo2.learner.step import train_step
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.protocol.messages import RolloutCompletion, TrainGroup

@@ -351,10 +351,10 @@ def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path,
     from safetensors.numpy import save
     from tests.unit.coordinator_helpers import LEARNER_KEY, LEARNER_KEY_HEX, version_info
 
-    from echo2.broadcast.manifest import build_manifest, content_index
     from echo2.broadcast.signing import sign_manifest
     from echo2.config.broadcast import BroadcastConfig
     from echo2.coordinator.store import Store
+    from echo2.protocol.manifest import build_manifest, content_index
     from echo2.protocol.messages import VersionInfo
 
     def delta(version: int) -> VersionInfo:  # a delta of `version` against version - 1 (its bytes do not matter here)

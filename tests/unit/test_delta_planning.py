@@ -7,7 +7,7 @@ from pathlib import Path
 from tests.unit.test_planner_plan import _config
 
 from echo2.config.sim import load_scenario
-from echo2.planner.plan import class_plans
+from echo2.planner.fleet import class_plans
 from echo2.sim.simulator import simulate
 
 QWEN3_8B = Path(__file__).resolve().parents[2] / "configs" / "sim" / "qwen3_8b.toml"

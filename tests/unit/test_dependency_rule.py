@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 TORCH_FREE = [
-    "echo2.config", "echo2.protocol.messages", "echo2.protocol.http", "echo2.broadcast.manifest",
+    "echo2.config", "echo2.protocol.messages", "echo2.protocol.http", "echo2.protocol.manifest",
     "echo2.coordinator.state", "echo2.coordinator.server", "echo2.coordinator.main", "echo2.coordinator.replay", "echo2.tasks",
     "echo2.envs.task", "echo2.envs.play",
     "echo2.planner", "echo2.policy", "echo2.report.summary", "echo2.report.render", "echo2.launch.local", "echo2.cli",
@@ -24,7 +24,7 @@ def test_control_plane_imports_without_torch():
     assert result.returncode == 0, result.stderr
 
 
-WIRE_TYPES = ["echo2.protocol.messages", "echo2.broadcast.manifest", "echo2.broadcast.topology"]
+WIRE_TYPES = ["echo2.protocol.messages", "echo2.protocol.manifest", "echo2.protocol.broadcast"]
 RUNTIME = ["aiohttp", "cryptography", "torch"]
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
-from echo2.broadcast.metrics import BadPeerReport
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.dissemination import Dissemination, Peer
+from echo2.protocol.broadcast import BadPeerReport
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 
 ORIGIN = "http://learner:1"

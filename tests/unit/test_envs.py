@@ -123,7 +123,7 @@ def test_env_tasks_are_configured_like_any_task():
     cfg = load_run_config(None, ["task.name=poker", "task.game=leduc", "task.opponent=equity"])
     task = make_task(cfg.task, cfg.seed)
     task.check()
-    assert task.multi_turn and task.eval_opponents() == ["random", "calling_station", "equity"]
+    assert task.kind == "episode" and task.eval_opponents() == ["random", "calling_station", "equity"]
     assert task.train_seed(3) == make_task(cfg.task, cfg.seed).train_seed(3)  # every process agrees
     assert set(task.eval_seeds(500)).isdisjoint(task.train_seed(i) for i in range(5000))
     with pytest.raises(ValueError, match="task.opponent"):

@@ -31,7 +31,7 @@ def state(tmp_path, tiny_model_dir):
     scorer = make_scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir), SAMPLING.max_new_tokens)
     s = make_state(tmp_path, tiny_model_dir, FakeClock(), sampling=SAMPLING, scorer=scorer)
     reply = s.register(RegisterRequest(worker_id="a", engine="hf"))
-    assert reply.task["name"] == "poker" and reply.task["game"] == "leduc"  # what the worker plays
+    assert reply.task.name == "poker" and reply.task.game == "leduc"  # what the worker plays
     publish(s, 0)
     return s
 

@@ -9,7 +9,7 @@ import json
 from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
 
 from echo2.cli import main
-from echo2.cli.common import write_resolved
+from echo2.config.run_dir import write_resolved
 from echo2.learner.train import Learner
 from echo2.models.loading import load_tokenizer
 from echo2.report.metrics import read_metrics

@@ -195,12 +195,12 @@ def test_a_worker_evaluation_scores_what_echo2_eval_scores(tiny_model_dir, tmp_p
     noisy.save_pretrained(tmp_path / "noisy")
     load_tokenizer(str(tiny_model_dir)).save_pretrained(tmp_path / "noisy")
     tiny_model_dir = tmp_path / "noisy"
+    from echo2.config.task import AdditionConfig
     from echo2.coordinator.scoring import Scorer
     from echo2.models.evaluation import evaluate, sample_completions
     from echo2.models.loading import load_model, load_tokenizer
     from echo2.rollout.hf_engine import HFEngine
     from echo2.tasks import make_task
-    from echo2.tasks.addition import AdditionConfig
     from echo2.tasks.base import render_prompt
 
     task = make_task(AdditionConfig(digits=1, eval_size=40), seed=0)

@@ -11,7 +11,7 @@ from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from echo2.cli import main
-from echo2.cli.common import write_resolved
+from echo2.config.run_dir import write_resolved
 from echo2.learner.train import Learner
 from echo2.models.generation import greedy_completions
 from echo2.models.loading import load_model, load_tokenizer

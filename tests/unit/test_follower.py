@@ -128,8 +128,8 @@ def test_a_delta_that_does_not_rebuild_its_manifest_is_refused_and_never_loaded(
     the version held stays the base for the next delta."""
     from tests.unit.broadcast.test_broadcast_delta import _publish, _versions
 
-    from echo2.broadcast.manifest import build_manifest
     from echo2.broadcast.metrics import FetchResult
+    from echo2.protocol.manifest import build_manifest
 
     payloads = _versions(3)
     published = _publish(payloads, anchor_every=1000)

@@ -12,7 +12,6 @@ import torch
 from tests.unit.coordinator_helpers import FakeClock, make_state
 from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 
-from echo2.broadcast.manifest import TensorEntry, build_manifest
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
@@ -20,6 +19,7 @@ from echo2.coordinator.state import RequestError
 from echo2.learner.io import LearnerIO
 from echo2.models.loading import load_model
 from echo2.models.weights import model_payload
+from echo2.protocol.manifest import TensorEntry, build_manifest
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter, read_metrics
 from echo2.rollout.worker import Worker

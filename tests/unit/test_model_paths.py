@@ -73,7 +73,7 @@ def test_vllm_engine_without_the_package_says_how_to_install(monkeypatch, tiny_m
     import sys
 
     from echo2.config.worker import WorkerConfig
-    from echo2.rollout.engine import make_engine
+    from echo2.rollout.engine_factory import make_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, as without it
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the engine's VLLM_* settings stay in this test

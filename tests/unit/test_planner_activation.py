@@ -7,7 +7,7 @@ import random
 import pytest
 
 from echo2.planner import Offer, activate, activate_exact, activate_greedy, keep_or_switch
-from echo2.planner.activation import covers
+from echo2.planner.covering import covers
 
 
 def _random_offers(rng: random.Random, n: int, max_count: int) -> list[Offer]:
@@ -187,14 +187,14 @@ def test_hysteresis_rejects_a_bad_margin():
 
 
 def test_closed_form_lp_bound_matches_highs():
-    from echo2.planner.activation import _fractional_cover_cost, _problem, _solve
+    from echo2.planner.covering import _fractional_cover_cost, cover_problem, solve
 
     rng = random.Random(5)
     for _ in range(50):
         offers = _random_offers(rng, rng.randint(1, 30), 5)
         required = rng.uniform(0.01, 1.2) * (_total_rate(offers) + 0.01)
-        prob = _problem(offers, required, None, None)
-        highs = _solve(prob, integral=False)
+        prob = cover_problem(offers, required, None, None)
+        highs = solve(prob, integral=False)
         closed = _fractional_cover_cost(prob)
         if highs.status != 0:
             assert closed == float("inf")

@@ -5,7 +5,8 @@ import pytest
 
 from echo2.config.base import validate
 from echo2.config.catalog import PlanConfig
-from echo2.planner.plan import fleet_size_caps, make_plan
+from echo2.planner.fleet import fleet_size_caps
+from echo2.planner.plan import make_plan
 
 CHUNK = 1_000_000  # 1 MB: 8 ms per hop at 1 Gbit/s
 

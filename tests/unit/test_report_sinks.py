@@ -15,7 +15,8 @@ from tests.unit.report_fixtures import report_run
 
 from echo2.config.run import RunConfig
 from echo2.report.scalars import SCALARS, scalars_of
-from echo2.report.sinks import SinkFeeder, make_sinks
+from echo2.report.sink_factory import make_sinks
+from echo2.report.sinks import SinkFeeder
 from echo2.report.tensorboard_sink import TensorBoardSink, samples_markdown
 
 

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from echo2.cli import main
-from echo2.cli.common import read_resolved, resolved_with_overrides, write_resolved
 from echo2.config.run import RunConfig
+from echo2.config.run_dir import read_resolved, resolved_with_overrides, write_resolved
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 import torch
 from tests.unit.sharded_learner_child import StepIO, sharded_config, write_outputs
 
-from echo2.learner.checkpoint import load_model_weights
+from echo2.learner.checkpoint_reader import load_model_weights
 from echo2.learner.train import Learner
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import payload_tensors, unique_tensors

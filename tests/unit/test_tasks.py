@@ -13,7 +13,7 @@ from tests.unit.task_fixtures import word_problems, write_jsonl, write_parquet
 
 from echo2.cli import main
 from echo2.config.run import load_run_config
-from echo2.tasks import TASKS, make_task, render_prompt
+from echo2.tasks import TASKS, Task, make_task, render_prompt
 
 
 def _math(path, **extra):
@@ -236,6 +236,13 @@ def test_every_registered_task_has_a_schema_named_like_its_entry():
     for name, (schema, adapter) in TASKS.items():
         assert schema.model_fields["name"].default == name or name in str(schema.model_fields["name"].annotation)
         assert adapter.name == name
+
+
+@pytest.mark.parametrize("name, kind", [("addition", "single"), ("poker", "episode"), ("guess_number", "episode")])
+def test_both_kinds_of_task_are_tasks_and_say_which_they_are(name, kind):
+    task = make_task(load_run_config(None, [f"task.name={name}"]).task, seed=0)
+    assert isinstance(task, Task) and task.kind == kind
+    assert {adapter.kind for _, adapter in TASKS.values()} == {"single", "episode"}
 
 
 def test_chat_template_variables_reach_the_template(tmp_path, tiny_model_dir):

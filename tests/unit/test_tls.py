@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from echo2.broadcast import Origin, OriginInfo, PeerInfo, RelayServer, fetch_version, generate_private_key
+from echo2.broadcast import Origin, RelayServer, fetch_version, generate_private_key
 from echo2.broadcast.fetch import new_session
 from echo2.broadcast.lab.payload import synthetic_payload
 from echo2.broadcast.topology import plan_broadcast
@@ -30,6 +30,7 @@ from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
 from echo2.coordinator.main import serve
 from echo2.protocol import certs
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
 from echo2.protocol.http import TransientError, call
 from echo2.protocol.tls import TLSError, base_url, client_context, server_context, warn_plain_url
 from echo2.report.metrics import MetricsWriter

@@ -4,10 +4,10 @@ checked every check_every steps, and runs all its steps without one."""
 from __future__ import annotations
 
 from echo2.config.run import WarmStartConfig
+from echo2.config.task import AdditionConfig
 from echo2.learner.warmstart import warm_start
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.tasks import make_task
-from echo2.tasks.addition import AdditionConfig
 
 
 def test_warm_start_stops_at_the_accuracy_asked_for(tiny_model_dir):

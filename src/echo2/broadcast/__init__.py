@@ -1,5 +1,7 @@
-"""Weight dissemination (bytes in, bytes out; no torch): signed manifests, chunk verification,
-relay servers, the worker fetch with failover, the learner origin, topology and latency model.
+"""Weight dissemination (bytes in, bytes out; no torch): manifest signing, relay servers, the
+worker fetch with failover, the learner origin, the topology planner and latency model. The
+wire types they exchange (the manifest and its chunk verification, the plan, each worker's
+assignment, bad-peer reports) are echo2.protocol.manifest's and echo2.protocol.broadcast's.
 
     # learner (torch loop; the origin serves from its own thread and event loop)
     origin = OriginThread(load_private_key(cfg.learner_key_path), cfg, auth_token=token, host="0.0.0.0")
@@ -15,8 +17,8 @@ relay servers, the worker fetch with failover, the learner origin, topology and 
                                  worker_id=me, report_bad_peer=report)  # result.payload, result.metrics
 
 Names resolve lazily (PEP 562): importing one submodule, e.g. `echo2.broadcast.topology` for the
-wire types the protocol carries, must not pull in the runtime (aiohttp, cryptography), which
-the control plane's message types do not need.
+planner, must not pull in the runtime (aiohttp, cryptography), which the control plane does not
+need.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 _HOME = {
     # catchup (which forms stay served, the cheapest way to the newest version)
-    "Offer": "echo2.broadcast.catchup",
+    "ServedForm": "echo2.broadcast.catchup",
     "cheapest_path": "echo2.broadcast.catchup",
     "retained": "echo2.broadcast.catchup",
     # delta (lossless version deltas) and the learner's encoder
@@ -41,20 +43,7 @@ _HOME = {
     # latency
     "predict_plan_s": "echo2.broadcast.latency",
     "predict_worker_s": "echo2.broadcast.latency",
-    # manifest
-    "AdapterSpec": "echo2.broadcast.manifest",
-    "Manifest": "echo2.broadcast.manifest",
-    "content_index": "echo2.broadcast.manifest",
-    "verify_content": "echo2.broadcast.manifest",
-    "TensorEntry": "echo2.broadcast.manifest",
-    "build_manifest": "echo2.broadcast.manifest",
-    "chunk_spans": "echo2.broadcast.manifest",
-    "decode_manifest": "echo2.broadcast.manifest",
-    "encode_manifest": "echo2.broadcast.manifest",
-    "verify_chunk": "echo2.broadcast.manifest",
-    "verify_payload": "echo2.broadcast.manifest",
     # metrics
-    "BadPeerReport": "echo2.broadcast.metrics",
     "FetchMetrics": "echo2.broadcast.metrics",
     "FetchResult": "echo2.broadcast.metrics",
     "LatencySummary": "echo2.broadcast.metrics",
@@ -68,7 +57,6 @@ _HOME = {
     "RelayServer": "echo2.broadcast.relay",
     # signing
     "ManifestRejected": "echo2.broadcast.signing",
-    "SignedManifest": "echo2.broadcast.manifest",
     "generate_private_key": "echo2.broadcast.signing",
     "key_id": "echo2.broadcast.signing",
     "load_private_key": "echo2.broadcast.signing",
@@ -80,12 +68,6 @@ _HOME = {
     "sign_manifest": "echo2.broadcast.signing",
     "verify_manifest": "echo2.broadcast.signing",
     # topology
-    "Assignment": "echo2.broadcast.topology",
-    "BroadcastPlan": "echo2.broadcast.topology",
-    "ORIGIN_ID": "echo2.broadcast.topology",
-    "OriginInfo": "echo2.broadcast.topology",
-    "PeerInfo": "echo2.broadcast.topology",
-    "Source": "echo2.broadcast.topology",
     "late_joiner_assignment": "echo2.broadcast.topology",
     "plan_broadcast": "echo2.broadcast.topology",
     # wire

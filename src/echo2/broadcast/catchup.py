@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
-Form = Literal["full", "delta"]
+from echo2.protocol.manifest import Form
 
 
 @dataclass(frozen=True)
-class Offer:
-    """One fetchable form of one version."""
+class ServedForm:
+    """One fetchable form of one version (a full snapshot or a delta) and its size."""
 
     version: int
     base_version: int | None
@@ -50,15 +49,15 @@ def retained(keys: Iterable[tuple[int, Form]], keep_versions: int, *, since_anch
     return {(v, f) for v, f in keys if v in newest or (anchor is not None and v >= anchor)}
 
 
-def cheapest_path(held: int | None, target: int, offers: Iterable[Offer]) -> list[Offer] | None:
+def cheapest_path(held: int | None, target: int, offers: Iterable[ServedForm]) -> list[ServedForm] | None:
     """The fewest-bytes chain of fetches from `held` (None: nothing) to `target`, in order; None
     when no chain exists (the deltas it would need are no longer served and no anchor follows)."""
-    by_version: dict[int, list[Offer]] = {}
+    by_version: dict[int, list[ServedForm]] = {}
     for offer in offers:
         if held is None or offer.version > held:
             by_version.setdefault(offer.version, []).append(offer)
     cost: dict[int, int] = {held: 0} if held is not None else {}
-    via: dict[int, Offer] = {}
+    via: dict[int, ServedForm] = {}
     for version in sorted(v for v in by_version if v <= target):
         for offer in by_version[version]:
             start = 0 if offer.base_version is None else cost.get(offer.base_version)
@@ -76,5 +75,5 @@ def cheapest_path(held: int | None, target: int, offers: Iterable[Offer]) -> lis
     return path[::-1]
 
 
-def path_bytes(path: list[Offer]) -> int:
+def path_bytes(path: list[ServedForm]) -> int:
     return sum(offer.total_bytes for offer in path)

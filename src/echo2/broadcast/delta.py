@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import zstandard
 
-from echo2.broadcast.manifest import DELTA_CODECS, HASH_THREADS, safetensors_index
+from echo2.protocol.manifest import DELTA_CODECS, HASH_THREADS, safetensors_index
 
 BLOCK_BYTES = 16 << 20
 """Raw bytes per zstd frame: large enough for zstd's window to find the zero runs, small enough

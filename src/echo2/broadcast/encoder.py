@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from echo2.broadcast.delta import encode_delta, same_layout
-from echo2.broadcast.manifest import FULL_CODEC, TensorEntry, content_index
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.manifest import FULL_CODEC, TensorEntry, content_index
 
 
 @dataclass(frozen=True)

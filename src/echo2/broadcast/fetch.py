@@ -32,14 +32,14 @@ import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import wire
-from echo2.broadcast.manifest import SignedManifest
-from echo2.broadcast.metrics import BadPeerReport, FetchMetrics, FetchResult
+from echo2.broadcast.metrics import FetchMetrics, FetchResult
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.signing import verify_manifest
 from echo2.broadcast.store import VersionBuffer
 from echo2.broadcast.throttle import Throttle
-from echo2.broadcast.topology import Assignment, Source
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.broadcast import Assignment, BadPeerReport, Source
+from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.tls import describe_failure, warn_plain_url
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ in N (R^2 = 1.000, slope 1.046 x M/b_L per worker); at N = 16 it is 12.5x (64 Mi
 
 from __future__ import annotations
 
-from echo2.broadcast.topology import Assignment, BroadcastPlan
+from echo2.protocol.broadcast import Assignment, BroadcastPlan
 
 
 def predict_worker_s(plan: BroadcastPlan, worker_id: str, total_bytes: int, chunk_bytes: int,

@@ -1,6 +1,7 @@
 """Broadcast metrics: per version and per worker, publish -> verified and -> loaded times, bytes
 received from each source, bytes relayed; per version, bytes sent by the learner. All records are
-pydantic models that dump to one JSON line each (the run's metrics JSONL).
+pydantic models that dump to one JSON line each (the run's metrics JSONL). A worker's report of
+a bad peer, which it sends the coordinator, is echo2.protocol.broadcast's BadPeerReport.
 """
 
 from __future__ import annotations
@@ -11,26 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from echo2.broadcast.manifest import Manifest
+from echo2.protocol.manifest import Manifest
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class BadPeerReport(_Record):
-    """What a worker tells the coordinator about a source that sent bytes no honest relay sends."""
-
-    kind: Literal["bad_peer"] = "bad_peer"
-    version: int = Field(ge=0)
-    # bounded: reports come from untrusted workers and land in the metrics (3 uncapped reports
-    # once added 22 MB to metrics.jsonl)
-    reporter_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    peer_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
-    url: str = Field("", max_length=512)
-    chunk_index: int = Field(ge=0)
-    reason: Literal["corrupt_chunk", "protocol_violation"]
-    detail: str = Field("", max_length=1000)
 
 
 class FetchMetrics(_Record):

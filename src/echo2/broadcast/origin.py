@@ -21,7 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from echo2.broadcast.encoder import Encoded, VersionEncoder
 from echo2.broadcast.faults import Fault
-from echo2.broadcast.manifest import (
+from echo2.broadcast.metrics import OriginMetrics
+from echo2.broadcast.relay import RelayServer
+from echo2.broadcast.signing import sign_manifest
+from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.manifest import (
     FULL_CODEC,
     AdapterSpec,
     Codec,
@@ -30,10 +34,6 @@ from echo2.broadcast.manifest import (
     TensorEntry,
     build_manifest,
 )
-from echo2.broadcast.metrics import OriginMetrics
-from echo2.broadcast.relay import RelayServer
-from echo2.broadcast.signing import sign_manifest
-from echo2.config.broadcast import BroadcastConfig
 
 T = TypeVar("T")
 

@@ -20,12 +20,12 @@ from collections import defaultdict
 from aiohttp import web
 
 from echo2.broadcast import wire
-from echo2.broadcast.catchup import Form, retained
+from echo2.broadcast.catchup import retained
 from echo2.broadcast.faults import Fault, FaultKind
-from echo2.broadcast.manifest import Manifest
 from echo2.broadcast.store import VersionBuffer
 from echo2.broadcast.throttle import Throttle
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.manifest import Form, Manifest
 from echo2.protocol.tls import base_url, warn_plain_bind
 
 log = logging.getLogger(__name__)

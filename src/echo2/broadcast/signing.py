@@ -18,7 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from echo2.broadcast.manifest import Manifest, SignedManifest, decode_manifest, encode_manifest
+from echo2.protocol.manifest import Manifest, SignedManifest, decode_manifest, encode_manifest
 
 _DOMAIN = b"echo2-manifest-v1\n"
 """Signed prefix: a signature over a manifest can never be replayed as one over another message."""

@@ -17,8 +17,8 @@ import asyncio
 import mmap
 from typing import Literal
 
-from echo2.broadcast.manifest import Manifest, verify_chunk
 from echo2.broadcast.wire import SourceMisbehaved
+from echo2.protocol.manifest import Manifest, verify_chunk
 
 State = Literal["receiving", "complete", "failed"]
 

@@ -20,7 +20,8 @@ Pipelined mode builds a relay tree from what the coordinator knows of each worke
    most max_sources (with max_sources = 1, the parent alone).
 
 One-to-many mode gives every worker the learner as its only source. See `latency` for the
-dissemination time each plan predicts.
+dissemination time each plan predicts. The plan's data types (PeerInfo, Assignment, ...) are
+echo2.protocol.broadcast's: the coordinator sends each worker its assignment.
 """
 
 from __future__ import annotations
@@ -29,72 +30,9 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from echo2.config.broadcast import BroadcastConfig
-
-ORIGIN_ID = "origin"
-Mode = Literal["pipelined", "one_to_many"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PeerInfo(_Model):
-    peer_id: str = Field(min_length=1)
-    url: str = ""
-    """Relay base URL (http://host:port); empty for a worker that cannot accept connections."""
-    upload_bytes_per_s: float = Field(gt=0)
-    download_bytes_per_s: float = Field(gt=0)
-    reachable: bool = True
-    """Accepts incoming connections; False (behind NAT) makes the worker a leaf."""
-
-
-class OriginInfo(_Model):
-    url: str
-    upload_bytes_per_s: float = Field(gt=0)
-    peer_id: str = ORIGIN_ID
-
-
-class Source(_Model):
-    peer_id: str
-    url: str
-
-
-class Assignment(_Model):
-    """What the coordinator sends a worker for one version, next to the signed manifest."""
-
-    kind: Literal["broadcast_assignment"] = "broadcast_assignment"
-    version: int = Field(ge=0)
-    worker_id: str
-    mode: Mode
-    sources: list[Source] = Field(min_length=1)
-    """Parent first, then fallbacks in order; the learner last."""
-    children: list[str] = []
-    """Workers expected to pull from this one (informational: any authorized peer may pull)."""
-    depth: int = Field(1, ge=1)
-    """Hops from the learner (1: fed by the learner directly)."""
-    edge_rate_bytes_per_s: float = Field(gt=0)
-    """Planned rate of the parent -> this worker link (parent uplink share, capped by downlink)."""
-    planned_rate_bytes_per_s: float = Field(gt=0)
-    """Planned end-to-end rate: the slowest edge on the path from the learner."""
-
-
-class BroadcastPlan(_Model):
-    version: int
-    mode: Mode
-    stream_rate_bytes_per_s: float
-    origin_children: list[str]
-    assignments: list[Assignment]
-
-    def for_worker(self, worker_id: str) -> Assignment:
-        for assignment in self.assignments:
-            if assignment.worker_id == worker_id:
-                return assignment
-        raise ValueError(f"worker {worker_id!r} is not in the plan for version {self.version}")
+from echo2.protocol.broadcast import Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
 
 
 def plan_broadcast(

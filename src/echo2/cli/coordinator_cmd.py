@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from echo2.cli.common import (
-    add_config_args,
-    config_from_args,
-    refuse_config_with_run_dir,
-    resolved_with_overrides,
-    write_resolved,
-)
+from echo2.cli.common import add_config_args, config_from_args, refuse_config_with_run_dir
 from echo2.cli.logs import add_log_args, setup_logging
+from echo2.config.run_dir import resolved_with_overrides, write_resolved
 
 
 def add_parser(subparsers) -> None:

@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _resolve(args: argparse.Namespace):
     """(run config, model source, echo2 checkpoint dir or None)."""
-    from echo2.cli.common import read_resolved, with_overrides
     from echo2.config.run import load_run_config
+    from echo2.config.run_dir import read_resolved, with_overrides
 
     overrides = ([f"task.name={args.task}"] if args.task else []) + args.overrides
     path = Path(args.checkpoint)

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from echo2.cli.common import read_resolved
+from echo2.config.run_dir import read_resolved
 
 
 def add_parser(subparsers) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from echo2.cli.common import add_set_arg, coordinator_url, resolved_with_overrides
+from echo2.cli.common import add_set_arg, coordinator_url
 from echo2.cli.logs import add_log_args, setup_logging
+from echo2.config.run_dir import resolved_with_overrides
 
 # a learner started beside its coordinator waits this long for it to bind and write its URL
 # (it binds within seconds; a minute means it is not coming)

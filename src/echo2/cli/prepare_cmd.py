@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from echo2.cli.common import add_config_args, config_from_args, write_resolved
+from echo2.cli.common import add_config_args, config_from_args
+from echo2.config.run_dir import write_resolved
 
 
 def add_parser(subparsers) -> None:
@@ -14,7 +15,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from echo2.models.prepare import prepare_base_model
+    from echo2.learner.base_model import prepare_base_model
     from echo2.models.sources import check_model_source
 
     cfg = config_from_args(args)

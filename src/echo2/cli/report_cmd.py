@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from echo2.cli.common import add_set_arg, read_resolved, with_overrides
+from echo2.cli.common import add_set_arg
+from echo2.config.run_dir import read_resolved, with_overrides
 
 # how often --follow reads what was appended: the sinks need no finer grain than a learner step
 FOLLOW_POLL_S = 1.0
@@ -48,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _follow(cfg, console) -> None:
     from echo2.report.metrics import MetricsTail
-    from echo2.report.sinks import SinkFeeder, make_sinks
+    from echo2.report.sink_factory import make_sinks
+    from echo2.report.sinks import SinkFeeder
 
     sinks = SinkFeeder(make_sinks(cfg), warn=lambda line: console.print(f"[yellow]{line}[/]"))
     tail = MetricsTail(cfg.run_path / "metrics.jsonl")

@@ -123,7 +123,11 @@ class Workload(Frozen):
         return min(versions_behind * self.snapshot_bytes, max(self.newcomer_bytes, self.snapshot_bytes))
 
 
-class BroadcastPlan(Frozen):
+class PlannedBroadcast(Frozen):
+    """The broadcast as `echo2 plan` and the simulator model it (the settings of a real run's
+    broadcast are echo2.config.broadcast.BroadcastConfig's; a version's plan of who pulls from
+    whom is echo2.protocol.broadcast.BroadcastPlan)."""
+
     topology: Literal["chain", "tree", "one_to_many", "ideal"] = "chain"
     """How versions reach workers: pipelined relay chain or d-ary tree, the learner sending
     every copy, or the ideal-network reference (each worker at its full downlink)."""
@@ -154,7 +158,7 @@ class PlanConfig(Frozen):
     workers: dict[str, WorkerClass] = Field(min_length=1)
     """Rollout worker classes by name."""
     workload: Workload
-    broadcast: BroadcastPlan = BroadcastPlan()
+    broadcast: PlannedBroadcast = PlannedBroadcast()
     plan: PlanSettings = PlanSettings()
 
     @model_validator(mode="after")

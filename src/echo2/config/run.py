@@ -25,10 +25,9 @@ from echo2.config.base import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.evaluation import EvaluationConfig
 from echo2.config.report import ReportConfig
+from echo2.config.task import AdditionConfig, TaskConfig
 from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
-from echo2.tasks.addition import AdditionConfig
-from echo2.tasks.registry import TaskConfig
 
 
 class ModelConfig(Frozen):

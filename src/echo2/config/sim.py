@@ -5,7 +5,7 @@ control-plane timing, noise) and [sweep] (the grids behind the three plots).
     [learner]          catalog LearnerClass: price, uplink, its own rollout speed (baseline)
     [workers.NAME]     catalog WorkerClass + slots, tasks_per_lease, churn, start delay
     [workload]         catalog Workload: model size, B, T_train, S, T_gen, T_load
-    [broadcast]        catalog BroadcastPlan: topology, chunk bytes, fanout, hop latency
+    [broadcast]        catalog PlannedBroadcast: topology, chunk bytes, fanout, hop latency
     [plan]             catalog PlanSettings: latency percentile the planner provisions for
     [activation]       the coordinator's online controller (config.run.ActivationConfig), at
                        simulated-fleet time scales by default
@@ -21,7 +21,14 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
-from echo2.config.catalog import BroadcastPlan, LearnerClass, PlanConfig, PlanSettings, WorkerClass, Workload
+from echo2.config.catalog import (
+    LearnerClass,
+    PlanConfig,
+    PlannedBroadcast,
+    PlanSettings,
+    WorkerClass,
+    Workload,
+)
 from echo2.config.run import ActivationConfig
 
 _PLAN_WORKER_FIELDS = frozenset(WorkerClass.model_fields)
@@ -145,7 +152,7 @@ class ScenarioConfig(Frozen):
     learner: LearnerClass
     workers: dict[str, SimWorkerClass] = Field(min_length=1)
     workload: Workload
-    broadcast: BroadcastPlan = BroadcastPlan()
+    broadcast: PlannedBroadcast = PlannedBroadcast()
     plan: PlanSettings = PlanSettings()
     """The planner's settings for `activation = "plan"`; its generation_cv is sim.generation_cv."""
     activation: SimActivationConfig = SimActivationConfig()

@@ -1,13 +1,19 @@
-"""What every task's config has (each task module declares its own schema on top of this one,
-see echo2.tasks.registry): how many held-out problems to evaluate and how prompts are rendered."""
+"""Task config schemas: what every task's config has (how many held-out problems to evaluate and
+how prompts are rendered), each task's own fields on top, and `TaskConfig`, the run config's
+[task] table, validated against the schema its `name` picks.
+
+The schemas live here, not beside their adapters (echo2.tasks, echo2.envs), so that the run
+config imports nothing above the config layer; a new task adds its schema here, to TASK_SCHEMAS,
+and its adapter to echo2.tasks.registry (which checks that the two tables name the same tasks)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from echo2.config.base import Frozen
+from echo2.config.base import MAX_NEW_TOKENS, Frozen
 
 
 class TaskConfigBase(Frozen):
@@ -23,3 +29,124 @@ class TaskConfigBase(Frozen):
     """Optional system message (prepended as a line of text where there is no chat template)."""
     instruction: str | None = Field(None, max_length=20_000)
     """Appended to every question (e.g. how to format the answer); None: the task's own default."""
+
+
+# ---- single-turn tasks (echo2.tasks) ------------------------------------------------------
+
+
+class AdditionConfig(TaskConfigBase):
+    name: Literal["addition"] = "addition"
+    digits: int = Field(2, ge=1, le=6)
+    """Operands have up to this many digits."""
+    chat_template: bool = False
+    """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
+
+
+class MathConfig(TaskConfigBase):
+    name: Literal["math"] = "math"
+    dataset: str = Field(min_length=1)
+    """A Hugging Face dataset name (e.g. "openai/gsm8k"; hub access is the user's business) or a
+    local .jsonl, .json, .parquet or .csv file."""
+    dataset_config: str = ""
+    """The hub dataset's configuration name (GSM8K's is "main")."""
+    question_field: str = "question"
+    answer_field: str = "answer"
+    """Columns holding the problem and its answer (a bare answer, or a worked solution ending in
+    \\boxed{...} or `#### answer`)."""
+    train_split: str = "train"
+    eval_split: str = ""
+    """Held-out problems: a split of `dataset` (e.g. "test") or another local file; empty: hold
+    out `eval_fraction` of the training rows."""
+    eval_fraction: float = Field(0.05, gt=0, lt=1)
+    format_reward: float = Field(0.0, ge=0, le=1)
+    """Added to the reward when the completion states its answer in \\boxed{} (0: correctness
+    only)."""
+
+
+class ReasoningGymConfig(TaskConfigBase):
+    name: Literal["reasoning_gym"] = "reasoning_gym"
+    dataset: str = Field(min_length=1)
+    """A reasoning-gym dataset name, e.g. "chain_sum", "basic_arithmetic", "sokoban"."""
+    config: dict[str, Any] = {}
+    """The dataset's own settings (e.g. chain_sum's min_terms, max_terms, min_digits,
+    max_digits); see reasoning_gym's docs for each dataset."""
+    size: int = Field(10_000, ge=1, le=10_000_000)
+    """Training problems per epoch (generated on demand; each epoch is reshuffled)."""
+    answer_pattern: str = Field("", max_length=256)
+    """A regular expression that finds the answer in a completion without `<answer>` tags: its
+    last match is scored (the first group's text where the pattern has a group), and a
+    completion it does not match earns 0. "" scores the whole completion. For example
+    "-?\\d+" (the last integer) for arithmetic datasets, whose answers are bare numbers."""
+    partial_credit: bool = True
+    """True: the dataset's score as it gives it, partial credit included (most datasets give
+    len(answer)/len(completion) to a completion that contains the answer). False: 1.0 for full
+    marks, else 0. A model whose habit earns partial credit (SmolLM2's "2 + 5 = 7" for "7") can
+    collapse onto that habit, since it is the best-rewarded thing it samples; binary rewards
+    leave it nothing to collapse onto. Held-out accuracy counts full marks either way."""
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"task.answer_pattern={pattern!r} is not a regular expression ({exc}); give one such as "
+                             "'-?\\d+', or '' to score the whole completion") from None
+        return pattern
+
+
+# ---- multi-turn tasks (echo2.envs) --------------------------------------------------------
+
+OpponentName = Literal["random", "calling_station", "equity"]
+
+
+class EnvTaskConfigBase(TaskConfigBase):
+    """What every multi-turn task has. `eval_size` is the number of held-out episodes per
+    opponent; `sampling.max_new_tokens` bounds one action."""
+
+    max_turns: int = Field(8, ge=1, le=1000)
+    """Actions per episode: an episode still going after this many ends (truncated)."""
+    max_episode_tokens: int = Field(256, ge=2, le=MAX_NEW_TOKENS)
+    """Transcript tokens after the first prompt (actions and environment answers): an episode
+    whose next environment answer would not leave room for an action ends (truncated). With
+    the first prompt it must fit the model's context."""
+
+
+class PokerConfig(EnvTaskConfigBase):
+    name: Literal["poker"] = "poker"
+    game: Literal["kuhn", "leduc"] = "kuhn"
+    """"kuhn": 3 cards, one betting round, at most one bet. "leduc": 6 cards, a board card after
+    the first round, two fixed-limit rounds of up to two bets each."""
+    opponent: OpponentName = "random"
+    """Who training episodes are played against: "random" (a uniformly random legal action),
+    "calling_station" (always checks or calls), "equity" (raises with at least 65% equity
+    against a random hand, calls above 40%, else checks or folds)."""
+    eval_opponents: list[OpponentName] = Field(default_factory=lambda: ["random", "calling_station", "equity"],
+                                               min_length=1)
+    """Opponents `echo2 eval` and the learner's in-run evaluation play `eval_size` episodes each
+    against (the in-run evaluation: the training opponent only)."""
+    illegal_reward: float = Field(-1.0, ge=-10.0, le=0.0)
+    """Reward of an action that is not a legal letter (the hand ends there); -1 equals losing a
+    whole stack, worse than any legal line of play."""
+
+
+class GuessNumberConfig(EnvTaskConfigBase):
+    name: Literal["guess_number"] = "guess_number"
+    high: int = Field(16, ge=2, le=1_000_000)
+    """The secret is drawn from 1..high."""
+    max_guesses: int = Field(6, ge=1, le=1000)
+    """Guesses before the game is lost (reward 0)."""
+    illegal_reward: float = Field(-1.0, ge=-10.0, le=0.0)
+    """Reward of a guess that is not a number from 1 to high (the game ends there)."""
+
+
+TASK_SCHEMAS: dict[str, type[TaskConfigBase]] = {
+    "addition": AdditionConfig,
+    "math": MathConfig,
+    "reasoning_gym": ReasoningGymConfig,
+    "poker": PokerConfig,
+    "guess_number": GuessNumberConfig,
+}
+"""Task name -> its schema (the adapters are echo2.tasks.registry's TASKS)."""
+
+TaskConfig = Annotated[Union[tuple(TASK_SCHEMAS.values())], Field(discriminator="name")]  # noqa: UP007

@@ -13,19 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echo2.broadcast.catchup import Form, Offer, cheapest_path, path_bytes, retained
-from echo2.broadcast.topology import (
-    ORIGIN_ID,
-    Assignment,
-    BroadcastPlan,
-    OriginInfo,
-    PeerInfo,
-    Source,
-    late_joiner_assignment,
-    plan_broadcast,
-)
+from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retained
+from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import bytes_per_s
+from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
+from echo2.protocol.manifest import Form
 from echo2.protocol.messages import VersionInfo
 
 
@@ -50,7 +43,7 @@ class Dissemination:
         """Dropped as a source for everyone."""
         self.reporters: dict[str, set[str]] = {}
         """peer id -> the workers that reported it (each avoids it from then on)."""
-        self.offers: dict[tuple[int, Form], tuple[VersionInfo, Offer]] = {}
+        self.offers: dict[tuple[int, Form], tuple[VersionInfo, ServedForm]] = {}
         """The forms the learner's origin serves (the same rule as its relay: catchup.retained)."""
         self.full_bytes = 0
         """Bytes of the newest version in full: what catching up is weighed against."""
@@ -89,7 +82,7 @@ class Dissemination:
     def _offer(self, info: VersionInfo) -> None:
         """One form of a version (`info.signed` is its manifest, `info.full` None)."""
         manifest = info.signed.unverified_manifest()
-        self.offers[info.version, manifest.form] = (info, Offer(info.version, manifest.base_version,
+        self.offers[info.version, manifest.form] = (info, ServedForm(info.version, manifest.base_version,
                                                                 manifest.total_bytes))
 
     def _drop_unserved(self) -> None:

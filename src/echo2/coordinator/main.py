@@ -40,7 +40,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     task = make_task(cfg.task, cfg.seed)
     task.check()  # loads and validates the task's data before the first lease needs it
     scorer = make_scorer(task, cfg.base_model_path, cfg.sampling.max_new_tokens)
-    state = CoordinatorState(resolve(cfg, multi_turn=getattr(task, "multi_turn", False)), store, scorer)
+    state = CoordinatorState(resolve(cfg, multi_turn=task.kind == "episode"), store, scorer)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)
     secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from echo2.config.task import TaskConfig
 from echo2.envs.episode import Episode, ReplayMismatch, replay
 from echo2.envs.task import EnvTask
 from echo2.envs.transcript import Codec, model_vocab_size
@@ -27,8 +28,8 @@ class EpisodeScorer:
     def episode_seed(self, prompt_index: int) -> int:
         return self.task.train_seed(prompt_index)
 
-    def task_config(self) -> dict:
-        return self.task.cfg.model_dump()
+    def task_config(self) -> TaskConfig:
+        return self.task.cfg
 
     def _episode(self, prompt_index: int) -> Episode:
         return self.task.episode(self.codec, self.episode_seed(prompt_index), self.max_action_tokens)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from echo2.config.task import TaskConfig
 from echo2.envs.transcript import chat_tokenizer, model_vocab_size, tokenizer_file
 from echo2.protocol.messages import RolloutCompletion
 from echo2.tasks.base import Problem, TaskAdapter, render_prompt
@@ -34,9 +35,9 @@ class Scorer:
     def episode_seed(self, prompt_index: int) -> int | None:
         return None
 
-    def task_config(self) -> dict:
+    def task_config(self) -> TaskConfig | None:
         """What a worker needs of the task beyond each lease's prompt: nothing."""
-        return {}
+        return None
 
     def rewards(self, prompt_index: int, completions: list[RolloutCompletion]) -> list[float]:
         problem = self.problem(prompt_index)
@@ -61,7 +62,7 @@ class Scorer:
 def make_scorer(task, model_source: str, max_action_tokens: int):
     """The coordinator's scorer for `task`: decoded completions scored by a task adapter, or
     multi-turn episodes replayed in their environment."""
-    if getattr(task, "multi_turn", False):
+    if task.kind == "episode":
         from echo2.coordinator.replay import EpisodeScorer
 
         return EpisodeScorer(task, model_source, max_action_tokens)

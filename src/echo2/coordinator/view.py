@@ -15,11 +15,11 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from echo2.broadcast.topology import ORIGIN_ID
 from echo2.coordinator.events import CoordinatorStats
 from echo2.coordinator.history import RunHistory
 from echo2.coordinator.registry import WorkerRecord
 from echo2.coordinator.state import CoordinatorState
+from echo2.protocol.broadcast import ORIGIN_ID
 
 MAX_WORKER_ROWS = 500
 """Workers listed (live ones first): a flood of registrations must not make every poll of the

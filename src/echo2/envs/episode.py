@@ -11,12 +11,9 @@ the next environment segment plus one action token would pass `max_tokens`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from echo2.envs.base import Environment
-
-if TYPE_CHECKING:  # the codec's module renders with echo2.tasks, which registers these episodes' tasks
-    from echo2.envs.transcript import Codec
+from echo2.envs.transcript import Codec
 
 
 class EpisodeError(ValueError):

@@ -1,7 +1,8 @@
-"""Multi-turn tasks: a config schema and an adapter that builds the task's environment, derives
+"""Multi-turn tasks: an adapter that builds the task's environment, derives
 each episode's seed from the run seed (training episodes by prompt index, held-out episodes from
-a stream of their own) and starts episodes under the task's budgets. Registered beside the
-single-turn tasks in echo2.tasks.registry, so `[task] name = "poker"` works everywhere."""
+a stream of their own) and starts episodes under the task's budgets (the schemas are
+echo2.config.task's). Registered beside the single-turn tasks in echo2.tasks.registry, so
+`[task] name = "poker"` works everywhere."""
 
 from __future__ import annotations
 
@@ -9,29 +10,12 @@ import hashlib
 from abc import ABC, abstractmethod
 from typing import Literal
 
-from pydantic import Field
-
-from echo2.config.base import MAX_NEW_TOKENS
-from echo2.config.task import TaskConfigBase
+from echo2.config.task import EnvTaskConfigBase, GuessNumberConfig, PokerConfig
 from echo2.envs.base import Environment
 from echo2.envs.episode import Budget, Episode
 from echo2.envs.guess import GuessNumberEnv
 from echo2.envs.opponents import opponent
 from echo2.envs.poker import ACTION_LEGEND, PokerEnv
-
-OpponentName = Literal["random", "calling_station", "equity"]
-
-
-class EnvTaskConfigBase(TaskConfigBase):
-    """What every multi-turn task has. `eval_size` is the number of held-out episodes per
-    opponent; `sampling.max_new_tokens` bounds one action."""
-
-    max_turns: int = Field(8, ge=1, le=1000)
-    """Actions per episode: an episode still going after this many ends (truncated)."""
-    max_episode_tokens: int = Field(256, ge=2, le=MAX_NEW_TOKENS)
-    """Transcript tokens after the first prompt (actions and environment answers): an episode
-    whose next environment answer would not leave room for an action ends (truncated). With
-    the first prompt it must fit the model's context."""
 
 
 def episode_seed(run_seed: int, stream: str, index: int) -> int:
@@ -42,11 +26,12 @@ def episode_seed(run_seed: int, stream: str, index: int) -> int:
 
 
 class EnvTask(ABC):
-    """The adapter of a multi-turn task (no torch)."""
+    """The adapter of a multi-turn task (no torch): an echo2.tasks.base `Task` of kind "episode"
+    (a protocol, so this package need not import echo2.tasks, which imports it)."""
 
+    kind: Literal["episode"] = "episode"
     name: str
     default_instruction: str = ""
-    multi_turn = True
 
     def __init__(self, cfg: EnvTaskConfigBase, seed: int) -> None:
         self.cfg, self.seed = cfg, seed
@@ -86,24 +71,6 @@ class EnvTask(ABC):
         return Episode(env, codec, seed, self.budget(max_action_tokens), self.instruction)
 
 
-class PokerConfig(EnvTaskConfigBase):
-    name: Literal["poker"] = "poker"
-    game: Literal["kuhn", "leduc"] = "kuhn"
-    """"kuhn": 3 cards, one betting round, at most one bet. "leduc": 6 cards, a board card after
-    the first round, two fixed-limit rounds of up to two bets each."""
-    opponent: OpponentName = "random"
-    """Who training episodes are played against: "random" (a uniformly random legal action),
-    "calling_station" (always checks or calls), "equity" (raises with at least 65% equity
-    against a random hand, calls above 40%, else checks or folds)."""
-    eval_opponents: list[OpponentName] = Field(default_factory=lambda: ["random", "calling_station", "equity"],
-                                               min_length=1)
-    """Opponents `echo2 eval` and the learner's in-run evaluation play `eval_size` episodes each
-    against (the in-run evaluation: the training opponent only)."""
-    illegal_reward: float = Field(-1.0, ge=-10.0, le=0.0)
-    """Reward of an action that is not a legal letter (the hand ends there); -1 equals losing a
-    whole stack, worse than any legal line of play."""
-
-
 class PokerTask(EnvTask):
     name = "poker"
     default_instruction = ACTION_LEGEND
@@ -121,16 +88,6 @@ class PokerTask(EnvTask):
 
     def training_opponent(self) -> str:
         return self.poker_cfg.opponent
-
-
-class GuessNumberConfig(EnvTaskConfigBase):
-    name: Literal["guess_number"] = "guess_number"
-    high: int = Field(16, ge=2, le=1_000_000)
-    """The secret is drawn from 1..high."""
-    max_guesses: int = Field(6, ge=1, le=1000)
-    """Guesses before the game is lost (reward 0)."""
-    illegal_reward: float = Field(-1.0, ge=-10.0, le=0.0)
-    """Reward of a guess that is not a number from 1 to high (the game ends there)."""
 
 
 class GuessNumberTask(EnvTask):

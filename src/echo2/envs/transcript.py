@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo2.config.task import TaskConfigBase
-from echo2.tasks.base import first_messages, render_messages, uses_chat_template
+from echo2.envs.chat import first_messages, render_messages, uses_chat_template
 
 # placeholders that no template or observation contains: where the contents go in a rendering
 _ASSISTANT, _USER = "\x00echo2-assistant\x00", "\x00echo2-user\x00"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from echo2.cli.common import write_resolved
 from echo2.config.run import RunConfig
+from echo2.config.run_dir import write_resolved
 from echo2.config.tls import TLSConfig
 from echo2.coordinator.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
@@ -23,7 +23,8 @@ from echo2.launch.progress import RunProgress
 from echo2.report.finish import finish_run
 from echo2.report.metrics import MetricsTail, MetricsWriter
 from echo2.report.render import render_summary
-from echo2.report.sinks import SinkFeeder, make_sinks
+from echo2.report.sink_factory import make_sinks
+from echo2.report.sinks import SinkFeeder
 
 # the coordinator binds within a second or two even on a loaded box; a minute means it is broken
 COORDINATOR_START_TIMEOUT_S = 60.0
@@ -37,14 +38,14 @@ class RunFailed(Exception):
 
 
 def run_local(cfg: RunConfig, console: Console) -> int:
-    from echo2.models.prepare import prepare_base_model
+    from echo2.learner.base_model import prepare_base_model
     from echo2.models.sources import check_model_source
     from echo2.tasks import make_task
 
     check_model_source(cfg.model)  # a missing path or an unreachable hub: one line, before anything starts
     task = make_task(cfg.task, cfg.seed)
     task.check()  # bad data is an error now, before any process starts
-    cfg.evaluation.on_workers(getattr(task, "multi_turn", False))  # so is evaluation where it cannot run
+    cfg.evaluation.on_workers(task.kind == "episode")  # so is evaluation where it cannot run
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
     tokens = _role_tokens(cfg)

@@ -4,7 +4,8 @@ crash never leaves a half-written checkpoint that looks complete. Nothing non-fi
 written: a NaN checkpoint would poison every resume from it.
 
 A learner of several ranks writes the sharded format instead (sharded_checkpoint.py) in the same
-step directories; either format resumes a learner of any number of ranks."""
+step directories; either format resumes a learner of any number of ranks (checkpoint_reader.py
+picks the loader, so that this module and the sharded one do not import each other)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from echo2.models.weights import load_into, require_finite, save_model_file, unique_tensors
+from echo2.models.weights import require_finite, save_model_file, unique_tensors
 
 KEEP_CHECKPOINTS = 2
 MODEL_FILE = "model.safetensors"
@@ -86,26 +86,8 @@ def checkpoint_at(root: Path, step: int | None) -> Path:
     return path
 
 
-def load_model_weights(path: Path, model: torch.nn.Module) -> None:
-    if not (path / MODEL_FILE).is_file():  # written by a learner of several ranks
-        from echo2.learner.sharded_checkpoint import load_sharded_weights
-
-        load_sharded_weights(path, model)
-        return
-    load_into(model, load_file(path / MODEL_FILE))
-
-
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Restore everything saved at `path` (either format, into a plain or a sharded model);
-    returns the step to continue from."""
-    from echo2.learner.sharded_checkpoint import is_sharded_model, load_across_formats
-
-    if is_sharded_model(model) or not (path / MODEL_FILE).is_file():
-        load_across_formats(path, model, optimizer)
-    else:
-        load_model_weights(path, model)
-        # optimizer.load_state_dict moves each state tensor to its parameter's device
-        optimizer.load_state_dict(read_state(path)["optimizer"])
+def restore_rng_and_step(path: Path) -> int:
+    """Put back the RNG states saved at `path` (either format); returns the step to continue from."""
     state = read_state(path)
     torch.set_rng_state(state["torch_rng"])
     if "cuda_rng" in state and torch.cuda.is_available():

@@ -10,7 +10,7 @@ from echo2.config.run import RunConfig
 
 
 def load_for_eval(model_source: str, checkpoint: Path | None, device: str):
-    from echo2.learner.checkpoint import load_model_weights
+    from echo2.learner.checkpoint_reader import load_model_weights
     from echo2.models.device import resolve_device
     from echo2.models.loading import load_model, load_tokenizer
 
@@ -28,7 +28,7 @@ def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks
 
     task = make_task(cfg.task, cfg.seed)
     task.check()
-    if getattr(task, "multi_turn", False):
+    if task.kind == "episode":
         return _run_episodes(task, model, tokenizer, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                              limit=limit)
     problems = task.eval_problems()[:limit] if limit else task.eval_problems()

@@ -25,7 +25,8 @@ def export_checkpoint(cfg: RunConfig, out: Path, step: int | None = None, dtype:
     cast to it), or "float32" / "bfloat16" / "float16". Returns what was written."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from echo2.learner.checkpoint import checkpoint_at, load_model_weights
+    from echo2.learner.checkpoint import checkpoint_at
+    from echo2.learner.checkpoint_reader import load_model_weights
     from echo2.models.device import DTYPES, checkpoint_dtype
     from echo2.models.loading import load_model
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import aiohttp
 
-from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
 from echo2.config.run import RunConfig
@@ -28,6 +27,7 @@ from echo2.protocol.learner_api import (
     PublishResponse,
     RejectBatchRequest,
 )
+from echo2.protocol.manifest import AdapterSpec
 from echo2.protocol.messages import EvaluationResult, TrainGroup, VersionInfo
 
 # transient failures (coordinator restarting, connection reset) are retried for this long

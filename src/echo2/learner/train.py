@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from echo2.broadcast.manifest import AdapterSpec
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
 from echo2.learner.audit import Auditor, audit_summary
-from echo2.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from echo2.learner.checkpoint import latest_checkpoint, save_checkpoint
+from echo2.learner.checkpoint_reader import load_checkpoint
 from echo2.learner.distributed import init_ranks
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
@@ -38,6 +38,7 @@ from echo2.models.loading import enable_activation_checkpointing, load_model, lo
 from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
 from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.manifest import AdapterSpec
 from echo2.protocol.messages import TrainGroup
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
@@ -81,7 +82,7 @@ class Learner:
         )
         self.scoring_model: torch.nn.Module | None = None  # a sharded learner's audit recomputes on it
         self.task = make_task(cfg.task, cfg.seed)
-        self.multi_turn = getattr(self.task, "multi_turn", False)
+        self.multi_turn = self.task.kind == "episode"
         if self.multi_turn and self.ranks.sharded:
             # episode evaluation generates turn by turn on one rank; sharded ranks would wait on
             # each other's collectives inside generate

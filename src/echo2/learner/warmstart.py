@@ -73,7 +73,7 @@ def warm_start(model, tokenizer, task: TaskAdapter | EnvTask, cfg: WarmStartConf
     loss_value = float("nan")
     for step in range(cfg.steps):
         start = SFT_OFFSET + step * cfg.batch_size
-        if getattr(task, "multi_turn", False):
+        if task.kind == "episode":
             ids, mask, labels = env_sft_batch(tokenizer, task, start, cfg.batch_size, max_action_tokens)
         else:
             ids, mask, labels = sft_batch(tokenizer, task, start, cfg.batch_size)

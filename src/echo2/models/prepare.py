@@ -1,7 +1,6 @@
-"""Prepare the run's starting policy in `<run_dir>/base`: build the tiny model, dequantize a GGUF
-file (or take the user's checkpoint), run the supervised warm start, measure held-out accuracy,
-and cache the result. A later run with the same model/task/warm-start settings reuses it; a
-GGUF model without a warm start is dequantized once for every run and task."""
+"""The cache of prepared base models: where a prepared model lives (keyed by the settings it
+was made with), whether one is there, and GGUF sources dequantized once for every run and task.
+Preparing a base that needs a warm start is echo2.learner.base_model's (the warm start trains)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +19,7 @@ GGUF_FORMAT = 1
 """Bumped when the dequantized directory changes, so cached conversions are made again."""
 
 
-def _dequantize_only(cfg: RunConfig) -> bool:
+def dequantize_only(cfg: RunConfig) -> bool:
     return cfg.model.is_gguf and cfg.warmstart.steps == 0
 
 
@@ -34,7 +32,7 @@ def fingerprint(cfg: RunConfig) -> dict:
     from echo2.models.sources import gguf_identity
     from echo2.models.tiny import BUILD_VERSION
 
-    if _dequantize_only(cfg):  # the same file gives the same model whatever the task
+    if dequantize_only(cfg):  # the same file gives the same model whatever the task
         return {"gguf": gguf_identity(cfg.model), "format": GGUF_FORMAT}
     return {
         "model": cfg.model.model_dump(),
@@ -54,35 +52,6 @@ def prepared_info(cfg: RunConfig, where: Path | None = None) -> dict | None:
     return info if info.get("fingerprint") == fingerprint(cfg) else None
 
 
-def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> dict:
-    """Make `cfg.base_model_path` ready; returns what was done (accuracy, seconds)."""
-    if cfg.base_model_path == cfg.model.source:
-        return {"base": cfg.model.source, "warm_start_steps": 0}  # the user's checkpoint as is
-    cached = prepared_info(cfg)
-    if cached is not None:
-        log(f"base model ready in {cfg.base_model_path} ({_what(cached)})")
-        return cached
-    if _dequantize_only(cfg):
-        prepared_gguf(cfg.model, cfg.cache_dir, log)
-    if prepared_info(cfg, cache_path(cfg)) is not None:
-        _copy_dir(cache_path(cfg), Path(cfg.base_model_path))
-        return prepare_base_model(cfg, log)
-    import torch
-
-    torch.set_num_threads(os.cpu_count() or 1)  # nothing else runs yet: use every core
-    base, tmp = Path(cfg.base_model_path), cfg.run_path / ".base.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    started = time.perf_counter()
-    info = _build(cfg, tmp, log)
-    info.update(fingerprint=fingerprint(cfg), seconds=time.perf_counter() - started)
-    (tmp / MARKER).write_text(json.dumps(info, indent=2))
-    _copy_dir(tmp, cache_path(cfg))
-    shutil.rmtree(base, ignore_errors=True)
-    os.rename(tmp, base)
-    log(f"base model ready in {base} after {info['seconds']:.0f}s ({_what(info)})")
-    return info
-
-
 def prepared_gguf(model: ModelConfig, cache_dir: str, log: Callable[[str], None] = print) -> Path:
     """The Hugging Face directory a GGUF source dequantizes to, made once in `cache_dir` (what
     `echo2 eval` and `echo2 models fetch` load, and every run's `base/` is copied from)."""
@@ -98,70 +67,12 @@ def prepared_gguf(model: ModelConfig, cache_dir: str, log: Callable[[str], None]
         info = dequantize_gguf(model, tmp)
         info.update(fingerprint=fingerprint(cfg), seconds=info["dequantize_s"])
         (tmp / MARKER).write_text(json.dumps(info, indent=2))
-        _copy_dir(tmp, where)
+        copy_dir(tmp, where)
         shutil.rmtree(tmp, ignore_errors=True)
     return where
 
 
-def _what(info: dict) -> str:
-    if "accuracy" not in info:
-        return f"{info.get('architecture', 'model')} dequantized from {info.get('gguf', 'GGUF')}"
-    return f"{info.get('measure', 'held-out accuracy')} {info['accuracy']:.3f}"
-
-
-def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
-    from echo2.learner.warmstart import CHECK_OFFSET, warm_start
-    from echo2.models.env_evaluation import evaluate_episodes
-    from echo2.models.evaluation import evaluate
-    from echo2.models.loading import load_model, load_tokenizer
-    from echo2.models.tiny import save_tiny
-    from echo2.tasks import make_task
-
-    source = cfg.model.source
-    if source == "tiny":
-        save_tiny(cfg.model, out, seed=cfg.seed)
-        source = str(out)
-    elif cfg.model.is_gguf:  # dequantized, then warm-started (without a warm start: prepared_gguf)
-        log(f"dequantizing {source} with transformers' GGUF loader")
-        dequantize_gguf(cfg.model, out)
-        source = str(out)
-    model, tokenizer = load_model(source), load_tokenizer(source)
-    task = make_task(cfg.task, cfg.seed)
-
-    def progress(step: int, loss: float) -> None:
-        if step % max(1, cfg.warmstart.steps // 10) == 0 or step == cfg.warmstart.steps:
-            log(f"warm start {step}/{cfg.warmstart.steps}: loss {loss:.3f}")
-
-    ws = cfg.warmstart
-    max_new = cfg.sampling.max_new_tokens
-    multi_turn = getattr(task, "multi_turn", False)
-
-    def training_accuracy() -> float:
-        if multi_turn:  # the share of training episodes played without an illegal action
-            seeds = [task.train_seed(CHECK_OFFSET + i) for i in range(ws.check_problems)]
-            summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()], seeds=seeds)
-            reached = 1.0 - next(iter(summary["opponents"].values()))["illegal_rate"]
-        else:
-            check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]
-            reached = evaluate(model, tokenizer, task, check, max_new).accuracy
-        log(f"warm start: training-problem accuracy {reached:.3f} (stop at {ws.stop_at_accuracy})")
-        return reached
-
-    log(f"warm start: up to {ws.steps} supervised steps on {task.name} (stands in for a pretrained base)")
-    loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy, max_action_tokens=max_new)
-    measure = "held-out accuracy"
-    if multi_turn:  # the in-run evaluation's measure: mean reward against the training opponent
-        summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()])
-        accuracy = next(iter(summary["opponents"].values()))["mean_reward"]
-        measure = "held-out mean reward"
-    else:
-        accuracy = evaluate(model, tokenizer, task, task.eval_problems(), max_new).accuracy
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return {"accuracy": accuracy, "measure": measure, "final_loss": loss, "warm_start_steps": steps}
-
-
-def _copy_dir(src: Path, dst: Path) -> None:
+def copy_dir(src: Path, dst: Path) -> None:
     """Copy through a temporary sibling so a reader never sees a half-copied directory."""
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,7 @@ simulator (capacity formulas, dissemination models, activation rule) and `echo2 
 import from here; nothing in this package performs I/O or keeps state.
 """
 
-from echo2.planner.activation import Activation, Offer, activate, activate_exact, covers
+from echo2.planner.activation import activate, activate_exact
 from echo2.planner.capacity import (
     base_throughput_rps,
     effective_throughput_rps,
@@ -16,6 +16,7 @@ from echo2.planner.capacity import (
     step_wall_s,
 )
 from echo2.planner.cost import centralized_step_s, cost_per_rollout, cost_per_step, saving_fraction
+from echo2.planner.covering import Activation, Offer, covers
 from echo2.planner.dissemination import (
     TOPOLOGIES,
     chain_s,

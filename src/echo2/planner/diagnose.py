@@ -10,9 +10,9 @@ import math
 
 from echo2.config.catalog import PlanConfig
 from echo2.planner import capacity
-from echo2.planner.activation import covers
+from echo2.planner.covering import covers
 from echo2.planner.dissemination import BITS_PER_BYTE
-from echo2.planner.plan import (
+from echo2.planner.fleet import (
     ClassPlan,
     cheapest_fleet,
     class_plans,

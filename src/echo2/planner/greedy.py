@@ -12,24 +12,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from echo2.planner.activation import (
+from echo2.planner.covering import (
     Activation,
+    CoverProblem,
     Offer,
-    _infeasible,
-    _Problem,
-    _problem,
-    _result,
-    _why_infeasible,
+    activation_of,
     cover_floor_rps,
+    cover_problem,
     covers,
+    infeasible,
     lp_lower_bound,
+    why_infeasible,
 )
 
 
 class _State:
     """Units taken so far, their throughput, and the NAT leaf slots they open (d - 1 per relay)."""
 
-    def __init__(self, prob: _Problem):
+    def __init__(self, prob: CoverProblem):
         self.prob = prob
         self.taken = np.zeros(len(prob.ids))
         self.remaining = prob.upper.copy()
@@ -57,7 +57,7 @@ class _State:
         return min(self.remaining[j], max(0.0, math.floor(residual / self.prob.rate[j])))
 
 
-def _ratio_order(prob: _Problem) -> list[int]:
+def _ratio_order(prob: CoverProblem) -> list[int]:
     useful = [j for j in range(len(prob.ids)) if prob.rate[j] > 0 and prob.upper[j] > 0]
     return sorted(useful, key=lambda j: (prob.price[j] / prob.rate[j], -prob.rate[j]))
 
@@ -68,7 +68,7 @@ class _Best:
         self.cost = math.inf
         self.max_workers = max_workers
 
-    def offer(self, prob: _Problem, x: np.ndarray) -> None:
+    def offer(self, prob: CoverProblem, x: np.ndarray) -> None:
         cost = float(prob.price @ x)
         fits = self.max_workers is None or x.sum() <= self.max_workers
         if fits and cost < self.cost and covers(float(prob.rate @ x), prob.required_rps):
@@ -122,7 +122,7 @@ def _retry(state: _State, deferred: list[int]) -> list[int]:
     return still
 
 
-def _fill(prob: _Problem, best: _Best, order: list[int]) -> None:
+def _fill(prob: CoverProblem, best: _Best, order: list[int]) -> None:
     """Fallback when leaf slots blocked the sweep: the most throughput the NAT rule allows,
     every relay (each opens d - 1 slots) then NAT workers fastest first; pruning trims it.
     Finds a cover whenever one exists (max_workers aside)."""
@@ -133,7 +133,7 @@ def _fill(prob: _Problem, best: _Best, order: list[int]) -> None:
     best.offer(prob, state.taken)
 
 
-def _valid(prob: _Problem, x: np.ndarray) -> bool:
+def _valid(prob: CoverProblem, x: np.ndarray) -> bool:
     if not covers(float(prob.rate @ x), prob.required_rps):
         return False
     if prob.leaf_fanout is None:
@@ -142,7 +142,7 @@ def _valid(prob: _Problem, x: np.ndarray) -> bool:
     return x[~prob.relay].sum() - (d - 1) * x[prob.relay].sum() <= d
 
 
-def _prune(prob: _Problem, x: np.ndarray) -> np.ndarray:
+def _prune(prob: CoverProblem, x: np.ndarray) -> np.ndarray:
     """Drop units, most expensive first, while the set stays valid."""
     x = x.copy()
     for j in sorted(range(len(x)), key=lambda j: -prob.price[j]):
@@ -162,14 +162,14 @@ def activate_greedy(
     leaf_fanout: int | None = None,
 ) -> Activation:
     """Heuristic activation, O(n^2) vectorized; `lower_bound_per_hour` is the LP bound."""
-    prob = _problem(offers, required_rps, max_workers, leaf_fanout)
+    prob = cover_problem(offers, required_rps, max_workers, leaf_fanout)
     if prob.required_rps <= 0:
-        return _result(prob, np.zeros(len(offers)), "none", 0.0)
+        return activation_of(prob, np.zeros(len(offers)), "none", 0.0)
     order = _ratio_order(prob)
     best = _Best(max_workers)
     _sweep(_State(prob), best, order)
     if best.x is None:
         _fill(prob, best, order)
     if best.x is None:
-        return _infeasible(prob, "greedy", _why_infeasible(prob))
-    return _result(prob, _prune(prob, best.x), "greedy", lp_lower_bound(prob))
+        return infeasible(prob, "greedy", why_infeasible(prob))
+    return activation_of(prob, _prune(prob, best.x), "greedy", lp_lower_bound(prob))

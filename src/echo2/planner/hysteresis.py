@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from echo2.planner.activation import Activation, Offer, covers
+from echo2.planner.covering import Activation, Offer, covers
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from echo2 import __version__ as RELEASE
-from echo2.broadcast.manifest import SignedManifest
-from echo2.broadcast.metrics import BadPeerReport
-from echo2.broadcast.topology import Assignment
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import LoraConfig
+from echo2.config.task import TaskConfig
+from echo2.protocol.broadcast import Assignment, BadPeerReport
+from echo2.protocol.manifest import SignedManifest
+from echo2.protocol.release import RELEASE
 
 PROTOCOL_VERSION = 5
 PROTOCOL_CHANGES = {
@@ -94,9 +94,9 @@ class RegisterResponse(Message):
     credential: str
     """This worker's own credential: every later call carries it as its bearer token. Issued
     once per registration, bound to `worker_id`."""
-    task: dict = {}
+    task: TaskConfig | None = None
     """The run's task config when it is multi-turn (the environment a worker plays episodes in,
-    its budgets); empty for single-turn tasks, whose prompts come whole with each lease."""
+    its budgets); None for single-turn tasks, whose prompts come whole with each lease."""
     lora: LoraConfig | None = None
     """The run's grpo.lora when it trains adapters (None otherwise): a vLLM worker reserves
     adapter room of that rank when it builds its engine, before the first version arrives."""

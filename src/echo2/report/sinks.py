@@ -1,6 +1,7 @@
 """Metric sinks: TensorBoard and W&B fed from the records every role writes to metrics.jsonl
-(the one metrics path; a sink only mirrors it). A small ABC and a plain factory on the run's
-`[report]` settings; which scalars is echo2.report.scalars' table.
+(the one metrics path; a sink only mirrors it). A small ABC and the feeder that hands records to
+the sinks; sink_factory.py builds them from the run's `[report]` settings; which scalars is
+echo2.report.scalars' table.
 
 One process feeds them, the one that reads the whole file: `echo2 run` (its launcher tails
 metrics.jsonl for the live view anyway), or `echo2 report --run-dir DIR --follow` beside roles
@@ -12,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 
-from echo2.config.run import RunConfig
 from echo2.report.scalars import scalars_of
 
 SAMPLE_COLUMNS = ("step", "prompt", "completion", "reward", "worker_id", "version")
@@ -32,24 +32,6 @@ class Sink(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush everything to disk (and end the W&B run)."""
-
-
-def make_sinks(cfg: RunConfig) -> list[Sink]:
-    sinks: list[Sink] = []
-    if cfg.report.tensorboard:
-        from echo2.report.tensorboard_sink import TensorBoardSink
-
-        sinks.append(TensorBoardSink(cfg.run_path / "tensorboard"))
-    if cfg.report.wandb.enabled:
-        from echo2.report.wandb_sink import WandbSink
-
-        try:
-            sinks.append(WandbSink(cfg))
-        except ValueError:
-            for sink in sinks:  # no writer thread left behind the error
-                sink.close()
-            raise
-    return sinks
 
 
 class SinkFeeder:

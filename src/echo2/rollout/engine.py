@@ -1,5 +1,6 @@
-"""Generation engine interface and its factory: a worker hands prompts in, gets completions
-with per-token behaviour log-probs out. Implemented: HF transformers (CPU/GPU) and vLLM."""
+"""Generation engine interface: a worker hands prompts in, gets completions with per-token
+behaviour log-probs out. Implemented: HF transformers (hf_engine.py, CPU/GPU) and vLLM
+(vllm_engine.py); engine_factory.py picks one from the worker's config."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from echo2.config.run import LoraConfig
-from echo2.config.worker import WorkerConfig
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,3 @@ class Engine(ABC):
         """Swap in new LoRA adapter weights (grpo.lora) on top of the base model loaded at start."""
         raise NotImplementedError(f"the {type(self).__name__} engine cannot apply LoRA adapters (grpo.lora); "
                                   "run workers with engine = 'hf'")
-
-
-def make_engine(cfg: WorkerConfig, model_source: str, lora: LoraConfig | None = None) -> Engine:
-    """The engine `cfg.engine` names, on `cfg.device` ("auto" resolves on this machine). `lora`:
-    the run's adapter settings when it trains LoRA (vLLM reserves adapter room when it is built;
-    the HF engine adds adapters when the first adapter version arrives)."""
-    if cfg.engine == "hf":
-        from echo2.rollout.hf_engine import HFEngine
-
-        return HFEngine.from_pretrained(model_source, cfg.device, cfg.dtype)
-    if cfg.engine == "vllm":
-        from echo2.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_source, cfg.device, cfg.vllm, lora)
-    raise ValueError(f"worker.engine: unknown engine {cfg.engine!r} (allowed: 'hf', 'vllm')")

@@ -4,8 +4,7 @@ rendered through the model's chat template exactly as the coordinator will repla
 
 from __future__ import annotations
 
-from pydantic import TypeAdapter
-
+from echo2.config.task import TaskConfig
 from echo2.envs.episode import Episode
 from echo2.envs.play import play
 from echo2.envs.task import EnvTask
@@ -14,16 +13,15 @@ from echo2.protocol.messages import RolloutCompletion, Task
 from echo2.rollout.engine import Engine, GenRequest
 
 
-def env_task_from(task_config: dict) -> EnvTask | None:
+def env_task_from(cfg: TaskConfig | None) -> EnvTask | None:
     """The run's multi-turn task from the coordinator's registration reply (None: single-turn)."""
-    if not task_config:
+    if cfg is None:
         return None
-    from echo2.tasks.registry import TaskConfig, make_task
+    from echo2.tasks.registry import make_task
 
-    cfg = TypeAdapter(TaskConfig).validate_python(task_config)
     # the run seed only picks held-out episodes, which a worker never plays: leases bring the seeds
     task = make_task(cfg, seed=0)
-    if not getattr(task, "multi_turn", False):
+    if task.kind != "episode":
         raise ValueError(f"the coordinator sent task {cfg.name!r} as multi-turn, but it is not")
     return task
 

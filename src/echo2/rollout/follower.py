@@ -11,11 +11,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from echo2.broadcast.manifest import AdapterSpec, Manifest
 from echo2.broadcast.metrics import FetchMetrics
 from echo2.broadcast.signing import ManifestRejected
-from echo2.broadcast.topology import Assignment
 from echo2.broadcast.wire import BroadcastFailed, FetchAborted
+from echo2.protocol.broadcast import Assignment
+from echo2.protocol.manifest import AdapterSpec, Manifest
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.weights import WeightReceiver
@@ -202,7 +202,7 @@ def _rebuild(base: tuple[int, memoryview] | None, payload: memoryview, manifest:
     if manifest.base_version is None:
         return payload
     from echo2.broadcast.delta import decode_delta
-    from echo2.broadcast.manifest import verify_content
+    from echo2.protocol.manifest import verify_content
 
     if base is None or base[0] != manifest.base_version:
         raise ValueError(f"version {manifest.version} is a delta against {manifest.base_version}, "

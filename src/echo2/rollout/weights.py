@@ -9,13 +9,13 @@ from __future__ import annotations
 import aiohttp
 
 from echo2.broadcast.fetch import fetch_version, new_session
-from echo2.broadcast.metrics import BadPeerReport, FetchResult
+from echo2.broadcast.metrics import FetchResult
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.signing import load_public_key, public_key_from_hex
 from echo2.broadcast.throttle import Throttle
-from echo2.broadcast.topology import Assignment
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.worker import WorkerConfig
+from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.http import call
 from echo2.protocol.messages import BadPeerRequest, VersionInfo
 from echo2.protocol.tls import base_url, client_context, server_context

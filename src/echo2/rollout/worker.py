@@ -39,7 +39,8 @@ from echo2.protocol.messages import (
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply, unreachable_fix
-from echo2.rollout.engine import Engine, make_engine
+from echo2.rollout.engine import Engine
+from echo2.rollout.engine_factory import make_engine
 from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
 from echo2.rollout.follower import VersionFollower, wait_either
 from echo2.rollout.weights import WeightReceiver

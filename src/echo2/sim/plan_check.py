@@ -13,7 +13,8 @@ left out) are reported, and the agreement is judged on the steady one.
 from __future__ import annotations
 
 from echo2.config.sim import ScenarioConfig
-from echo2.planner.plan import make_plan, with_staleness
+from echo2.planner.fleet import with_staleness
+from echo2.planner.plan import make_plan
 from echo2.sim.simulator import simulate
 
 

@@ -16,8 +16,9 @@ from echo2.planner.cost import SECONDS_PER_HOUR, centralized_step_s, saving_frac
 
 
 @dataclass(frozen=True)
-class Baseline:
-    """Centralized co-located run on the learner's GPUs: generate the batch, then train."""
+class CentralizedRun:
+    """The baseline run, centralized and co-located on the learner's GPUs (generate the batch,
+    then train), over the simulated run's steps (echo2.planner.plan.Baseline is one step of it)."""
 
     step_s: float
     wall_s: float
@@ -65,7 +66,7 @@ class SimResult:
     fleet_cost: float
     total_cost: float
     cost_per_step: float
-    baseline: Baseline | None
+    baseline: CentralizedRun | None
     saving_fraction: float | None
     plan: dict = field(default_factory=dict)
     """`echo2 plan`'s prediction for the same scenario (empty when activation = "all")."""
@@ -104,7 +105,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def centralized_baseline(scenario: ScenarioConfig, steps: int) -> Baseline | None:
+def centralized_baseline(scenario: ScenarioConfig, steps: int) -> CentralizedRun | None:
     """The planner's synchronous baseline, T_central = T_train + max(B / r_L, T_gen), for
     `steps` steps on the learner's GPUs alone; None without a learner rollout rate."""
     rate = scenario.plan_config().learner_rps()
@@ -113,10 +114,10 @@ def centralized_baseline(scenario: ScenarioConfig, steps: int) -> Baseline | Non
     work = scenario.workload
     step_s = centralized_step_s(work.step_time_s, scenario.workload.batch_rollouts, rate, work.generation_time_s)
     wall_s = step_s * steps
-    return Baseline(step_s, wall_s, scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR)
+    return CentralizedRun(step_s, wall_s, scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR)
 
 
-def saving(total_cost: float, baseline: Baseline | None) -> float | None:
+def saving(total_cost: float, baseline: CentralizedRun | None) -> float | None:
     """None without a baseline, or when no step was trained (a starved run: nothing to compare)."""
     if baseline is None or not math.isfinite(total_cost) or baseline.cost <= 0:
         return None

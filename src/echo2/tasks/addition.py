@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import random
 from functools import cached_property
-from typing import Literal
 
-from pydantic import Field
-
-from echo2.config.task import TaskConfigBase
+from echo2.config.task import AdditionConfig
 from echo2.tasks.base import Problem, TaskAdapter
 
 # Distinct streams for training and evaluation so held-out problems are drawn independently.
 _EVAL_STREAM = 1_000_003
 _TRAIN_STREAM = 2_000_003
-
-
-class AdditionConfig(TaskConfigBase):
-    name: Literal["addition"] = "addition"
-    digits: int = Field(2, ge=1, le=6)
-    """Operands have up to this many digits."""
-    chat_template: bool = False
-    """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
 
 
 class AdditionTask(TaskAdapter):

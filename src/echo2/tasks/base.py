@@ -3,7 +3,7 @@ problem becomes prompt text.
 
 Adapters import no torch: the coordinator computes rewards with them (a reward sent by a worker
 is never trusted), and new tasks plug in without touching scheduling or training. Adding a task
-is one module defining its config schema and its adapter, and one entry in
+is one module defining its adapter, its config schema in `echo2.config.task`, and one entry in
 `echo2.tasks.registry`.
 """
 
@@ -11,8 +11,31 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
 
 from echo2.config.task import TaskConfigBase
+from echo2.envs.chat import first_messages, render_messages
+
+TaskKind = Literal["single", "episode"]
+""""single": one prompt, one completion, one reward (a `TaskAdapter`). "episode": turns in an
+environment, rewarded at the end (an echo2.envs.task `EnvTask`)."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What every task is, whichever its kind; `kind` says which of the two interfaces it has
+    beyond this (callers branch on it, not on the class)."""
+
+    kind: TaskKind
+    name: str
+    cfg: TaskConfigBase
+
+    @property
+    def instruction(self) -> str: ...
+
+    def check(self) -> None:
+        """Load and validate the task's data now: a bad file or field is an error before any
+        process starts."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +52,9 @@ class Problem:
 
 
 class TaskAdapter(ABC):
+    """The adapter of a single-turn task (a `Task` of kind "single")."""
+
+    kind: TaskKind = "single"
     name: str
     default_instruction: str = ""
 
@@ -68,29 +94,6 @@ class TaskAdapter(ABC):
         return first_messages(problem.prompt, self.instruction, self.cfg.system_prompt)
 
 
-def first_messages(question: str, instruction: str, system_prompt: str) -> list[dict[str, str]]:
-    """The conversation a policy starts from: the optional system message, then the question
-    (with the instruction on the line after it) as the user's turn."""
-    text = f"{question}\n{instruction}" if instruction else question
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*system, {"role": "user", "content": text}]
-
-
 def render_prompt(tokenizer, task: TaskAdapter, problem: Problem) -> str:
     """The prompt text a policy sees for a problem of `task` (see `render_messages`)."""
     return render_messages(tokenizer, task.messages(problem), task.cfg)
-
-
-def uses_chat_template(tokenizer, cfg: TaskConfigBase) -> bool:
-    return bool(cfg.chat_template and getattr(tokenizer, "chat_template", None))
-
-
-def render_messages(tokenizer, messages: list[dict[str, str]], cfg: TaskConfigBase) -> str:
-    """The tokenizer's chat template applied to `messages` (ending with the assistant's turn to
-    answer) when the task config asks for it and the tokenizer has one, else their contents
-    line by line. `tokenizer` is any transformers tokenizer (only its chat template is used, no
-    torch)."""
-    if uses_chat_template(tokenizer, cfg):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             **cfg.chat_template_kwargs)
-    return "\n".join(m["content"] for m in messages)

@@ -13,37 +13,13 @@ import json
 import random
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from echo2.config.task import TaskConfigBase
+from echo2.config.task import MathConfig
 from echo2.tasks.answers import equivalent, extract_answer, reference_answer
 from echo2.tasks.base import Problem, TaskAdapter
 from echo2.tasks.order import row_at
 
 _LOADERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class MathConfig(TaskConfigBase):
-    name: Literal["math"] = "math"
-    dataset: str = Field(min_length=1)
-    """A Hugging Face dataset name (e.g. "openai/gsm8k"; hub access is the user's business) or a
-    local .jsonl, .json, .parquet or .csv file."""
-    dataset_config: str = ""
-    """The hub dataset's configuration name (GSM8K's is "main")."""
-    question_field: str = "question"
-    answer_field: str = "answer"
-    """Columns holding the problem and its answer (a bare answer, or a worked solution ending in
-    \\boxed{...} or `#### answer`)."""
-    train_split: str = "train"
-    eval_split: str = ""
-    """Held-out problems: a split of `dataset` (e.g. "test") or another local file; empty: hold
-    out `eval_fraction` of the training rows."""
-    eval_fraction: float = Field(0.05, gt=0, lt=1)
-    format_reward: float = Field(0.0, ge=0, le=1)
-    """Added to the reward when the completion states its answer in \\boxed{} (0: correctness
-    only)."""
 
 
 class MathTask(TaskAdapter):

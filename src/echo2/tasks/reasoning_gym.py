@@ -10,50 +10,15 @@ from __future__ import annotations
 
 import re
 from functools import cached_property, lru_cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-
-from echo2.config.task import TaskConfigBase
+from echo2.config.task import ReasoningGymConfig
 from echo2.tasks.base import Problem, TaskAdapter
 from echo2.tasks.order import row_at
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # held-out problems come from a dataset of their own seed, far from any training seed
 _EVAL_SEED_OFFSET = 1_000_003
-
-
-class ReasoningGymConfig(TaskConfigBase):
-    name: Literal["reasoning_gym"] = "reasoning_gym"
-    dataset: str = Field(min_length=1)
-    """A reasoning-gym dataset name, e.g. "chain_sum", "basic_arithmetic", "sokoban"."""
-    config: dict[str, Any] = {}
-    """The dataset's own settings (e.g. chain_sum's min_terms, max_terms, min_digits,
-    max_digits); see reasoning_gym's docs for each dataset."""
-    size: int = Field(10_000, ge=1, le=10_000_000)
-    """Training problems per epoch (generated on demand; each epoch is reshuffled)."""
-    answer_pattern: str = Field("", max_length=256)
-    """A regular expression that finds the answer in a completion without `<answer>` tags: its
-    last match is scored (the first group's text where the pattern has a group), and a
-    completion it does not match earns 0. "" scores the whole completion. For example
-    "-?\\d+" (the last integer) for arithmetic datasets, whose answers are bare numbers."""
-    partial_credit: bool = True
-    """True: the dataset's score as it gives it, partial credit included (most datasets give
-    len(answer)/len(completion) to a completion that contains the answer). False: 1.0 for full
-    marks, else 0. A model whose habit earns partial credit (SmolLM2's "2 + 5 = 7" for "7") can
-    collapse onto that habit, since it is the best-rewarded thing it samples; binary rewards
-    leave it nothing to collapse onto. Held-out accuracy counts full marks either way."""
-
-
-    @field_validator("answer_pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"task.answer_pattern={pattern!r} is not a regular expression ({exc}); give one such as "
-                             "'-?\\d+', or '' to score the whole completion") from None
-        return pattern
 
 
 class ReasoningGymTask(TaskAdapter):

@@ -9,14 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from echo2.broadcast import (
-    BadPeerReport,
-    BroadcastPlan,
     FetchResult,
     Origin,
-    OriginInfo,
-    PeerInfo,
     RelayServer,
-    SignedManifest,
     fetch_version,
     generate_private_key,
     plan_broadcast,
@@ -24,6 +19,8 @@ from echo2.broadcast import (
 from echo2.broadcast.faults import Fault
 from echo2.broadcast.lab.payload import synthetic_payload
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.broadcast import BadPeerReport, BroadcastPlan, OriginInfo, PeerInfo
+from echo2.protocol.manifest import SignedManifest
 
 T = TypeVar("T")
 TOKEN = "test-token"

@@ -9,12 +9,12 @@ import mmap
 import pytest
 import torch
 
-from echo2.broadcast.catchup import Offer, cheapest_path, path_bytes, retained
+from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retained
 from echo2.broadcast.delta import decode_delta, encode_delta, same_layout
 from echo2.broadcast.encoder import VersionEncoder
-from echo2.broadcast.manifest import build_manifest, verify_content
 from echo2.config.broadcast import BroadcastConfig
 from echo2.models.weights import plan_layout, write_payload
+from echo2.protocol.manifest import build_manifest, verify_content
 
 
 def _payload(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> memoryview:
@@ -68,8 +68,8 @@ def _rebuild(held: memoryview | None, path, published) -> memoryview:
     return held
 
 
-def _offers(published) -> list[Offer]:
-    return [Offer(v, m.base_version, m.total_bytes) for (v, _), (m, _) in published.items()]
+def _offers(published) -> list[ServedForm]:
+    return [ServedForm(v, m.base_version, m.total_bytes) for (v, _), (m, _) in published.items()]
 
 
 @pytest.mark.parametrize("codec", ["sub-zstd", "xor-zstd"])
@@ -159,12 +159,12 @@ def test_anchors_every_k_on_request_and_never_with_deltas_off() -> None:
 
 
 def test_cheapest_path_prefers_an_anchor_when_the_missed_deltas_cost_more() -> None:
-    offers = [Offer(0, None, 100), *(Offer(v, v - 1, 30) for v in range(1, 8)), Offer(6, None, 100)]
+    offers = [ServedForm(0, None, 100), *(ServedForm(v, v - 1, 30) for v in range(1, 8)), ServedForm(6, None, 100)]
     assert [o.version for o in cheapest_path(1, 7, offers)] == [6, 7]  # 100 + 30 beats 6 x 30
     assert [o.version for o in cheapest_path(4, 7, offers)] == [5, 6, 7]  # 90 beats 130
     assert path_bytes(cheapest_path(None, 7, offers)) == 130
     assert cheapest_path(7, 7, offers) is None  # nothing newer to fetch
-    gap = [Offer(3, 2, 10), Offer(4, 3, 10)]
+    gap = [ServedForm(3, 2, 10), ServedForm(4, 3, 10)]
     assert cheapest_path(1, 4, gap) is None  # delta 2 is gone and no anchor follows
 
 

@@ -11,16 +11,10 @@ import time
 import pytest
 
 from conftest import CHUNK, FAST, TOKEN, payload, run, start_cluster
-from echo2.broadcast import (
-    ManifestRejected,
-    build_manifest,
-    fetch_version,
-    generate_private_key,
-    sign_manifest,
-    verify_payload,
-)
+from echo2.broadcast import ManifestRejected, fetch_version, generate_private_key, sign_manifest
 from echo2.broadcast.faults import Fault, FaultKind
 from echo2.broadcast.wire import BroadcastFailed
+from echo2.protocol.manifest import build_manifest, verify_payload
 
 
 def _assert_all_correct(results: dict, data: bytes) -> None:  # type: ignore[type-arg]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from echo2.broadcast.latency import predict_plan_s
-from echo2.broadcast.topology import OriginInfo, PeerInfo, plan_broadcast
+from echo2.broadcast.topology import plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import chain_s, ideal_s, one_to_many_s, tree_levels, tree_s
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
 
 B = 12.5e6  # 100 Mbit/s in bytes per second
 M, C = 64 << 20, 1 << 20

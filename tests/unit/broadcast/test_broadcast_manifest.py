@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from echo2.broadcast.lab.payload import synthetic_payload
-from echo2.broadcast.manifest import (
+from echo2.protocol.manifest import (
     Manifest,
     build_manifest,
     chunk_spans,

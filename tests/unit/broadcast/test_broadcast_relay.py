@@ -11,18 +11,17 @@ import pytest
 from conftest import FAST, TOKEN, payload, run, start_cluster
 from echo2.broadcast import (
     FetchAborted,
-    OriginInfo,
     OriginThread,
-    PeerInfo,
     RelayServer,
     fetch_version,
     generate_private_key,
     late_joiner_assignment,
     plan_broadcast,
-    verify_payload,
 )
 from echo2.broadcast.faults import Fault, FaultKind
 from echo2.broadcast.wire import BroadcastFailed
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
+from echo2.protocol.manifest import verify_payload
 
 
 def test_chain_delivers_every_worker_the_verified_payload_and_learner_sends_once() -> None:

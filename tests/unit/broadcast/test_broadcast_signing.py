@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 
 from echo2.broadcast.lab.payload import synthetic_payload
-from echo2.broadcast.manifest import build_manifest, content_index
 from echo2.broadcast.signing import (
     ManifestRejected,
-    SignedManifest,
     generate_private_key,
     key_id,
     load_private_key,
@@ -23,6 +21,7 @@ from echo2.broadcast.signing import (
     sign_manifest,
     verify_manifest,
 )
+from echo2.protocol.manifest import SignedManifest, build_manifest, content_index
 
 KEY = generate_private_key()
 PAYLOAD = synthetic_payload(3000, seed=7)

@@ -7,16 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from echo2.broadcast.topology import (
-    ORIGIN_ID,
-    Assignment,
-    BroadcastPlan,
-    OriginInfo,
-    PeerInfo,
-    late_joiner_assignment,
-    plan_broadcast,
-)
+from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo
 
 MBIT = 125_000.0
 B = 100 * MBIT

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import echo2
 from echo2.broadcast.lab.netns import HostSpec, LabNetwork
 from echo2.broadcast.latency import predict_plan_s
 from echo2.broadcast.metrics import latency_summary
-from echo2.broadcast.topology import OriginInfo, PeerInfo, plan_broadcast
+from echo2.broadcast.topology import plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.planner.dissemination import ideal_s
+from echo2.protocol.broadcast import OriginInfo, PeerInfo
 
 MBIT = 1e6
 TOKEN = "lab-token"
@@ -92,7 +92,8 @@ class LabProcess:
 
 
 async def spawn(name: str, argv: list[str], log_dir: Path) -> LabProcess:
-    env = dict(os.environ, PYTHONPATH=str(Path(echo2.__file__).parents[1]))
+    # the src dir this echo2 runs from (lab/ in broadcast/ in echo2/ in it): the nodes run the same code
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[3]))
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until exit
     process = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log, env=env,

@@ -21,11 +21,8 @@ import time
 from typing import Any
 
 from echo2.broadcast import (
-    Assignment,
-    BadPeerReport,
     Origin,
     RelayServer,
-    SignedManifest,
     fetch_version,
     generate_private_key,
     public_key_from_hex,
@@ -33,6 +30,8 @@ from echo2.broadcast import (
 )
 from echo2.broadcast.lab.payload import synthetic_payload
 from echo2.config.broadcast import BroadcastConfig
+from echo2.protocol.broadcast import Assignment, BadPeerReport
+from echo2.protocol.manifest import SignedManifest
 
 STDIN_LINE_LIMIT = 64 << 20
 """Largest command line accepted (a signed manifest of ~900 GB of weights at 1 MiB chunks)."""

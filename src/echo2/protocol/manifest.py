@@ -1,12 +1,12 @@
 """Weight manifest: what a published policy version contains and how to verify it chunk by chunk.
 
 A version's payload is one safetensors blob (or, with a base version, a delta against it: see
-`delta`). The manifest lists the tensors (name, dtype, shape, byte range in the blob), the chunk
-size and the sha256 of every chunk, so a receiver can verify each chunk as it arrives and never
-keep, forward or load a byte that fails. A delta's chunks hash the delta, so its manifest also
-carries the sha256 of every tensor of the reconstructed payload: a worker verifies what it
-loads, not only what it received. The learner signs the encoded manifest (see `signing`); the
-codec here is plain JSON, never pickle.
+echo2.broadcast.delta). The manifest lists the tensors (name, dtype, shape, byte range in the
+blob), the chunk size and the sha256 of every chunk, so a receiver can verify each chunk as it
+arrives and never keep, forward or load a byte that fails. A delta's chunks hash the delta, so
+its manifest also carries the sha256 of every tensor of the reconstructed payload: a worker
+verifies what it loads, not only what it received. The learner signs the encoded manifest (see
+echo2.broadcast.signing); the codec here is plain JSON, never pickle.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 FULL_CODEC = "safetensors"
 DELTA_CODECS = ("sub-zstd", "xor-zstd")
-"""How a delta payload encodes version v against v-1 (see `delta`)."""
+"""How a delta payload encodes version v against v-1 (see echo2.broadcast.delta)."""
 Codec = Literal["safetensors", "sub-zstd", "xor-zstd"]
 Form = Literal["full", "delta"]
 HASH_THREADS = min(8, os.cpu_count() or 1)
@@ -66,7 +66,8 @@ class Manifest(BaseModel):
     base_version: int | None = Field(None, ge=0)
     """None: a full snapshot. Otherwise the payload is a delta against this version."""
     codec: Codec = FULL_CODEC
-    """"safetensors" for a full snapshot; a delta codec (see `delta`) when base_version is set."""
+    """"safetensors" for a full snapshot; a delta codec (see echo2.broadcast.delta) when
+    base_version is set."""
     content_bytes: int = Field(0, ge=0)
     """Delta: the size of the reconstructed safetensors payload (0 on full manifests, whose
     payload is what they load)."""
@@ -254,8 +255,8 @@ def decode_manifest(data: bytes | str, *, max_bytes: int = MAX_MANIFEST_BYTES) -
 
 
 class SignedManifest(BaseModel):
-    """A manifest with the learner's signature over its exact bytes (see `signing`); a wire type,
-    so it lives here, free of the cryptography the signing itself needs."""
+    """A manifest with the learner's signature over its exact bytes (see echo2.broadcast.signing);
+    a wire type, so it lives here, free of the cryptography the signing itself needs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["signed_manifest"] = "signed_manifest"

@@ -1,0 +1,230 @@
+"""The fleet search behind `echo2 plan`: each worker class's latencies and admissible rate at a
+fleet size, and the cheapest (or, infeasible, the fastest) fleet that keeps the learner busy.
+
+Dissemination latency grows with the number of workers N, and N is what we are choosing. The
+search therefore caps the fleet size on a doubling grid (1, 2, 4, ..., all): for each cap it
+prices dissemination at N = cap, keeps the classes whose rollouts still land within the
+staleness window, solves the activation exactly with at most `cap` workers, and keeps the
+cheapest. Every candidate is self-consistent (its real N <= cap, so its real latency is no
+larger than the one it was planned with); the final numbers are re-evaluated at the real N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from echo2.config.catalog import PlanConfig, WorkerClass
+from echo2.planner import capacity, tail
+from echo2.planner.activation import activate
+from echo2.planner.covering import Activation, Offer, covers
+from echo2.planner.dissemination import bytes_per_s, dissemination_s
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """One worker class at a given fleet size: its latencies and what one worker delivers."""
+
+    name: str
+    available: int
+    chosen: int
+    price_per_hour: float
+    rollouts_per_s: float
+    admissible_rps: float
+    """Per worker, after swap stalls and preemptions; 0 if its rollouts arrive staler than S."""
+    dissemination_s: float
+    """Transfer to the slowest position of the broadcast plus T_load (publish -> loaded)."""
+    generation_s: float
+    """Mean time for one group (T_gen)."""
+    tail_s: float
+    """The latency percentile of (wait for a broadcast round + one group's generation)."""
+    stall_s: float
+    swap_interval_s: float
+    """Seconds between two versions reaching a worker (it swaps each one in)."""
+    availability: float
+    """Fraction of time a worker of this class delivers, preemptions and rejoins counted."""
+    on_time: float
+    """Fraction of its groups that land within the staleness window (the rest are dropped)."""
+    s_min: int
+    reachable: bool
+
+
+def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = None) -> list[ClassPlan]:
+    """Every class's latencies and admissible rate when N = n_workers receive each version.
+
+    A shared broadcast round runs at its slowest link, so what a class delivers depends on the
+    slowest class beside it: `slowest_bps` is the slowest bandwidth in the fleet (None: each
+    class alone). A class slower than it is evaluated as the new slowest link."""
+    return [
+        _class_plan(cfg, name, worker, max(1, n_workers), slowest_bps) for name, worker in cfg.workers.items()
+    ]
+
+
+def _class_plan(
+    cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int, slowest_bps: float | None
+) -> ClassPlan:
+    work, net, settings = cfg.workload, cfg.broadcast, cfg.plan
+    transfer_s = dissemination_s(
+        net.topology,
+        work.snapshot_bytes,
+        n_workers,
+        learner_bytes_per_s=bytes_per_s(cfg.learner.uplink_bps),
+        worker_bytes_per_s=bytes_per_s(worker.bandwidth_bps),
+        chunk_bytes=net.chunk_bytes,
+        fanout=net.fanout,
+        hop_latency_s=net.hop_latency_s,
+    )
+    floor_bps = worker.bandwidth_bps if slowest_bps is None else min(slowest_bps, worker.bandwidth_bps)
+    if net.topology == "ideal":  # every downlink its own: only the worker's own link matters
+        floor_bps = worker.bandwidth_bps
+    period_s = tail.round_period_s(
+        net.topology, work.snapshot_bytes, n_workers, cfg.learner.uplink_bps, floor_bps, net.fanout
+    )
+    dis_s = transfer_s + work.load_time_s
+    gen_s = work.generation_time_s if worker.generation_time_s is None else worker.generation_time_s
+    # a round wait, then the step's leases spread over one step, then the generation itself
+    lateness = (tail.max_wait_s(work.step_time_s, period_s), work.step_time_s, gen_s, settings.generation_cv)
+    tail_s = tail.wait_plus_generation_s(*lateness, settings.latency_percentile)
+    on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, *lateness)
+    stall_s = work.load_time_s if work.background_fetch else dis_s
+    interval_s = tail.swap_interval_s(work.step_time_s, period_s)
+    # a replacement waits for the next round (P/2 on average), receives and loads the version
+    # (it holds none: join_bytes, a full version with deltas), and half a generation was lost
+    join_s = transfer_s * work.newcomer_bytes / work.snapshot_bytes
+    up = tail.availability(worker.mean_uptime_s, period_s / 2 + join_s + work.load_time_s + gen_s / 2)
+    rate = cfg.worker_rps(worker)
+    admissible = capacity.effective_throughput_rps(
+        rate,
+        work.max_staleness,
+        work.step_time_s,
+        dissemination_s=dis_s,
+        generation_s=tail_s,
+        stall_s=stall_s,
+        swap_interval_s=interval_s,
+    )
+    return ClassPlan(
+        name=name,
+        available=worker.count,
+        chosen=0,
+        price_per_hour=worker.price_per_hour,
+        rollouts_per_s=rate,
+        admissible_rps=admissible * up * on_time,
+        dissemination_s=dis_s,
+        generation_s=gen_s,
+        tail_s=tail_s,
+        stall_s=stall_s,
+        swap_interval_s=interval_s,
+        availability=up,
+        on_time=on_time,
+        s_min=capacity.min_staleness(dis_s, tail_s, work.step_time_s),
+        reachable=worker.reachable,
+    )
+
+
+def bandwidth_floors(cfg: PlanConfig) -> list[float]:
+    """Candidate slowest links of a fleet: each distinct class bandwidth, fastest first."""
+    return sorted({w.bandwidth_bps for w in cfg.workers.values() if w.count > 0}, reverse=True)
+
+
+def slowest_chosen_bps(cfg: PlanConfig, counts: dict[str, int]) -> float | None:
+    chosen = [cfg.workers[name].bandwidth_bps for name, n in counts.items() if n > 0]
+    return min(chosen, default=None)
+
+
+def leaf_fanout(cfg: PlanConfig) -> int | None:
+    """Child slots per parent for the NAT constraint (None: every worker talks to the learner)."""
+    topology = cfg.broadcast.topology
+    return {"chain": 1, "tree": cfg.broadcast.fanout}.get(topology)
+
+
+def total_workers(cfg: PlanConfig) -> int:
+    return sum(w.count for w in cfg.workers.values())
+
+
+def fleet_size_caps(total_workers: int) -> list[int]:
+    caps, cap = [], 1
+    while cap < total_workers:
+        caps.append(cap)
+        cap *= 2
+    return caps + [total_workers] if total_workers > 0 else []
+
+
+def offers_for(classes: list[ClassPlan], allowed: set[str] | None = None) -> list[Offer]:
+    """One offer per class; classes outside `allowed` (None: all) or inadmissible offer none."""
+    return [
+        Offer(
+            c.name,
+            c.price_per_hour,
+            c.admissible_rps,
+            c.available if c.admissible_rps > 0 and (allowed is None or c.name in allowed) else 0,
+            relay=c.reachable,
+        )
+        for c in classes
+    ]
+
+
+def _most_rps(offers: list[Offer], cap: int) -> float:
+    """Admissible rollouts/s of the `cap` fastest units: no activation with <= cap does better."""
+    total, left = 0.0, cap
+    for o in sorted(offers, key=lambda o: -o.rollouts_per_s):
+        units = min(o.count, left)
+        total, left = total + units * o.rollouts_per_s, left - units
+    return total
+
+
+def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
+    """The cheapest self-consistent activation over the fleet-size grid and the slowest link
+    allowed (a shared round runs at its slowest link, so slow classes slow the others), or None."""
+    base_rps = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
+    best: Activation | None = None
+    solved: set[tuple] = set()
+    for floor_bps in bandwidth_floors(cfg):
+        allowed = {name for name, w in cfg.workers.items() if w.bandwidth_bps >= floor_bps}
+        for cap in fleet_size_caps(total_workers(cfg)):
+            offers = offers_for(class_plans(cfg, cap, floor_bps), allowed)
+            key = (tuple(offers), cap)
+            if key in solved or not covers(_most_rps(offers, cap), base_rps):
+                continue  # the same problem again, or one no set of <= cap workers can cover
+            solved.add(key)
+            found = activate(offers, base_rps, max_workers=cap, leaf_fanout=leaf_fanout(cfg))
+            if not found.feasible or not covers(admissible_rps(cfg, found.counts), base_rps):
+                continue  # priced at a slower link than it has, it swaps more often than assumed
+            key = (round(found.price_per_hour, 9), found.n_workers)
+            if best is None or key < (round(best.price_per_hour, 9), best.n_workers):
+                best = found
+    return best
+
+
+def admissible_rps(cfg: PlanConfig, counts: dict[str, int]) -> float:
+    """What the set `counts` delivers at its real size and slowest link."""
+    n = sum(counts.values())
+    classes = class_plans(cfg, max(1, n), slowest_chosen_bps(cfg, counts))
+    return sum(c.admissible_rps * counts.get(c.name, 0) for c in classes)
+
+
+def fastest_fleet(cfg: PlanConfig) -> dict[str, int]:
+    """The set with the most admissible throughput over the fleet-size grid and the slowest
+    link allowed, NAT placement aside: at each cap, the cap fastest admissible workers. What an
+    infeasible plan shows."""
+    best: dict[str, int] = {}
+    best_rps = 0.0
+    for floor_bps, cap in ((f, c) for f in bandwidth_floors(cfg) for c in fleet_size_caps(total_workers(cfg))):
+        counts, left, rps = {}, cap, 0.0
+        for c in sorted(class_plans(cfg, cap, floor_bps), key=lambda c: -c.admissible_rps):
+            if cfg.workers[c.name].bandwidth_bps < floor_bps:
+                continue
+            units = min(c.available, left) if c.admissible_rps > 0 else 0
+            if units:
+                counts[c.name], left, rps = units, left - units, rps + units * c.admissible_rps
+        if rps > best_rps:
+            best, best_rps = counts, rps
+    return best
+
+
+def with_staleness(cfg: PlanConfig, staleness: int) -> PlanConfig:
+    return cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"max_staleness": staleness})})
+
+
+def staleness_warnings(staleness: int) -> tuple[str, ...]:
+    if staleness > 6:
+        return (f"S={staleness}: ECHO-2 found training stable up to S=6 and unstable at S=11 (math, AIME24)",)
+    return ()
