@@ -30,6 +30,11 @@ def _seconds(value: float | None) -> str:
 def rows(result: SimResult) -> list[tuple[str, str, str]]:
     """(quantity, simulated, reference) rows; the reference is the planner's prediction or the
     centralized baseline."""
+    return _run_rows(result) + _cost_rows(result)
+
+
+def _run_rows(result: SimResult) -> list[tuple[str, str, str]]:
+    """Steps, fleet, time, throughput, staleness and broadcast."""
     plan, base = result.plan, result.baseline
     fleet = ", ".join(f"{n} x {name}" for name, n in result.fleet.items()) or "-"
     g = result.groups
@@ -51,11 +56,7 @@ def rows(result: SimResult) -> list[tuple[str, str, str]]:
             f"{result.rollouts_per_s:.2f} ({result.trained_rollouts_per_s:.2f})",
             "needed B/T_train: " + (f"{plan['base_rps']:.2f}" if plan else "-"),
         ),
-        (
-            "groups dropped stale / requeued",
-            f"{g['dropped_stale']} / {g['requeued']} of {g['leased']} leased",
-            "",
-        ),
+        ("groups dropped stale / requeued", f"{g['dropped_stale']} / {g['requeued']} of {g['leased']} leased", ""),
         ("staleness of trained groups", str(result.staleness_hist), ""),
         (
             "broadcast: last worker holds version",
@@ -68,6 +69,13 @@ def rows(result: SimResult) -> list[tuple[str, str, str]]:
             f"p95 {_seconds(result.publish_to_loaded_s['p95'])}",
             "",
         ),
+    ]
+
+
+def _cost_rows(result: SimResult) -> list[tuple[str, str, str]]:
+    """Fleet changes, worker-hours, cost and the saving against the centralized baseline."""
+    plan, base = result.plan, result.baseline
+    return [
         ("preemptions / activation changes", f"{result.preemptions} / {result.controller_switches}", ""),
         ("worker-hours active / idle / released",
          " / ".join(f"{result.fleet_time_h[k]:,.1f}" for k in ("active", "idle", "released")),
