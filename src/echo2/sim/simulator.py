@@ -95,19 +95,9 @@ class Simulator:
             net.hop_latency_s,
         )
 
-    def _collect(
-        self,
-        learner: Learner,
-        data: SimDataPlane,
-        fleet: Fleet,
-        broadcaster: Broadcaster,
-        controller: Controller,
-        counts: dict[str, int],
-        plan: dict,
-        finished: bool,
-        events: int,
-        run_s: float,
-    ) -> res.SimResult:
+    def _collect(self, learner: Learner, data: SimDataPlane, fleet: Fleet, broadcaster: Broadcaster,
+                 controller: Controller, counts: dict[str, int], plan: dict, finished: bool, events: int,
+                 run_s: float) -> res.SimResult:
         scenario = self.scenario
         steps_done = len(learner.busy_s) if finished else learner.step
         wall_s = learner.end_s if finished else learner.loop.now_s
@@ -132,13 +122,8 @@ class Simulator:
             rollouts_generated=fleet.rollouts,
             rollouts_per_s=fleet.rollouts / wall_s if wall_s > 0 else 0.0,
             trained_rollouts_per_s=c.trained * scenario.workload.group_size / wall_s if wall_s > 0 else 0.0,
-            groups={
-                "leased": c.leased,
-                "accepted": c.accepted,
-                "trained": c.trained,
-                "dropped_stale": c.dropped_stale,
-                "requeued": c.requeued,
-            },
+            groups={"leased": c.leased, "accepted": c.accepted, "trained": c.trained,
+                    "dropped_stale": c.dropped_stale, "requeued": c.requeued},
             staleness_hist={str(k): v for k, v in sorted(c.staleness_hist.items())},
             rounds=len(broadcaster.rounds),
             round_latency_s=res.percentiles([r.last_s for r in broadcaster.rounds]),
@@ -159,23 +144,19 @@ class Simulator:
             baseline=baseline,
             saving_fraction=res.saving(total, baseline),
             plan=plan,
-            per_worker=[
-                {
-                    "index": w.index,
-                    "class": w.cls,
-                    "rollouts": w.rollouts,
-                    "billed_s": w.billed_s,
-                    "active_s": w.active_s,
-                    "idle_s": w.idle_s,
-                    "preemptions": w.preemptions,
-                    "versions_loaded": w.loads,
-                    "publish_to_loaded_s": w.loaded_latency_s / w.loads if w.loads else None,
-                }
-                for w in fleet.workers
-            ],
+            per_worker=[_worker_row(w) for w in fleet.workers],
             events=events,
             run_s=run_s,
         )
+
+
+def _worker_row(w) -> dict:
+    """One simulated worker's totals, as the result's `per_worker` rows."""
+    return {
+        "index": w.index, "class": w.cls, "rollouts": w.rollouts, "billed_s": w.billed_s, "active_s": w.active_s,
+        "idle_s": w.idle_s, "preemptions": w.preemptions, "versions_loaded": w.loads,
+        "publish_to_loaded_s": w.loaded_latency_s / w.loads if w.loads else None,
+    }
 
 
 def simulate(scenario: ScenarioConfig, fleet_counts: dict[str, int] | None = None) -> res.SimResult:
