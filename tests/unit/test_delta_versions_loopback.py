@@ -35,7 +35,7 @@ def _step(model: torch.nn.Module, generator: torch.Generator) -> None:
 
 def _holding(w: Worker) -> int:
     """Newest version the worker holds in full (-1 before its follower starts)."""
-    return w.follower.holding() if hasattr(w, "follower") else -1
+    return w.follower.holding() if w.follower is not None else -1
 
 
 def test_a_follower_and_a_late_joiner_rebuild_every_version(tmp_path, tiny_model_dir):
