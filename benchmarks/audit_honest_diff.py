@@ -110,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             engine.load_state_dict(payload_tensors(payload))
             for new_tokens in (int(n) for n in args.new_tokens.split(",")):
                 groups = groups_from(engine, rows, args.group_size, new_tokens)
-                under_wire = recompute_mean_abs_diff(masters, payload_tensors(payload), groups, grpo, 1.0,
-                                                     tokenizer.pad_token_id)
-                under_masters = recompute_mean_abs_diff(masters, dict(unique_tensors(masters)), groups, grpo, 1.0,
-                                                        tokenizer.pad_token_id)
+                under_wire = recompute_mean_abs_diff(masters, payload_tensors(payload), groups, grpo=grpo,
+                                                     temperature=1.0, pad_id=tokenizer.pad_token_id)
+                under_masters = recompute_mean_abs_diff(masters, dict(unique_tensors(masters)), groups,
+                                                        grpo=grpo, temperature=1.0,
+                                                        pad_id=tokenizer.pad_token_id)
                 row = {"engine": engine_name, "wire_dtype": wire_name, "max_new_tokens": new_tokens,
                        "tokens": sum(len(c.token_ids) for g in groups for c in g.completions),
                        "under_wire_version": stats(under_wire), "under_fp32_masters": stats(under_masters)}

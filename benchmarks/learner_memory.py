@@ -168,7 +168,8 @@ def measure(point: dict) -> dict:
 
     def step(batch: int, seed: int) -> dict:
         groups = _groups(batch, point["group_size"], point["prompt_tokens"], point["completion_tokens"], seed)
-        return train_step(model, optimizer, groups, 1, grpo, 1.0, 0, precision=precision)
+        return train_step(model, optimizer, groups, step=1, cfg=grpo, temperature=1.0, pad_id=0,
+                          precision=precision)
 
     step(min(point["group_size"], point["batch"]), seed=1)  # warm-up: kernels, allocator, optimizer states
     if device.type == "cuda":

@@ -158,7 +158,8 @@ def child(point: dict) -> int:
     def step(seed: int) -> dict:
         groups = _groups(point["batch"], point["group_size"], point["prompt_tokens"], point["completion_tokens"], seed,
                          vocab=arch["vocab_size"])
-        stats = train_step(model, optimizer, groups, 1, grpo, 1.0, 0, precision=precision, ranks=ranks)
+        stats = train_step(model, optimizer, groups, step=1, cfg=grpo, temperature=1.0, pad_id=0,
+                           precision=precision, ranks=ranks)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return stats

@@ -50,7 +50,7 @@ def main(run_dir: str, model_dir: str, steps: str, out: str) -> None:
 
     cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
     io = StepIO(load_tokenizer(model_dir))
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     leader = learner.leader
     learner.train()
     if leader:

@@ -22,9 +22,11 @@ def test_worker_may_lease_boundary():
 
 def test_capacity_synchronous_window():
     # S = 0, learner waiting for step 3 with version 3 out: exactly one batch may be generated
-    assert lease_capacity(0, 16, worker_version=3, steps_taken=3, outstanding_groups=0) == 16
+    assert lease_capacity(max_staleness=0, groups_per_step=16, worker_version=3, steps_taken=3,
+                          outstanding_groups=0) == 16
     # ... and none while it trains step 3 (batch taken), until version 4 is published
-    assert lease_capacity(0, 16, worker_version=3, steps_taken=4, outstanding_groups=0) == 0
+    assert lease_capacity(max_staleness=0, groups_per_step=16, worker_version=3, steps_taken=4,
+                          outstanding_groups=0) == 0
 
 
 @given(
@@ -32,7 +34,8 @@ def test_capacity_synchronous_window():
     outstanding=st.integers(0, 100),
 )
 def test_capacity_never_admits_a_group_that_would_be_trained_too_late(s, b, v, taken, outstanding):
-    capacity = lease_capacity(s, b, v, taken, outstanding)
+    capacity = lease_capacity(max_staleness=s, groups_per_step=b, worker_version=v, steps_taken=taken,
+                              outstanding_groups=outstanding)
     # the k-th new group (k = capacity) is trained in the batch holding position taken*b + outstanding + k - 1
     if capacity > 0:
         position = taken * b + outstanding + capacity - 1

@@ -46,14 +46,14 @@ def test_resume_is_bit_exact(tiny_model_dir, tmp_path):
 
     straight, opt = _fresh(tiny_model_dir)
     for step, batch in enumerate(batches):
-        train_step(straight, opt, batch, step, cfg, 1.0, pad)
+        train_step(straight, opt, batch, step=step, cfg=cfg, temperature=1.0, pad_id=pad)
 
     first, opt1 = _fresh(tiny_model_dir)
     for step, batch in enumerate(batches[:3]):
-        train_step(first, opt1, batch, step, cfg, 1.0, pad)
+        train_step(first, opt1, batch, step=step, cfg=cfg, temperature=1.0, pad_id=pad)
     save_checkpoint(tmp_path, 3, first, opt1)
     for step, batch in enumerate(batches[3:5], start=3):  # work lost in a crash after the checkpoint
-        train_step(first, opt1, batch, step, cfg, 1.0, pad)
+        train_step(first, opt1, batch, step=step, cfg=cfg, temperature=1.0, pad_id=pad)
     del first, opt1
 
     resumed, opt2 = _fresh(tiny_model_dir)
@@ -61,7 +61,7 @@ def test_resume_is_bit_exact(tiny_model_dir, tmp_path):
     assert path is not None and path.name == "step_0000003"
     start = load_checkpoint(path, resumed, opt2)
     for step, batch in enumerate(batches[start:], start=start):
-        train_step(resumed, opt2, batch, step, cfg, 1.0, pad)
+        train_step(resumed, opt2, batch, step=step, cfg=cfg, temperature=1.0, pad_id=pad)
 
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.equal(a, b), name

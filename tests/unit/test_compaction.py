@@ -110,9 +110,9 @@ def test_the_learner_reports_its_newest_checkpoint_with_each_batch_request(tmp_p
     tokenizer = load_tokenizer(str(tiny_model_dir))
     cfg = learner_config(tmp_path / "run", tiny_model_dir, train={"steps": 3, "checkpoint_every": 2})
     io = FakeIO([addition_batch(tokenizer, seed) for seed in range(3)])
-    Learner(cfg, "", "", io=io).train()
+    Learner(cfg, "", learner_token="", io=io).train()
     assert io.asked == [0, 1, 2] and io.durable == [None, None, 2]
     more = learner_config(tmp_path / "run", tiny_model_dir, train={"steps": 4, "checkpoint_every": 2})
     resumed = FakeIO([addition_batch(tokenizer, 3)])
-    Learner(more, "", "", io=resumed).train()  # resumes from the final checkpoint, step 3
+    Learner(more, "", learner_token="", io=resumed).train()  # resumes from the final checkpoint, step 3
     assert resumed.asked == [3] and resumed.durable == [3]

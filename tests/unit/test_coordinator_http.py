@@ -28,7 +28,8 @@ TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 async def _serve(state, max_request_bytes: int = 64 << 10, metrics_path=None):
     secrets = Secrets(join=TOKEN, learner=LEARNER_TOKEN, operator=OPERATOR_TOKEN)
-    app = build_app(state, MetricsWriter(metrics_path, "coordinator"), secrets, max_request_bytes)
+    app = build_app(state, MetricsWriter(metrics_path, "coordinator"), secrets,
+                    max_request_bytes=max_request_bytes)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

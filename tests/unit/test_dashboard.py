@@ -58,7 +58,8 @@ def serve(state, metrics_path, scenario):
     """Run `scenario(session, url)` against a coordinator app on port 0 (every await bounded)."""
     async def main():
         secrets = Secrets(join=JOIN, learner=LEARNER_TOKEN, operator=OPERATOR_TOKEN)
-        app = build_app(state, MetricsWriter(metrics_path, "coordinator"), secrets, 64 << 10)
+        app = build_app(state, MetricsWriter(metrics_path, "coordinator"), secrets,
+                        max_request_bytes=64 << 10)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -203,6 +204,7 @@ def test_every_route_has_a_role(run):
     """A route missing from ROUTE_ROLES would be served to anyone: each one the app registers
     (HEAD aside: it takes its GET's role) is listed."""
     state, metrics_path = run
-    app = build_app(state, MetricsWriter(None, "coordinator"), Secrets(JOIN, LEARNER_TOKEN, OPERATOR_TOKEN), 1024)
+    app = build_app(state, MetricsWriter(None, "coordinator"), Secrets(JOIN, LEARNER_TOKEN, OPERATOR_TOKEN),
+                    max_request_bytes=1024)
     routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
     assert routes == set(ROUTE_ROLES)

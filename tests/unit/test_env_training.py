@@ -37,7 +37,7 @@ def poker_config(run_dir, model_dir, **task) -> RunConfig:
 def test_the_format_warm_start_labels_only_the_actions(tiny_model_dir):
     tokenizer = load_tokenizer(str(tiny_model_dir))
     task = make_task(poker_config("r", tiny_model_dir, game="leduc").task, 0)
-    ids, mask, labels = env_sft_batch(tokenizer, task, 0, 16, max_action_tokens=2)
+    ids, mask, labels = env_sft_batch(tokenizer, task, start=0, size=16, max_action_tokens=2)
     eos = tokenizer.eos_token_id
     for row, keep, label in zip(ids.tolist(), mask.tolist(), labels.tolist(), strict=True):
         trained = [(i, t) for i, t in enumerate(label) if t != -100]
@@ -85,7 +85,8 @@ def test_the_learner_trains_on_episodes_and_evaluates_by_playing(tmp_path, tiny_
     cfg = poker_config(tmp_path / "run", tiny_model_dir)
     task = make_task(cfg.task, cfg.seed)
     codec = Codec.from_tokenizer(load_tokenizer(str(tiny_model_dir)), cfg.task)
-    Learner(cfg, "", "", io=FakeIO([episode_groups(task, codec, 0), episode_groups(task, codec, 2)])).train()
+    Learner(cfg, "", learner_token="",
+            io=FakeIO([episode_groups(task, codec, 0), episode_groups(task, codec, 2)])).train()
     records = read_metrics(cfg.run_path / "metrics.jsonl")
     steps = [r for r in records if r["kind"] == "train_step"]
     assert len(steps) == 2 and not any(s["skipped"] for s in steps)

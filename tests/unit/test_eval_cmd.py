@@ -20,7 +20,7 @@ def _run_with_checkpoints(tmp_path, tiny_model_dir):
     cfg = learner_config(tmp_path / "run", tiny_model_dir, task={"eval_size": 30}, train={"eval_every": 2},
                          evaluation={"where": "learner"})
     write_resolved(cfg)
-    Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)])).train()
+    Learner(cfg, "", learner_token="", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)])).train()
     return cfg
 
 

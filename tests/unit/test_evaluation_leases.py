@@ -210,10 +210,10 @@ def test_a_worker_evaluation_scores_what_echo2_eval_scores(tiny_model_dir, tmp_p
     completions = engine.greedy(prompts, 4)
     on_worker = [scorer.eval_correct(i, ids) for i, ids in enumerate(completions)]
     model, tokenizer = load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
-    report = evaluate(model, tokenizer, task, task.eval_problems(), 4)
+    report = evaluate(model, tokenizer, task, task.eval_problems(), max_new_tokens=4)
     assert report.correct_counts == [int(c) for c in on_worker] and report.problems == 40
-    texts = sample_completions(model, tokenizer, [render_prompt(tokenizer, task, p) for p in task.eval_problems()], 1,
-                               0.0, 4)
+    texts = sample_completions(model, tokenizer, [render_prompt(tokenizer, task, p) for p in task.eval_problems()],
+                               n=1, temperature=0.0, max_new_tokens=4)
     assert texts == [scorer.tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
     assert len(set(texts)) > 1  # the untrained model still says different things: a real comparison
 

@@ -95,7 +95,7 @@ def test_exported_checkpoint_loads_with_from_pretrained_and_completes_alike(tmp_
     tokenizer = load_tokenizer(str(tiny_model_dir))
     cfg = learner_config(tmp_path / "run", tiny_model_dir)
     write_resolved(cfg)
-    learner = Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)]))
+    learner = Learner(cfg, "", learner_token="", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)]))
     learner.train()
     out = tmp_path / "exported"
     assert main(["export", "--run-dir", str(cfg.run_path), "--out", str(out)]) == 0
@@ -120,7 +120,7 @@ def test_a_lora_run_exports_merged_weights_and_its_adapter(tmp_path, tiny_model_
     # a high learning rate so two steps move the adapters far enough to change completions
     cfg = learner_config(tmp_path / "run", tiny_model_dir, grpo={"lora": lora, "lr": 0.05})
     write_resolved(cfg)
-    learner = Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)]))
+    learner = Learner(cfg, "", learner_token="", io=FakeIO([addition_batch(tokenizer, s) for s in (1, 2)]))
     learner.train()
     out = tmp_path / "exported"
     assert main(["export", "--run-dir", str(cfg.run_path), "--out", str(out)]) == 0

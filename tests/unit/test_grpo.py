@@ -50,7 +50,7 @@ def test_loss_matches_reference(mode):
     adv = torch.randn(5, generator=gen)
     mask = (torch.rand(5, 7, generator=gen) > 0.3).float()
     cfg = GRPOConfig(loss=mode, tis_cap=2.0)
-    out = grpo_loss(logp, behav, adv, mask, cfg)
+    out = grpo_loss(logp, behav, adv, mask, cfg=cfg)
     assert float(out.loss) == pytest.approx(_reference_loss(logp, behav, adv, mask, cfg), rel=1e-5)
 
 
@@ -64,7 +64,7 @@ def test_clip_gradient_is_zero_outside_trust_region_and_bounded_by_cap():
         logp = torch.zeros(1, 3, requires_grad=True)
         mask = torch.zeros(1, 3)
         mask[0, token] = 1.0
-        grpo_loss(logp, behav, torch.tensor([adv_value]), mask, cfg).loss.backward()
+        grpo_loss(logp, behav, torch.tensor([adv_value]), mask, cfg=cfg).loss.backward()
         assert float(logp.grad[0, token]) == pytest.approx(expected * 3 if token == 2 else expected)
 
 
@@ -72,19 +72,20 @@ def test_tis_weight_truncated():
     cfg = GRPOConfig(loss="tis", tis_cap=2.0)
     logp = torch.zeros(1, 1, requires_grad=True)
     behav = torch.tensor([[math.log(0.01)]])  # importance weight 100 -> truncated to 2
-    grpo_loss(logp, behav, torch.tensor([1.0]), torch.ones(1, 1), cfg).loss.backward()
+    grpo_loss(logp, behav, torch.tensor([1.0]), torch.ones(1, 1), cfg=cfg).loss.backward()
     assert float(logp.grad) == pytest.approx(-2.0)
 
 
 def test_on_policy_metrics_and_kl_penalty():
     logp = torch.full((2, 3), -1.0)
-    out = grpo_loss(logp, logp.clone(), torch.tensor([1.0, -1.0]), torch.ones(2, 3), GRPOConfig())
+    out = grpo_loss(logp, logp.clone(), torch.tensor([1.0, -1.0]), torch.ones(2, 3), cfg=GRPOConfig())
     metrics = reduce_stats([out.sums])
     assert metrics["mismatch_kl"] == pytest.approx(0.0)
     assert metrics["clip_frac"] == 0.0
     assert metrics["log_ratio_outliers"] == 0
     ref = logp - 0.5
-    with_kl = grpo_loss(logp, logp.clone(), torch.zeros(2), torch.ones(2, 3), GRPOConfig(kl_coef=0.1), ref)
+    with_kl = grpo_loss(logp, logp.clone(), torch.zeros(2), torch.ones(2, 3), cfg=GRPOConfig(kl_coef=0.1),
+                        ref_logp_BT=ref)
     assert float(with_kl.loss) == pytest.approx(0.1 * (math.exp(-0.5) - 1 + 0.5), rel=1e-6)
 
 
@@ -97,16 +98,17 @@ def test_fabricated_behaviour_logprob_is_left_out_and_gradients_stay_finite(mode
     logp = torch.full((2, 3), -1.0, requires_grad=True)
     behav = torch.full((2, 3), -1.2)
     behav[0, 1] = behaviour
-    out = grpo_loss(logp, behav, torch.tensor([1.0, -1.0]), torch.ones(2, 3), cfg)
+    out = grpo_loss(logp, behav, torch.tensor([1.0, -1.0]), torch.ones(2, 3), cfg=cfg)
     out.loss.backward()
     assert torch.isfinite(out.loss) and torch.isfinite(logp.grad).all()
     assert float(logp.grad[0, 1]) == 0.0  # the fabricated token pushes nothing
     assert reduce_stats([out.sums])["log_ratio_outliers"] == 1
-    honest = grpo_loss(logp.detach()[1:], behav[1:], torch.tensor([-1.0]), torch.ones(1, 3), cfg, num_tokens=6)
+    honest = grpo_loss(logp.detach()[1:], behav[1:], torch.tensor([-1.0]), torch.ones(1, 3), cfg=cfg,
+                       num_tokens=6)
     # the other tokens are unaffected: row 1's share of the loss is what it is alone
     assert float(out.loss.detach()) == pytest.approx(float(honest.loss) + float(
-        grpo_loss(logp.detach()[:1, [0, 2]], behav[:1, [0, 2]], torch.tensor([1.0]), torch.ones(1, 2), cfg,
-                  num_tokens=6).loss), rel=1e-6)
+        grpo_loss(logp.detach()[:1, [0, 2]], behav[:1, [0, 2]], torch.tensor([1.0]), torch.ones(1, 2),
+                  cfg=cfg, num_tokens=6).loss), rel=1e-6)
     assert MAX_LOG_RATIO < abs(behaviour) - 1
 
 
@@ -118,9 +120,10 @@ def test_loss_normaliser_makes_parts_add_up():
     behav = logp + torch.randn(6, 4, generator=gen) * 0.3
     adv = torch.randn(6, generator=gen)
     mask = (torch.rand(6, 4, generator=gen) > 0.2).float()
-    whole = grpo_loss(logp, behav, adv, mask, GRPOConfig())
+    whole = grpo_loss(logp, behav, adv, mask, cfg=GRPOConfig())
     total = float(mask.sum())
-    parts = [grpo_loss(logp[s], behav[s], adv[s], mask[s], GRPOConfig(), num_tokens=total) for s in (slice(0, 2), slice(2, 6))]
+    parts = [grpo_loss(logp[s], behav[s], adv[s], mask[s], cfg=GRPOConfig(), num_tokens=total)
+             for s in (slice(0, 2), slice(2, 6))]
     assert float(whole.loss) == pytest.approx(sum(float(p.loss) for p in parts), rel=1e-6)
     merged = reduce_stats([p.sums for p in parts])
     assert merged == pytest.approx(reduce_stats([whole.sums]), rel=1e-6)

@@ -14,7 +14,8 @@ from echo2.launch.local import _spawn
 def test_a_spawned_role_stops_on_sigterm_not_sigkill(tmp_path):
     children: list = []
     # `echo2 worker` with nothing to reach: it would retry for minutes; SIGTERM must end it
-    child = _spawn(children, "worker-0", ["worker", "--coordinator", "http://127.0.0.1:9"], tmp_path, {})
+    child = _spawn(children, "worker-0", ["worker", "--coordinator", "http://127.0.0.1:9"], logs=tmp_path,
+                   env={})
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "SigBlk" not in _status(child.pid):

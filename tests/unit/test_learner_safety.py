@@ -27,7 +27,7 @@ def test_fabricated_behaviour_logprobs_leave_the_model_finite(tmp_path, tiny_mod
     batches = [addition_batch(tokenizer, 1, behaviour=-100.0), addition_batch(tokenizer, 2, behaviour=-1e4)]
     cfg = learner_config(tmp_path / "run", tiny_model_dir)
     io = FakeIO(batches)
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     learner.train()
     assert all(torch.isfinite(p).all() for p in learner.model.parameters())
     assert [v for v, _ in io.published] == [0, 1, 2] and io.rejected == []
@@ -45,7 +45,7 @@ def test_nan_gradient_skips_the_step_publishes_and_saves_nothing(tmp_path, tiny_
 
     cfg = learner_config(tmp_path / "run", tiny_model_dir)
     io = FakeIO([poisoned, *good])
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     state_before = {k: v.clone() for k, v in learner.model.state_dict().items()}
     weight = learner.model.model.layers[0].mlp.up_proj.weight
     fired = []
@@ -71,7 +71,7 @@ def test_nan_gradient_skips_the_step_publishes_and_saves_nothing(tmp_path, tiny_
 
     # the skip left no trace: a learner that never saw the poisoned batch ends bit-identical
     clean_io = FakeIO(good)
-    clean = Learner(learner_config(tmp_path / "clean", tiny_model_dir), "", "", io=clean_io)
+    clean = Learner(learner_config(tmp_path / "clean", tiny_model_dir), "", learner_token="", io=clean_io)
     clean.train()
     assert [d for _, d in clean_io.published] == [d for _, d in io.published]
     for (name, a), (_, b) in zip(learner.model.state_dict().items(), clean.model.state_dict().items(), strict=True):
@@ -93,7 +93,7 @@ def test_a_run_of_skips_stops_the_learner_with_a_clear_error(tmp_path, tiny_mode
     tokenizer = load_tokenizer(str(tiny_model_dir))
     cfg = learner_config(tmp_path / "run", tiny_model_dir, train={"max_consecutive_skips": 2})
     io = FakeIO([addition_batch(tokenizer, seed) for seed in range(3)])
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     learner.model.model.layers[0].mlp.up_proj.weight.register_hook(lambda g: g * float("inf"))
     with pytest.raises(RuntimeError, match="2 steps in a row"):
         learner.train()
@@ -104,7 +104,7 @@ def test_a_run_of_skips_stops_the_learner_with_a_clear_error(tmp_path, tiny_mode
 def test_a_non_finite_model_is_never_published_or_saved(tmp_path, tiny_model_dir):
     cfg = learner_config(tmp_path / "run", tiny_model_dir)
     io = FakeIO([])
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     with torch.no_grad():
         learner.model.model.norm.weight[3] = float("nan")
     with pytest.raises(NonFiniteError, match="model.norm.weight"):

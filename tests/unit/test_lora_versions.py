@@ -21,7 +21,7 @@ def test_versions_carry_only_the_adapters_and_an_engine_applies_them(tmp_path, t
     tokenizer = load_tokenizer(str(tiny_model_dir))
     cfg = learner_config(tmp_path / "run", tiny_model_dir, grpo={"lora": LORA})
     io = FakeIO([addition_batch(tokenizer, seed) for seed in (1, 2)])
-    learner = Learner(cfg, "", "", io=io)
+    learner = Learner(cfg, "", learner_token="", io=io)
     base = {k: v.clone() for k, v in learner.model.state_dict().items() if ".lora_" not in k}
     learner.train()
 

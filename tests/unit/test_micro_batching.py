@@ -49,8 +49,9 @@ def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str
     # the step clears gradients after applying them: keep a copy as the optimizer reads them
     hooks = [p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.clone()))
              for n, p in model.named_parameters()]
-    stats = train_step(model, optimizer, groups, 1, GRPOConfig(micro_batch_tokens=budget, loss=loss,
-                                                               logprob_chunk_tokens=7), 0.9, 0)
+    stats = train_step(model, optimizer, groups, step=1,
+                       cfg=GRPOConfig(micro_batch_tokens=budget, loss=loss, logprob_chunk_tokens=7),
+                       temperature=0.9, pad_id=0)
     for hook in hooks:
         hook.remove()
     # one forward per micro-batch (two when prompts are shared: the prompts, then the completions),
@@ -104,7 +105,7 @@ def test_chunked_head_matches_full_logits_in_value_and_gradient():
     weight = torch.randn(50, 16, requires_grad=True)
     targets = torch.randint(0, 50, (23,))
     upstream = torch.randn(23)
-    lean, lean_entropy = head_logprobs(hidden, weight, targets, 0.7, chunk_tokens=5)
+    lean, lean_entropy = head_logprobs(hidden, weight, targets, temperature=0.7, chunk_tokens=5)
     (lean * upstream).sum().backward()
     lean_grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -133,7 +134,8 @@ def test_bf16_mixed_step_runs_under_autocast_and_keeps_fp32_masters(tiny_model_d
     before = copy.deepcopy(model.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     precision = Precision(torch.device("cpu"), torch.bfloat16)
-    stats = train_step(model, optimizer, groups, 1, GRPOConfig(micro_batch_tokens=40), 1.0, 0, precision=precision)
+    stats = train_step(model, optimizer, groups, step=1, cfg=GRPOConfig(micro_batch_tokens=40),
+                       temperature=1.0, pad_id=0, precision=precision)
     assert not stats["skipped"] and stats["micro_batches"] > 1
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in optimizer.state.values())

@@ -115,8 +115,10 @@ def test_the_audit_recomputes_the_same_differences_in_every_layout(tiny_model_di
     model = load_model(str(tiny_model_dir))
     groups = uneven_batch(vocab=99, groups=4, group_size=3, seed=8)
     state = {name: t.detach().clone() for name, t in unique_tensors(model).items()}
-    shared = recompute_mean_abs_diff(model, state, groups, GRPOConfig(micro_batch_tokens=30), 0.9, 0)
-    packed = recompute_mean_abs_diff(model, state, groups, GRPOConfig(micro_batch_tokens=30, share_prompts=False),
-                                     0.9, 0)
+    shared = recompute_mean_abs_diff(model, state, groups, grpo=GRPOConfig(micro_batch_tokens=30),
+                                     temperature=0.9, pad_id=0)
+    packed = recompute_mean_abs_diff(model, state, groups,
+                                     grpo=GRPOConfig(micro_batch_tokens=30, share_prompts=False),
+                                     temperature=0.9, pad_id=0)
     assert shared == pytest.approx(packed, abs=1e-5)
     assert all(d > 0.1 for d in shared)  # random behaviour log-probs are far from the model's

@@ -156,13 +156,14 @@ OFFERS = [Offer("a", 1.0, 1.0, count=4), Offer("b", 0.5, 1.0, count=4), Offer("c
 
 def test_hysteresis_keeps_the_current_set_within_the_margin():
     proposal = activate(OFFERS, 3.0)  # b x 2 + c = $1.2/h
-    decision = keep_or_switch({"b": 3}, proposal, OFFERS, 3.0, margin=0.25)  # current $1.5/h: 20% dearer
+    # current $1.5/h: 20% dearer
+    decision = keep_or_switch({"b": 3}, proposal, OFFERS, required_rps=3.0, margin=0.25)
     assert not decision.switched and decision.counts == {"b": 3}
 
 
 def test_hysteresis_switches_when_clearly_cheaper():
     proposal = activate(OFFERS, 3.0)
-    decision = keep_or_switch({"a": 3}, proposal, OFFERS, 3.0, margin=0.1)  # current $3/h
+    decision = keep_or_switch({"a": 3}, proposal, OFFERS, required_rps=3.0, margin=0.1)  # current $3/h
     assert decision.switched and decision.counts == proposal.counts
     assert "cheaper" in decision.reason
 
@@ -170,20 +171,20 @@ def test_hysteresis_switches_when_clearly_cheaper():
 def test_hysteresis_switches_when_the_current_set_falls_short():
     preempted = [Offer("a", 1.0, 1.0, count=4, available=False), *OFFERS[1:]]
     proposal = activate(preempted, 3.0)
-    decision = keep_or_switch({"a": 3}, proposal, preempted, 3.0, margin=0.5)
+    decision = keep_or_switch({"a": 3}, proposal, preempted, required_rps=3.0, margin=0.5)
     assert decision.switched and "current set gives 0" in decision.reason
 
 
 def test_hysteresis_keeps_survivors_when_no_proposal_is_feasible():
     shrunk = [Offer("a", 1.0, 1.0, count=1), Offer("b", 0.5, 1.0, count=4, available=False)]
     proposal = activate(shrunk, 3.0)
-    decision = keep_or_switch({"a": 3, "b": 2}, proposal, shrunk, 3.0)
+    decision = keep_or_switch({"a": 3, "b": 2}, proposal, shrunk, required_rps=3.0)
     assert not decision.switched and decision.counts == {"a": 1}
 
 
 def test_hysteresis_rejects_a_bad_margin():
     with pytest.raises(ValueError, match="margin"):
-        keep_or_switch({}, activate(OFFERS, 1.0), OFFERS, 1.0, margin=1.5)
+        keep_or_switch({}, activate(OFFERS, 1.0), OFFERS, required_rps=1.0, margin=1.5)
 
 
 def test_closed_form_lp_bound_matches_highs():

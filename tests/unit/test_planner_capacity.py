@@ -10,14 +10,18 @@ from echo2.planner import capacity, cost
 def test_base_and_required_throughput_by_hand():
     # B = 512, T_train = 60 s: 8.533 rollouts/s with no stall
     assert capacity.base_throughput_rps(512, 60) == pytest.approx(512 / 60)
-    assert capacity.required_throughput_rps(512, 60, 4, 0.0) == pytest.approx(512 / 60)
+    assert capacity.required_throughput_rps(batch_rollouts=512, step_time_s=60, staleness=4,
+                                            stall_s=0.0) == pytest.approx(512 / 60)
     # S = 4 -> window 240 s, stall 15 s: 512/60 * 240/225 = 9.1022
-    assert capacity.required_throughput_rps(512, 60, 4, 15.0) == pytest.approx(9.102222, rel=1e-6)
+    assert capacity.required_throughput_rps(batch_rollouts=512, step_time_s=60, staleness=4,
+                                            stall_s=15.0) == pytest.approx(9.102222, rel=1e-6)
 
 
 def test_required_throughput_is_infinite_when_the_window_cannot_cover_the_stall():
-    assert math.isinf(capacity.required_throughput_rps(512, 60, 1, 60.0))
-    assert math.isinf(capacity.required_throughput_rps(512, 60, 0, 0.0))  # S = 0: synchronous
+    assert math.isinf(capacity.required_throughput_rps(batch_rollouts=512, step_time_s=60, staleness=1,
+                                                       stall_s=60.0))
+    assert math.isinf(capacity.required_throughput_rps(batch_rollouts=512, step_time_s=60, staleness=0,
+                                                       stall_s=0.0))  # S = 0: synchronous
 
 
 def test_min_staleness_by_hand():
@@ -44,7 +48,8 @@ def test_uniform_stall_makes_the_sum_of_effective_rates_equal_to_r_required():
     effective = sum(capacity.effective_throughput_rps(r, staleness, step_s, stall_s=stall_s) for r in rates)
     batch = 200
     # sum r_eff >= B/T  <=>  sum r >= R_required
-    ratio = sum(rates) / capacity.required_throughput_rps(batch, step_s, staleness, stall_s)
+    ratio = sum(rates) / capacity.required_throughput_rps(batch_rollouts=batch, step_time_s=step_s,
+                                                          staleness=staleness, stall_s=stall_s)
     assert effective / capacity.base_throughput_rps(batch, step_s) == pytest.approx(ratio)
 
 
@@ -71,7 +76,7 @@ def test_cost_helpers_by_hand():
     [
         lambda: capacity.base_throughput_rps(0, 60),
         lambda: capacity.base_throughput_rps(512, 0),
-        lambda: capacity.required_throughput_rps(512, 60, -1),
+        lambda: capacity.required_throughput_rps(batch_rollouts=512, step_time_s=60, staleness=-1),
         lambda: capacity.min_staleness(-1, 0, 60),
         lambda: cost.centralized_step_s(60, 512, 0.0, 10),
         lambda: cost.saving_fraction(1.0, 0.0),

@@ -16,11 +16,16 @@ QWEN3_8B = ROOT / "configs" / "sim" / "qwen3_8b.toml"
 
 def test_round_period_is_the_stream_at_the_slowest_link():
     gb = 1e9  # 8 Gbit
-    assert tail.round_period_s("chain", gb, 10, 10e9, 1e9) == pytest.approx(8.0)
-    assert tail.round_period_s("chain", gb, 10, 0.5e9, 1e9) == pytest.approx(16.0)  # learner slower
-    assert tail.round_period_s("tree", gb, 10, 10e9, 1e9, fanout=2) == pytest.approx(16.0)  # split upload
-    assert tail.round_period_s("one_to_many", gb, 10, 10e9, 1e9) == pytest.approx(8.0)
-    assert tail.round_period_s("one_to_many", gb, 20, 10e9, 1e9) == pytest.approx(16.0)
+    assert tail.round_period_s("chain", snapshot_bytes=gb, n_workers=10, learner_bps=10e9,
+                               slowest_bps=1e9) == pytest.approx(8.0)
+    assert tail.round_period_s("chain", snapshot_bytes=gb, n_workers=10, learner_bps=0.5e9,
+                               slowest_bps=1e9) == pytest.approx(16.0)  # learner slower
+    assert tail.round_period_s("tree", snapshot_bytes=gb, n_workers=10, learner_bps=10e9, slowest_bps=1e9,
+                               fanout=2) == pytest.approx(16.0)  # split upload
+    assert tail.round_period_s("one_to_many", snapshot_bytes=gb, n_workers=10, learner_bps=10e9,
+                               slowest_bps=1e9) == pytest.approx(8.0)
+    assert tail.round_period_s("one_to_many", snapshot_bytes=gb, n_workers=20, learner_bps=10e9,
+                               slowest_bps=1e9) == pytest.approx(16.0)
 
 
 def test_versions_are_skipped_only_when_the_round_outlasts_the_step():
@@ -34,12 +39,16 @@ def test_tail_quantiles():
     assert tail.gamma_quantile(150, 0.3, 0.5) == pytest.approx(145.5, abs=0.5)
     assert tail.gamma_quantile(150, 0.3, 0.9) == pytest.approx(209, abs=1.5)
     # no spread: the generation plus the p-quantile of the uniform lease spread
-    assert tail.wait_plus_generation_s(0.0, 80.0, 150, 0.0, 0.9) == pytest.approx(150 + 72, abs=2)
+    assert tail.wait_plus_generation_s(round_wait_s=0.0, lease_spread_s=80.0, generation_s=150, cv=0.0,
+                                       percentile=0.9) == pytest.approx(150 + 72, abs=2)
     # the sum's quantile is below the sum of the quantiles
-    both = tail.wait_plus_generation_s(131.0, 80.0, 150, 0.3, 0.9)
+    both = tail.wait_plus_generation_s(round_wait_s=131.0, lease_spread_s=80.0, generation_s=150, cv=0.3,
+                                       percentile=0.9)
     assert 150 + 105 < both < tail.gamma_quantile(150, 0.3, 0.9) + 0.9 * 131 + 0.9 * 80
-    assert tail.wait_plus_generation_cdf(both, 131.0, 80.0, 150, 0.3) == pytest.approx(0.9, abs=0.01)
-    cdf = [tail.wait_plus_generation_cdf(x, 131.0, 80.0, 150, 0.3) for x in range(100, 600, 50)]
+    assert tail.wait_plus_generation_cdf(both, round_wait_s=131.0, lease_spread_s=80.0, generation_s=150,
+                                         cv=0.3) == pytest.approx(0.9, abs=0.01)
+    cdf = [tail.wait_plus_generation_cdf(x, round_wait_s=131.0, lease_spread_s=80.0, generation_s=150, cv=0.3)
+           for x in range(100, 600, 50)]
     assert cdf == sorted(cdf) and cdf[0] < 0.05 and cdf[-1] > 0.99
 
 

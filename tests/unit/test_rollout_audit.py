@@ -55,16 +55,19 @@ def test_honest_groups_pass_at_the_current_version_and_fabrications_fail(tiny_mo
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     liar = [shifted(honest[0], -0.5)]
-    stats = train_step(model, opt, honest + liar, 0, GRPO, 1.0, tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
+    stats = train_step(model, opt, honest + liar, step=0, cfg=GRPO, temperature=1.0,
+                       pad_id=tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
     assert stats["skipped"] and stats["skip_kind"] == "audit" and "['honest']" in stats["skip_reason"]
     assert max(stats["group_abs_diff"][:2]) < 1e-4  # the engine's own numerics: honest noise
     assert abs(stats["group_abs_diff"][2] - 0.5) < 0.05  # what the fabrication moved
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())  # nothing trained
 
-    stats = train_step(model, opt, honest, 0, GRPO, 1.0, tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
+    stats = train_step(model, opt, honest, step=0, cfg=GRPO, temperature=1.0, pad_id=tokenizer.pad_token_id,
+                       audit_tolerance=TOLERANCE)
     assert not stats["skipped"]
     # a group of an older version is not judged by the current weights here (check_before_step does)
-    stats = train_step(model, opt, liar, 1, GRPO, 1.0, tokenizer.pad_token_id, audit_tolerance=TOLERANCE)
+    stats = train_step(model, opt, liar, step=1, cfg=GRPO, temperature=1.0, pad_id=tokenizer.pad_token_id,
+                       audit_tolerance=TOLERANCE)
     assert stats["skip_kind"] != "audit"
 
 
@@ -97,8 +100,8 @@ def test_stale_groups_are_recomputed_under_the_version_they_claim(tiny_model_dir
     # the model's own weights are untouched by the recomputation
     assert all(torch.equal(p, v1[n]) for n, p in model.named_parameters())
     # and under the current weights the honest old groups would look wrong: recomputing matters
-    current = recompute_mean_abs_diff(model, dict(model.named_parameters()), honest_v0, GRPO, 1.0,
-                                      tokenizer.pad_token_id)
+    current = recompute_mean_abs_diff(model, dict(model.named_parameters()), honest_v0, grpo=GRPO,
+                                      temperature=1.0, pad_id=tokenizer.pad_token_id)
     assert min(current) > max(v.mean_abs_logprob_diff for v in by_worker["honest"]) * 100
     assert all(torch.equal(v0[n], t) for n, t in auditor.cache.get(0).items() if n in v0)
 
@@ -125,7 +128,8 @@ def test_with_a_bf16_wire_current_groups_are_checked_against_the_wire_version_no
                                          pad_id=tokenizer.pad_token_id, precision=CPU_FP32)
     assert [v.failed for v in verdicts] == [False, False, False, True] and all(v.recomputed for v in verdicts)
     wire_diff = max(v.mean_abs_logprob_diff for v in verdicts[:3])
-    masters = recompute_mean_abs_diff(model, dict(model.named_parameters()), honest, GRPO, 1.0, tokenizer.pad_token_id)
+    masters = recompute_mean_abs_diff(model, dict(model.named_parameters()), honest, grpo=GRPO,
+                                      temperature=1.0, pad_id=tokenizer.pad_token_id)
     assert wire_diff < 1e-4 and min(masters) > 10 * wire_diff
     exact = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=0, secret=b"s", exact_wire=True)
     exact.published(3, wire)

@@ -87,7 +87,8 @@ def test_the_learner_logs_sample_completions_every_n_steps(tmp_path, tiny_model_
     tokenizer = load_tokenizer(str(tiny_model_dir))
     cfg = learner_config(tmp_path / "run", tiny_model_dir, train={"steps": 3},
                          report={"samples_every_steps": 2, "samples_per_step": 1, "sample_chars": 16})
-    Learner(cfg, "", "", io=FakeIO([addition_batch(tokenizer, seed) for seed in range(3)])).train()
+    Learner(cfg, "", learner_token="",
+            io=FakeIO([addition_batch(tokenizer, seed) for seed in range(3)])).train()
     records = [json.loads(line) for line in (cfg.run_path / "metrics.jsonl").read_text().splitlines()]
     samples = [r for r in records if r["kind"] == "samples"]
     assert [r["step"] for r in samples] == [0, 2] and all(r["role"] == "learner" for r in samples)

@@ -43,7 +43,7 @@ def _two_ranks(run_dir: Path, model_dir: Path, steps: int, out: Path) -> None:
 
 def _one_rank(run_dir: Path, model_dir: Path, steps: int, out: Path) -> None:
     io = StepIO(load_tokenizer(str(model_dir)))
-    Learner(sharded_config(run_dir, model_dir, steps), "", "", io=io).train()
+    Learner(sharded_config(run_dir, model_dir, steps), "", learner_token="", io=io).train()
     write_outputs(io, out)
 
 

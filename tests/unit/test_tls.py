@@ -161,11 +161,11 @@ def test_the_coordinator_serves_https_and_a_worker_with_the_wrong_ca_stops_with_
     async def scenario(url):
         assert url.startswith("https://127.0.0.1:")
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=client_context(pki["client"]))) as s:
-            assert json.loads(await call(s, "GET", url + "/healthz", None, 10))
+            assert json.loads(await call(s, "GET", url + "/healthz", None, timeout_s=10))
         plain = url.replace("https://", "http://")
         async with aiohttp.ClientSession() as s:
             with pytest.raises(TransientError, match="is this URL https://"):
-                await call(s, "GET", plain + "/healthz", None, 10)
+                await call(s, "GET", plain + "/healthz", None, timeout_s=10)
         worker = Worker(WorkerConfig(worker_id="w0", tls=pki["wrong_ca"]), url, TOKEN, MetricsWriter(None, "worker"))
         with pytest.raises(TLSError) as refused:
             await asyncio.wait_for(worker.run(asyncio.Event()), 10)  # not retried as if transient

@@ -20,8 +20,8 @@ def test_warm_start_stops_at_the_accuracy_asked_for(tiny_model_dir):
         return next(readings)
 
     cfg = WarmStartConfig(steps=40, batch_size=4, stop_at_accuracy=0.5, check_every=5)
-    loss, steps = warm_start(load_model(str(tiny_model_dir)), tokenizer, task, cfg, 0, accuracy=accuracy)
+    loss, steps = warm_start(load_model(str(tiny_model_dir)), tokenizer, task, cfg, seed=0, accuracy=accuracy)
     assert steps == 15 and len(asked) == 3 and loss == loss  # stopped at the third check (0.6 >= 0.5)
     _, steps = warm_start(load_model(str(tiny_model_dir)), tokenizer, task,
-                          WarmStartConfig(steps=12, batch_size=4, check_every=5), 0, accuracy=accuracy)
+                          WarmStartConfig(steps=12, batch_size=4, check_every=5), seed=0, accuracy=accuracy)
     assert steps == 12 and len(asked) == 3  # no target: never asked, every step taken

@@ -76,8 +76,9 @@ async def fetch_version(
     for source in assignment.sources:
         warn_plain_url(source.url, f"weight source {source.peer_id}")
     buffer = relay.begin(manifest) if relay is not None else VersionBuffer(manifest)
-    job = _Fetch(buffer, assignment, config, auth_token, worker_id or assignment.worker_id, report_bad_peer,
-                 measured_rate_bytes_per_s)
+    job = _Fetch(buffer, assignment, config, auth_token=auth_token,
+                 worker_id=worker_id or assignment.worker_id, report=report_bad_peer,
+                 measured_rate_bytes_per_s=measured_rate_bytes_per_s)
     job.throttle = throttle
     owned = session is None
     session = session or new_session(config)
@@ -122,7 +123,7 @@ def slow_sender_floor(config: BroadcastConfig, planned_rate_bytes_per_s: float,
 
 class _Fetch:
     def __init__(self, buffer: VersionBuffer, assignment: Assignment, config: BroadcastConfig,
-                 auth_token: str, worker_id: str, report: ReportBadPeer | None,
+                 *, auth_token: str, worker_id: str, report: ReportBadPeer | None,
                  measured_rate_bytes_per_s: float | None = None) -> None:
         self.buffer, self.assignment, self.config = buffer, assignment, config
         self.headers = wire.bearer_headers(auth_token, worker_id)

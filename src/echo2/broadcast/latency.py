@@ -29,7 +29,7 @@ from __future__ import annotations
 from echo2.protocol.broadcast import Assignment, BroadcastPlan
 
 
-def predict_worker_s(plan: BroadcastPlan, worker_id: str, total_bytes: int, chunk_bytes: int,
+def predict_worker_s(plan: BroadcastPlan, worker_id: str, *, total_bytes: int, chunk_bytes: int,
                      hop_latency_s: float = 0.0) -> float:
     """T_w for one worker of `plan` (edge rates as the coordinator planned them)."""
     by_id = {a.worker_id: a for a in plan.assignments}
@@ -40,7 +40,8 @@ def predict_worker_s(plan: BroadcastPlan, worker_id: str, total_bytes: int, chun
 
 def predict_plan_s(plan: BroadcastPlan, total_bytes: int, chunk_bytes: int, hop_latency_s: float = 0.0) -> float:
     """Predicted dissemination time of `plan`: its slowest worker's T_w."""
-    return max((predict_worker_s(plan, a.worker_id, total_bytes, chunk_bytes, hop_latency_s)
+    return max((predict_worker_s(plan, a.worker_id, total_bytes=total_bytes, chunk_bytes=chunk_bytes,
+                                 hop_latency_s=hop_latency_s)
                 for a in plan.assignments), default=0.0)
 
 

@@ -50,7 +50,7 @@ def plan_broadcast(
 
 
 def late_joiner_assignment(
-    version: int, joiner: PeerInfo, holders: list[PeerInfo], origin: OriginInfo, config: BroadcastConfig
+    version: int, joiner: PeerInfo, holders: list[PeerInfo], *, origin: OriginInfo, config: BroadcastConfig
 ) -> Assignment:
     """Sources for a worker joining after `version` went out: any reachable holder, fastest
     uplink first, the learner last."""

@@ -35,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no learner token: set $ECHO2_LEARNER_TOKEN (or $ECHO2_LEARNER_TOKEN_FILE) to the "
                          f"coordinator's, or run beside it, where {key_file(cfg.run_path, LEARNER)} holds it")
     url = coordinator_url(args.run_dir, args.coordinator, wait_s=COORDINATOR_WAIT_S)
-    Learner(cfg, url, learner_token, auth_token(cfg.coordinator.auth_token)).train()
+    Learner(cfg, url, learner_token=learner_token, join_token=auth_token(cfg.coordinator.auth_token)).train()
     return 0

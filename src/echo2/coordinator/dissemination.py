@@ -122,7 +122,8 @@ class Dissemination:
         if joiner is None:
             raise ValueError(f"worker {worker_id!r} is not live")
         holders = [self._info(p) for p in peers if p.version >= version and not self._avoided(p.worker_id, worker_id)]
-        return late_joiner_assignment(version, self._info(joiner), holders, self._origin(origin_url), self.config)
+        return late_joiner_assignment(version, self._info(joiner), holders, origin=self._origin(origin_url),
+                                      config=self.config)
 
     def report(self, peer_id: str, reporter_id: str) -> str:
         """A worker caught `peer_id` sending bad bytes. The reporter is never sent to it again;

@@ -22,7 +22,8 @@ class EvaluationDesk:
         self.scorer, self.store = scorer, store
         saved = store.get_meta(STORE_KEY, {})
         problems = len(scorer.eval_problems)
-        self.board = Evaluations(eval_every, final_version, problems, problems_per_lease, max_new_tokens,
+        self.board = Evaluations(eval_every=eval_every, final_version=final_version, problems=problems,
+                                 problems_per_lease=problems_per_lease, max_new_tokens=max_new_tokens,
                                  pending=saved.get("pending"),
                                  done={int(k): v for k, v in saved.get("done", {}).items()})
         self.vocab_size = scorer.vocab_size
@@ -56,7 +57,7 @@ class EvaluationDesk:
 
     def offer(self, worker_id: str, worker_version: int, spare: bool, now: float) -> EvalTask | None:
         started = self.board.running
-        task = self.board.offer(worker_id, worker_version, spare, now, self._prompt)
+        task = self.board.offer(worker_id, worker_version, spare=spare, now=now, prompt_ids=self._prompt)
         running = self.board.running
         if running is not None and running is not started:
             self._save()

@@ -57,7 +57,7 @@ class Finished:
 
 
 class Evaluations:
-    def __init__(self, eval_every: int, final_version: int, problems: int, problems_per_lease: int,
+    def __init__(self, *, eval_every: int, final_version: int, problems: int, problems_per_lease: int,
                  max_new_tokens: int, pending: list[int] | None = None, done: dict[int, dict] | None = None) -> None:
         self.eval_every, self.final_version = eval_every, final_version
         self.problems, self.per_lease, self.max_new_tokens = problems, problems_per_lease, max_new_tokens
@@ -84,7 +84,7 @@ class Evaluations:
         running = self.running
         return running.version if running is not None and running.worker_id == worker_id else None
 
-    def offer(self, worker_id: str, worker_version: int, spare: bool, now: float,
+    def offer(self, worker_id: str, worker_version: int, *, spare: bool, now: float,
               prompt_ids) -> EvalTask | None:
         """The next evaluation lease for this worker, or None. `spare`: it gets no rollouts now.
         `prompt_ids(i)`: held-out prompt i as token ids."""

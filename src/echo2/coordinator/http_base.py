@@ -103,7 +103,8 @@ async def parse_body(request: web.Request, schema: type[BaseModel]):
 
 
 def _refuse_other_protocols(sent: object, release: object) -> None:
-    problem = protocol_mismatch(sent, release, "this coordinator", "the request", spoken=PROTOCOL_VERSION)
+    problem = protocol_mismatch(sent, release, here="this coordinator", there="the request",
+                                spoken=PROTOCOL_VERSION)
     if problem:
         raise RequestError(426, problem)
 

@@ -44,7 +44,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)
     secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))
-    app = build_app(state, metrics, secrets, cfg.coordinator.max_request_bytes, cfg.tls)
+    app = build_app(state, metrics, secrets, max_request_bytes=cfg.coordinator.max_request_bytes,
+                    tls_config=cfg.tls)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port, ssl_context=context)

@@ -223,7 +223,7 @@ async def _run_housekeeping(app: web.Application):
 
 
 def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
-              max_request_bytes: int, tls_config: TLSConfig | None = None) -> web.Application:
+              *, max_request_bytes: int, tls_config: TLSConfig | None = None) -> web.Application:
     """`tls_config`: the CA the relay probe checks https:// relays against."""
     app = web.Application(
         client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(secrets, state)]

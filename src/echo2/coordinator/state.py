@@ -60,8 +60,10 @@ class CoordinatorState:
         s = self.settings = settings
         self.store, self.scorer, self.clock = store, scorer, clock
         self.events: list[ev.Event] = []  # for the server to log and write to metrics.jsonl
-        self.controller = ActivationController(s.activation, s.groups_per_step * s.sampling.group_size,
-                                               s.max_staleness, s.learner_price_per_hour, clock())
+        self.controller = ActivationController(s.activation,
+                                               batch_rollouts=s.groups_per_step * s.sampling.group_size,
+                                               max_staleness=s.max_staleness,
+                                               learner_price_per_hour=s.learner_price_per_hour, now=clock())
         self.versions = VersionDesk(store, s.broadcast, s.learner_upload_bps)
         self.counters = Counters(**store.get_meta("counters", {}))
         self.audit = AuditLedger(s.audit_flags_to_quarantine, store.get_meta("quarantined", {}))

@@ -13,6 +13,9 @@ from echo2.envs.base import Environment, StepResult
 class GuessNumberEnv(Environment):
     def __init__(self, high: int, max_guesses: int, illegal_reward: float = -1.0) -> None:
         self.high, self.max_guesses, self.illegal_reward = high, max_guesses, illegal_reward
+        # one episode's state, drawn from the seed by reset (0 is never a secret: they start at 1)
+        self.secret = 0
+        self.low_bound, self.high_bound, self.left = 1, high, max_guesses
 
     def reset(self, seed: int) -> str:
         self.secret = random.Random(f"echo2-guess:{self.high}:{seed}").randint(1, self.high)

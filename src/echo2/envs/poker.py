@@ -48,6 +48,13 @@ class PokerEnv(Environment):
         self.game, self.hand_type, self.deck_type = _game(game)
         self.opponent = opponent
         self.illegal_reward = illegal_reward
+        # one hand's state, all of it drawn from the seed by reset (None until then: a step before
+        # reset fails at once instead of playing an unseeded hand)
+        self.rng: random.Random | None = None
+        self.deck: list = []
+        self.seat = 0
+        self.state = None
+        self.last_opponent_action = ""
 
     @cached_property
     def board_size(self) -> int:

@@ -45,7 +45,7 @@ def echo2_command(args: list[str], ranks: int = 1) -> list[str]:
             "-m", "echo2", *args]
 
 
-def start_child(name: str, args: list[str], log_dir: Path, env: dict[str, str], ranks: int = 1) -> Child:
+def start_child(name: str, args: list[str], log_dir: Path, *, env: dict[str, str], ranks: int = 1) -> Child:
     """`ranks` > 1: torchrun, which stops its ranks when it gets SIGTERM (they exit at once)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"

@@ -58,7 +58,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     try:
         fleet = _start_roles(cfg, tokens, children)
         console.print(_dashboard_line(cfg), soft_wrap=True)  # a URL and a path: never wrapped
-        _watch(cfg, children, fleet, console, tail, sinks)
+        _watch(cfg, children, fleet=fleet, console=console, tail=tail, sinks=sinks)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes[/]")
         return 130
@@ -118,7 +118,8 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
     worker_env = {"ECHO2_AUTH_TOKEN": tokens["ECHO2_AUTH_TOKEN"]}
     learner_env = {**worker_env, "ECHO2_LEARNER_TOKEN": tokens["ECHO2_LEARNER_TOKEN"]}
-    coordinator = _spawn(children, "coordinator", ["coordinator", "--run-dir", run_dir], logs, tokens)
+    coordinator = _spawn(children, "coordinator", ["coordinator", "--run-dir", run_dir], logs=logs,
+                         env=tokens)
     url = _wait_for_coordinator(cfg.run_path, coordinator)
     metrics = str(cfg.run_path / "metrics.jsonl")
     index_of = _worker_indices(cfg)
@@ -126,13 +127,13 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     def start_worker(worker_id: str) -> Child:
         index = index_of[worker_id]
         args = ["worker", "--coordinator", url, "--metrics", metrics, *_worker_overrides(cfg, index)]
-        child = _spawn(children, f"worker-{index}", args, logs, worker_env)
+        child = _spawn(children, f"worker-{index}", args, logs=logs, env=worker_env)
         _write_pids(cfg, children)  # an acquired worker is a new process
         return child
 
     workers = {worker_id: start_worker(worker_id) for worker_id in index_of}
-    _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs, learner_env,
-           ranks=cfg.learner.ranks)
+    _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs=logs,
+           env=learner_env, ranks=cfg.learner.ranks)
     _write_pids(cfg, children)
     activation = cfg.activation
     if activation.provider == "local":
@@ -152,7 +153,7 @@ def _write_pids(cfg: RunConfig, children: list[Child]) -> None:
     (cfg.run_path / "pids.json").write_text(json.dumps({c.name: c.pid for c in children}))
 
 
-def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: dict[str, str],
+def _spawn(children: list[Child], name: str, args: list[str], *, logs: Path, env: dict[str, str],
            ranks: int = 1) -> Child:
     """Start a child and record it before a stop request (SIGTERM, Ctrl-C) is acted on: one
     arriving after the fork but before the child was on the list once left an orphan behind.
@@ -160,7 +161,7 @@ def _spawn(children: list[Child], name: str, args: list[str], logs: Path, env: d
     then ignored SIGTERM.)"""
     _SPAWNING["depth"] += 1
     try:
-        child = start_child(name, args, logs, env, ranks)
+        child = start_child(name, args, logs, env=env, ranks=ranks)
         children.append(child)
     finally:
         _SPAWNING["depth"] -= 1
@@ -203,7 +204,7 @@ def _wait_for_coordinator(run_path: Path, child: Child) -> str:
     raise RunFailed(f"coordinator did not start within {COORDINATOR_START_TIMEOUT_S:.0f}s", child)
 
 
-def _watch(cfg: RunConfig, children: list[Child], fleet: FleetSync, console: Console, tail: MetricsTail,
+def _watch(cfg: RunConfig, children: list[Child], *, fleet: FleetSync, console: Console, tail: MetricsTail,
            sinks: SinkFeeder) -> None:
     index_of = _worker_indices(cfg)
     by_name = {c.name: c for c in children}

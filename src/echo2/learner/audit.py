@@ -97,7 +97,7 @@ class _Scored(torch.nn.Module):
 
 
 def recompute_mean_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tensor], groups: list[TrainGroup],
-                            grpo: GRPOConfig, temperature: float, pad_id: int,
+                            *, grpo: GRPOConfig, temperature: float, pad_id: int,
                             precision: Precision = CPU_FP32) -> list[float]:
     """Each group's mean |log-prob under `state` - behaviour log-prob| per token, without
     touching the model's own weights (no gradients, the step's micro-batch budget)."""
@@ -152,8 +152,9 @@ class Auditor:
         one's when the wire is not the learner's weights."""
         return group.version < step or not self.exact_wire
 
-    def check_before_step(self, model: torch.nn.Module, groups: list[TrainGroup], step: int, grpo: GRPOConfig,
-                          temperature: float, pad_id: int, precision: Precision) -> list[GroupAudit]:
+    def check_before_step(self, model: torch.nn.Module, groups: list[TrainGroup], *, step: int,
+                          grpo: GRPOConfig, temperature: float, pad_id: int,
+                          precision: Precision) -> list[GroupAudit]:
         """Recompute the chosen groups under the versions their workers were sent (before
         training: a failure skips the step before anything is applied)."""
         if not self.cfg.enabled:
@@ -165,8 +166,8 @@ class Auditor:
                     by_version.setdefault(group.version, []).append(group)
         verdicts = []
         for version, members in sorted(by_version.items()):
-            diffs = recompute_mean_abs_diff(model, self.cache.get(version), members, grpo, temperature, pad_id,
-                                            precision)
+            diffs = recompute_mean_abs_diff(model, self.cache.get(version), members, grpo=grpo,
+                                            temperature=temperature, pad_id=pad_id, precision=precision)
             verdicts += [self._verdict(g, d, recomputed=True) for g, d in zip(members, diffs, strict=True)]
         return verdicts
 

@@ -96,19 +96,20 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
             reached = 1.0 - next(iter(summary["opponents"].values()))["illegal_rate"]
         else:
             check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]
-            reached = evaluate(model, tokenizer, task, check, max_new).accuracy
+            reached = evaluate(model, tokenizer, task, check, max_new_tokens=max_new).accuracy
         log(f"warm start: training-problem accuracy {reached:.3f} (stop at {ws.stop_at_accuracy})")
         return reached
 
     log(f"warm start: up to {ws.steps} supervised steps on {task.name} (stands in for a pretrained base)")
-    loss, steps = warm_start(model, tokenizer, task, ws, cfg.seed, progress, training_accuracy, max_action_tokens=max_new)
+    loss, steps = warm_start(model, tokenizer, task, ws, seed=cfg.seed, progress=progress,
+                             accuracy=training_accuracy, max_action_tokens=max_new)
     measure = "held-out accuracy"
     if multi_turn:  # the in-run evaluation's measure: mean reward against the training opponent
         summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()])
         accuracy = next(iter(summary["opponents"].values()))["mean_reward"]
         measure = "held-out mean reward"
     else:
-        accuracy = evaluate(model, tokenizer, task, task.eval_problems(), max_new).accuracy
+        accuracy = evaluate(model, tokenizer, task, task.eval_problems(), max_new_tokens=max_new).accuracy
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {"accuracy": accuracy, "measure": measure, "final_loss": loss, "warm_start_steps": steps}

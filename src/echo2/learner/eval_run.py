@@ -32,8 +32,8 @@ def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks
         return _run_episodes(task, model, tokenizer, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                              limit=limit)
     problems = task.eval_problems()[:limit] if limit else task.eval_problems()
-    report = evaluate(model, tokenizer, task, problems, max_new_tokens, n=n, temperature=temperature, ks=ks,
-                      progress=progress)
+    report = evaluate(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, n=n,
+                      temperature=temperature, ks=ks, progress=progress)
     return report.to_dict()
 
 

@@ -48,6 +48,7 @@ def grpo_loss(
     behav_logp_BT: torch.Tensor,
     adv_B: torch.Tensor,
     mask_BT: torch.Tensor,
+    *,
     cfg: GRPOConfig,
     ref_logp_BT: torch.Tensor | None = None,
     num_tokens: float | None = None,
@@ -81,7 +82,7 @@ def grpo_loss(
         loss_BT = loss_BT + cfg.kl_coef * _k3((ref_logp_BT - logp_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     # where, not multiply: a masked token's loss may be inf and inf * 0 is NaN
     loss = torch.where(kept > 0, loss_BT, torch.zeros_like(loss_BT)).sum() / ntok
-    return LossOutput(loss=loss, sums=_sums(log_ratio.detach(), kept, mask, outlier, cfg))
+    return LossOutput(loss=loss, sums=_sums(log_ratio.detach(), kept, mask, outlier, cfg=cfg))
 
 
 def _clip_objective(log_ratio: torch.Tensor, adv_BT: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
@@ -104,7 +105,7 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_ratio) - 1 - log_ratio
 
 
-def _sums(log_ratio, kept, mask, outlier, cfg: GRPOConfig) -> dict[str, float]:
+def _sums(log_ratio, kept, mask, outlier, *, cfg: GRPOConfig) -> dict[str, float]:
     ratio = torch.exp(log_ratio)
     clipped = ((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)).to(kept.dtype)
     return {

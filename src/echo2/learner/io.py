@@ -168,10 +168,11 @@ class LearnerIO:
     async def _post(self, path: str, body: PublishRequest | RejectBatchRequest | AuditReport | BatchRequest,
                     extra_timeout_s: float = 0.0) -> str:
         return await call(self.session, "POST", self.coordinator_url + path, body,
-                          self.request_timeout_s + extra_timeout_s)
+                          timeout_s=self.request_timeout_s + extra_timeout_s)
 
     async def _get(self, path: str, extra_timeout_s: float) -> str:
-        return await call(self.session, "GET", self.coordinator_url + path, None, self.request_timeout_s + extra_timeout_s)
+        return await call(self.session, "GET", self.coordinator_url + path, None,
+                          timeout_s=self.request_timeout_s + extra_timeout_s)
 
 
 async def _run(fn, *args):

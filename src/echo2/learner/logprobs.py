@@ -93,7 +93,8 @@ def token_logprobs(model, mb, temperature: float, chunk_tokens: int) -> tuple[to
 
     if isinstance(mb, SharedMicroBatch):
         hidden_NH = shared_hidden_states(model, mb)
-        return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
+        return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N,
+                             temperature=temperature, chunk_tokens=chunk_tokens)
     if lean_head_supported(model):
         sharded = getattr(model, SHARDED_LEAN_METHOD, None)
         return sharded(mb, temperature, chunk_tokens) if sharded else lean_logprobs(model, mb, temperature, chunk_tokens)
@@ -105,7 +106,8 @@ def lean_logprobs(model, mb: MicroBatch, temperature: float, chunk_tokens: int) 
     """The transformer body, then the LM head on the hidden states that predict completion tokens."""
     out = model.base_model(**mb.model_inputs(), use_cache=False)
     hidden_NH = out.last_hidden_state[mb.rows_N, mb.cols_N]
-    return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N, temperature, chunk_tokens)
+    return head_logprobs(hidden_NH, model.get_output_embeddings().weight, mb.targets_N,
+                         temperature=temperature, chunk_tokens=chunk_tokens)
 
 
 def logits_logprobs(logits_NV: torch.Tensor, targets_N: torch.Tensor, temperature: float,
@@ -124,8 +126,8 @@ def logits_logprobs(logits_NV: torch.Tensor, targets_N: torch.Tensor, temperatur
     return torch.cat(logp), torch.cat(entropy)
 
 
-def head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor, temperature: float,
-                  chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor, *,
+                  temperature: float, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token log-probs through the LM head weight, chunk by chunk, logits never stored."""
     device_type = hidden_NH.device.type
     # under autocast the head runs in the autocast dtype, as the model's own head would

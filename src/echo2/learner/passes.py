@@ -103,7 +103,8 @@ def build_pass(samples: Samples, indices: list[int], pad_id: int, layout: str) -
             first.setdefault(samples.group_ids[i], len(first))
         distinct = {first[samples.group_ids[i]]: samples.prompts[i] for i in indices}
         return collate_shared([distinct[k] for k in range(len(distinct))], completions,
-                              [first[samples.group_ids[i]] for i in indices], indices, pad_id)
+                              prompt_of=[first[samples.group_ids[i]] for i in indices], sample_ids=indices,
+                              pad_id=pad_id)
     if layout == "packed":
         return collate_packed(prompts, completions, indices)
     return collate(prompts, completions, indices, pad_id)

@@ -48,7 +48,7 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
 
 
 def save_sharded_checkpoint(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                            ranks: Ranks) -> Path:
+                            *, ranks: Ranks) -> Path:
     """Collective: every rank calls it. Refuses (on every rank) to write non-finite state."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     bad = nonfinite_tensors({k: local_tensor(v) for k, v in model_sd.items()})

@@ -55,7 +55,7 @@ class SharedMicroBatch:
         return SharedMicroBatch(*(getattr(self, f).to(device, non_blocking=True) for f in self.__dataclass_fields__))
 
 
-def collate_shared(prompts: list[list[int]], completions: list[list[int]], prompt_of: list[int],
+def collate_shared(prompts: list[list[int]], completions: list[list[int]], *, prompt_of: list[int],
                    sample_ids: list[int], pad_id: int) -> SharedMicroBatch:
     """`prompts`: the distinct prompts (each at least 2 tokens); completion c continues prompt
     `prompt_of[c]` and is sample `sample_ids[c]` of the step."""

@@ -26,6 +26,7 @@ def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     groups: list[TrainGroup],
+    *,
     step: int,
     cfg: GRPOConfig,
     temperature: float,
@@ -51,8 +52,9 @@ def train_step(
     plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    passes = _run_passes(model, ref_model, samples, plan, adv_B, total_tokens, cfg, temperature, pad_id, precision,
-                         ranks, layout)
+    passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B, total_tokens=total_tokens,
+                         cfg=cfg, temperature=temperature, pad_id=pad_id, precision=precision, ranks=ranks,
+                         layout=layout)
     group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
     if not passes.problem and audit_tolerance is not None:
         passes.problem = _audit_problem(groups, group_abs_diff, step, audit_tolerance)
@@ -65,7 +67,8 @@ def train_step(
     if not passes.problem:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
-    return {**_step_metrics(groups, samples, step, passes, total_tokens, len(plan), layout),
+    return {**_step_metrics(groups, samples, step=step, passes=passes, total_tokens=total_tokens,
+                            micro_batches=len(plan), layout=layout),
             "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
 
@@ -82,14 +85,15 @@ class _Passes:
     skip_kind: str = ""
 
 
-def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, samples: Samples, plan: list,
+def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, samples: Samples, *, plan: list,
                 adv_B: torch.Tensor, total_tokens: int, cfg: GRPOConfig, temperature: float,
                 pad_id: int, precision: Precision, ranks: Ranks, layout: str) -> _Passes:
     out = _Passes(abs_diff_S=torch.zeros(len(samples)))
     for indices, counted in ranks.share(plan):
-        part = _accumulate(model, ref_model, samples, indices, adv_B, total_tokens, cfg, temperature, pad_id, precision,
-                           out.abs_diff_S if counted else torch.zeros(len(samples)), weight=1.0 if counted else 0.0,
-                           always_backward=ranks.sharded, layout=layout)
+        part = _accumulate(model, ref_model, samples, indices, adv_B=adv_B, total_tokens=total_tokens,
+                           cfg=cfg, temperature=temperature, pad_id=pad_id, precision=precision,
+                           abs_diff_S=out.abs_diff_S if counted else torch.zeros(len(samples)),
+                           weight=1.0 if counted else 0.0, always_backward=ranks.sharded, layout=layout)
         if not counted:
             continue
         out.parts.append(part)
@@ -102,7 +106,7 @@ def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, sampl
                 break
     if ranks.sharded:
         out.loss, out.entropy_sum, out.parts, out.abs_diff_S = _reduce_over_ranks(
-            ranks, out.loss, out.entropy_sum, out.parts, out.abs_diff_S)
+            ranks, loss=out.loss, entropy_sum=out.entropy_sum, parts=out.parts, abs_diff_S=out.abs_diff_S)
         if not math.isfinite(out.loss) and not out.problem:
             out.problem, out.skip_kind = f"loss is {out.loss} on another rank", "non_finite"
     return out
@@ -117,8 +121,8 @@ def _audit_problem(groups: list[TrainGroup], group_abs_diff: list[float], step: 
             f"than {tolerance:g} nats per token (workers {sorted({g.worker_id for g in failed})})")
 
 
-def _step_metrics(groups: list[TrainGroup], samples: Samples, step: int, passes: _Passes, total_tokens: int,
-                  micro_batches: int, layout: str) -> dict:
+def _step_metrics(groups: list[TrainGroup], samples: Samples, *, step: int, passes: _Passes,
+                  total_tokens: int, micro_batches: int, layout: str) -> dict:
     stale = Counter(step - g.version for g in groups)
     return {
         "skipped": bool(passes.problem),
@@ -142,7 +146,7 @@ def _step_metrics(groups: list[TrainGroup], samples: Samples, step: int, passes:
     }
 
 
-def _reduce_over_ranks(ranks: Ranks, loss: float, entropy_sum: float, parts: list[dict],
+def _reduce_over_ranks(ranks: Ranks, *, loss: float, entropy_sum: float, parts: list[dict],
                        abs_diff_S: torch.Tensor) -> tuple[float, float, list[dict], torch.Tensor]:
     """The step's sums over every rank's micro-batches: one part holding the sums (ratio_max
     the maximum), as reduce_stats takes them."""
@@ -154,8 +158,8 @@ def _reduce_over_ranks(ranks: Ranks, loss: float, entropy_sum: float, parts: lis
     return total[0], total[1], [part], ranks.sum(abs_diff_S)
 
 
-def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: torch.Tensor, total_tokens: int,
-                cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
+def _accumulate(model, ref_model, samples: Samples, indices: list[int], *, adv_B: torch.Tensor,
+                total_tokens: int, cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
                 abs_diff_S: torch.Tensor, weight: float = 1.0, always_backward: bool = False,
                 layout: str = "padded") -> dict:
     """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
@@ -176,7 +180,8 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], adv_B: t
                 ref_N, _ = token_logprobs(ref_model, mb, temperature, cfg.logprob_chunk_tokens)
     with torch.no_grad():  # the rollout audit's measure, at no extra cost
         abs_diff_S.index_add_(0, mb.sample_N.cpu(), ((logp_N.detach().float() - behav_N).abs() * mask_N).cpu())
-    out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], mask_N, cfg, ref_N, num_tokens=total_tokens)
+    out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], mask_N, cfg=cfg, ref_logp_BT=ref_N,
+                    num_tokens=total_tokens)
     loss = float(out.loss.detach())
     if math.isfinite(loss) or always_backward:
         (out.loss * weight if weight != 1.0 else out.loss).backward()

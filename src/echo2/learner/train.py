@@ -47,7 +47,7 @@ log = logging.getLogger("echo2.learner")
 
 
 class Learner:
-    def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str = "", join_token: str = "",
+    def __init__(self, cfg: RunConfig, coordinator_url: str, *, learner_token: str = "", join_token: str = "",
                  io: LearnerIO | None = None) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.learner_threads(os.cpu_count() or 1))
@@ -118,7 +118,7 @@ class Learner:
                 groups, wait_s = self._wait_for_batch(step, busy_s)
                 stats, verdicts = self._train_audited(groups, step)
                 if stats["skipped"]:
-                    busy_s = self._skip(step, wait_s, stats, groups, verdicts)
+                    busy_s = self._skip(step, wait_s=wait_s, stats=stats, groups=groups, verdicts=verdicts)
                     continue  # the same step again, on a fresh batch
                 self.skips_in_a_row = 0
                 publish_s = self._publish(step + 1)
@@ -175,9 +175,10 @@ class Learner:
         with a wire equal to the learner's weights, groups at this version are checked inside
         the step. The verdicts go to the coordinator either way."""
         cfg, started = self.cfg, time.perf_counter()
-        verdicts = self.auditor.check_before_step(self._scoring_model(), groups, step, cfg.grpo,
-                                                  cfg.sampling.temperature, self.tokenizer.pad_token_id,
-                                                  self.precision) if self.io else []
+        verdicts = self.auditor.check_before_step(self._scoring_model(), groups, step=step, grpo=cfg.grpo,
+                                                  temperature=cfg.sampling.temperature,
+                                                  pad_id=self.tokenizer.pad_token_id,
+                                                  precision=self.precision) if self.io else []
         failed = [v for v in verdicts if v.failed]
         reason = (f"rollout audit: {len(failed)} group(s) recomputed under the versions they claim differ by more "
                   f"than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
@@ -189,9 +190,10 @@ class Learner:
                      "skip_reason": reason, "prompt_indices": [g.prompt_index for g in groups],
                      "log_ratio_outliers": 0}
         else:
-            stats = train_step(self.model, self.optimizer, groups, step, cfg.grpo, cfg.sampling.temperature,
-                               self.tokenizer.pad_token_id, self.ref_model, self.precision, self.auditor.tolerance,
-                               self.ranks)
+            stats = train_step(self.model, self.optimizer, groups, step=step, cfg=cfg.grpo,
+                               temperature=cfg.sampling.temperature, pad_id=self.tokenizer.pad_token_id,
+                               ref_model=self.ref_model, precision=self.precision,
+                               audit_tolerance=self.auditor.tolerance, ranks=self.ranks)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))
@@ -201,14 +203,16 @@ class Learner:
             self.metrics.write("audit", step=step, **audit_summary(verdicts))
         return stats, verdicts
 
-    def _skip(self, step: int, wait_s: float, stats: dict, groups: list[TrainGroup], verdicts: list[GroupAudit]) -> float:
+    def _skip(self, step: int, *, wait_s: float, stats: dict, groups: list[TrainGroup],
+              verdicts: list[GroupAudit]) -> float:
         """Nothing was applied: record why, hand the batch back, and stop on a run of skips. A
         step skipped by the audit hands back the groups that passed, and does not count
         toward the run of skips (the coordinator quarantines the worker that failed)."""
         audit = stats["skip_kind"] == "audit"
         self.skips_in_a_row += 0 if audit else 1
         if self.io:  # every rank counts the run of skips; rank 0 reports it and hands the batch back
-            self._report_skip(step, wait_s, stats, groups, {v.group_id for v in verdicts if v.failed})
+            self._report_skip(step, wait_s=wait_s, stats=stats, groups=groups,
+                              failed={v.group_id for v in verdicts if v.failed})
         if audit:
             return stats["train_s"]
         limit = self.cfg.train.max_consecutive_skips
@@ -220,7 +224,8 @@ class Learner:
             )
         return stats["train_s"]
 
-    def _report_skip(self, step: int, wait_s: float, stats: dict, groups: list[TrainGroup], failed: set[str]) -> None:
+    def _report_skip(self, step: int, *, wait_s: float, stats: dict, groups: list[TrainGroup],
+                     failed: set[str]) -> None:
         audit = stats["skip_kind"] == "audit"
         if not audit:
             log.warning("step %d skipped (%d in a row): %s", step + 1, self.skips_in_a_row, stats["skip_reason"])
@@ -309,7 +314,7 @@ class Learner:
         if self.ranks.sharded:
             from echo2.learner.sharded_checkpoint import save_sharded_checkpoint
 
-            path = save_sharded_checkpoint(self.ckpt_dir, step, self.model, self.optimizer, self.ranks)
+            path = save_sharded_checkpoint(self.ckpt_dir, step, self.model, self.optimizer, ranks=self.ranks)
         else:
             path = save_checkpoint(self.ckpt_dir, step, self.model, self.optimizer)
         self.durable_step = step
@@ -326,7 +331,8 @@ class Learner:
             self._evaluate_episodes(step)
             return
         with self.precision.autocast():
-            report = evaluate(self.model, self.tokenizer, self.task, self.eval_set, self.cfg.sampling.max_new_tokens,
+            report = evaluate(self.model, self.tokenizer, self.task, self.eval_set,
+                              max_new_tokens=self.cfg.sampling.max_new_tokens,
                               synced_ranks=self.ranks.sharded)
         self.metrics.write("eval", step=step, accuracy=report.accuracy, problems=report.problems,
                            eval_s=report.seconds)

@@ -33,7 +33,8 @@ def sft_batch(tokenizer, task: TaskAdapter, start: int, size: int) -> tuple[torc
     return _padded(rows, labels, tokenizer.pad_token_id)
 
 
-def env_sft_batch(tokenizer, task: EnvTask, start: int, size: int, max_action_tokens: int) -> tuple[torch.Tensor, ...]:
+def env_sft_batch(tokenizer, task: EnvTask, *, start: int, size: int,
+                  max_action_tokens: int) -> tuple[torch.Tensor, ...]:
     """Right-padded transcripts of episodes played by each environment's `demo_action` (a random
     legal move) with labels only on the actions and their EOS: the format, not the strategy."""
     codec = Codec.from_tokenizer(tokenizer, task.cfg)
@@ -60,8 +61,8 @@ def _padded(rows: list[list[int]], labels: list[list[int]], pad: int) -> tuple[t
     return ids, mask, lab
 
 
-def warm_start(model, tokenizer, task: TaskAdapter | EnvTask, cfg: WarmStartConfig, seed: int, progress=None,
-               accuracy=None, max_action_tokens: int = 8) -> tuple[float, int]:
+def warm_start(model, tokenizer, task: TaskAdapter | EnvTask, cfg: WarmStartConfig, *, seed: int,
+               progress=None, accuracy=None, max_action_tokens: int = 8) -> tuple[float, int]:
     """Run up to cfg.steps AdamW steps of next-token loss on reference answers (multi-turn tasks:
     on the actions of episodes played with random legal moves); returns the last loss and the
     steps taken. `accuracy()` (greedy accuracy on training problems) is asked every
@@ -74,7 +75,8 @@ def warm_start(model, tokenizer, task: TaskAdapter | EnvTask, cfg: WarmStartConf
     for step in range(cfg.steps):
         start = SFT_OFFSET + step * cfg.batch_size
         if task.kind == "episode":
-            ids, mask, labels = env_sft_batch(tokenizer, task, start, cfg.batch_size, max_action_tokens)
+            ids, mask, labels = env_sft_batch(tokenizer, task, start=start, size=cfg.batch_size,
+                                              max_action_tokens=max_action_tokens)
         else:
             ids, mask, labels = sft_batch(tokenizer, task, start, cfg.batch_size)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss

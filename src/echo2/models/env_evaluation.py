@@ -28,7 +28,8 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
     return mean, Z_95 * math.sqrt(variance / n)
 
 
-def play_episodes(model, codec: Codec, episodes: list[Episode], temperature: float, batch_size: int = 64) -> None:
+def play_episodes(model, codec: Codec, episodes: list[Episode], *, temperature: float,
+                  batch_size: int = 64) -> None:
     was_training = model.training
     model.eval()
     pad = codec.chat.pad_token_id if codec.chat.pad_token_id is not None else codec.eos_id
@@ -38,7 +39,8 @@ def play_episodes(model, codec: Codec, episodes: list[Episode], temperature: flo
         out = []
         for start in range(0, len(batch), batch_size):
             chunk = batch[start:start + batch_size]
-            ids = generate_ids(model, [c for c, _ in chunk], longest, temperature, pad, codec.eos_id)
+            ids = generate_ids(model, [c for c, _ in chunk], max_new_tokens=longest, temperature=temperature,
+                               pad_id=pad, eos_id=codec.eos_id)
             # a row allowed fewer tokens keeps the first ones: sampling is autoregressive, so they
             # are what a call with its own budget would have produced
             out += [(row[:budget], [0.0] * min(len(row), budget)) for row, (_, budget) in zip(ids, chunk, strict=True)]
@@ -71,7 +73,7 @@ def evaluate_episodes(model, tokenizer, task: EnvTask, max_action_tokens: int, *
     report = {}
     for name in opponents or task.eval_opponents():
         played = [task.episode(codec, seed, max_action_tokens, name) for seed in seeds]
-        play_episodes(model, codec, played, temperature, batch_size)
+        play_episodes(model, codec, played, temperature=temperature, batch_size=batch_size)
         report[name] = {**summarise(played), "rewards": [e.reward for e in played]}
     return {"episodes_per_opponent": len(seeds), "temperature": temperature, "opponents": report,
             "seconds": time.perf_counter() - started}

@@ -35,8 +35,8 @@ class EvalReport:
                 "seconds": self.seconds}
 
 
-def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], max_new_tokens: int, *, n: int = 1,
-             temperature: float = 0.0, ks: Sequence[int] = (1,), batch_size: int = 64,
+def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], *, max_new_tokens: int,
+             n: int = 1, temperature: float = 0.0, ks: Sequence[int] = (1,), batch_size: int = 64,
              progress: Callable[[int, int], None] | None = None, synced_ranks: bool = False) -> EvalReport:
     """Evaluate `model` on `problems`; `ks` beyond n are left out, pass@1 is always there.
     `synced_ranks`: the model is sharded over ranks that all evaluate together (each generation
@@ -52,8 +52,9 @@ def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], m
     rows = max(1, batch_size // n)
     for start in range(0, len(problems), rows):
         chunk = problems[start:start + rows]
-        texts = sample_completions(model, tokenizer, [render_prompt(tokenizer, task, p) for p in chunk], n,
-                                   temperature, max_new_tokens, synced_ranks)
+        texts = sample_completions(model, tokenizer, [render_prompt(tokenizer, task, p) for p in chunk], n=n,
+                                   temperature=temperature, max_new_tokens=max_new_tokens,
+                                   synced_ranks=synced_ranks)
         counts += [sum(task.is_correct(p, t) for t in texts[i * n:(i + 1) * n]) for i, p in enumerate(chunk)]
         if progress is not None:
             progress(len(counts), len(problems))
@@ -64,14 +65,15 @@ def evaluate(model, tokenizer, task: TaskAdapter, problems: Sequence[Problem], m
 
 
 @torch.no_grad()
-def sample_completions(model, tokenizer, prompts: Sequence[str], n: int, temperature: float,
+def sample_completions(model, tokenizer, prompts: Sequence[str], *, n: int, temperature: float,
                        max_new_tokens: int, synced_ranks: bool = False) -> list[str]:
     """n decoded completions per prompt, prompt by prompt; greedy when temperature is 0. Greedy
     single completions take the evaluation leases' road (generate_ids), so `echo2 eval` and a
     worker's evaluation generate alike."""
     if n == 1 and temperature == 0 and not synced_ranks:
         rows = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        ids = generate_ids(model, rows, max_new_tokens, 0.0, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        ids = generate_ids(model, rows, max_new_tokens=max_new_tokens, temperature=0.0,
+                           pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
         return [decode_completion(tokenizer, row) for row in ids]
     input_ids, attention_mask = encode_prompts(tokenizer, prompts)
     device = next(model.parameters()).device

@@ -50,8 +50,8 @@ def greedy_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens:
 
 
 @torch.no_grad()
-def generate_ids(model, rows: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, pad_id: int,
-                 eos_id: int) -> list[list[int]]:
+def generate_ids(model, rows: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
+                 pad_id: int, eos_id: int) -> list[list[int]]:
     """One completion per row of token ids (left-padded into one batch), each up to and
     including its first EOS; greedy when temperature is 0, else sampled from the full softmax.
     The rows' common beginning (a chat template's system prompt: 30 of 45 tokens on SmolLM2)

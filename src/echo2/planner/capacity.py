@@ -35,6 +35,7 @@ def base_throughput_rps(batch_rollouts: int, step_time_s: float) -> float:
 
 
 def required_throughput_rps(
+    *,
     batch_rollouts: int,
     step_time_s: float,
     staleness: int,

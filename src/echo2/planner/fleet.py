@@ -55,12 +55,13 @@ def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = Non
     slowest class beside it: `slowest_bps` is the slowest bandwidth in the fleet (None: each
     class alone). A class slower than it is evaluated as the new slowest link."""
     return [
-        _class_plan(cfg, name, worker, max(1, n_workers), slowest_bps) for name, worker in cfg.workers.items()
+        _class_plan(cfg, name, worker, n_workers=max(1, n_workers), slowest_bps=slowest_bps)
+        for name, worker in cfg.workers.items()
     ]
 
 
 def _class_plan(
-    cfg: PlanConfig, name: str, worker: WorkerClass, n_workers: int, slowest_bps: float | None
+    cfg: PlanConfig, name: str, worker: WorkerClass, *, n_workers: int, slowest_bps: float | None
 ) -> ClassPlan:
     work, net, settings = cfg.workload, cfg.broadcast, cfg.plan
     transfer_s = dissemination_s(
@@ -76,15 +77,16 @@ def _class_plan(
     floor_bps = worker.bandwidth_bps if slowest_bps is None else min(slowest_bps, worker.bandwidth_bps)
     if net.topology == "ideal":  # every downlink its own: only the worker's own link matters
         floor_bps = worker.bandwidth_bps
-    period_s = tail.round_period_s(
-        net.topology, work.snapshot_bytes, n_workers, cfg.learner.uplink_bps, floor_bps, net.fanout
-    )
+    period_s = tail.round_period_s(net.topology, snapshot_bytes=work.snapshot_bytes, n_workers=n_workers,
+                                   learner_bps=cfg.learner.uplink_bps, slowest_bps=floor_bps,
+                                   fanout=net.fanout)
     dis_s = transfer_s + work.load_time_s
     gen_s = work.generation_time_s if worker.generation_time_s is None else worker.generation_time_s
     # a round wait, then the step's leases spread over one step, then the generation itself
-    lateness = (tail.max_wait_s(work.step_time_s, period_s), work.step_time_s, gen_s, settings.generation_cv)
-    tail_s = tail.wait_plus_generation_s(*lateness, settings.latency_percentile)
-    on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, *lateness)
+    lateness = dict(round_wait_s=tail.max_wait_s(work.step_time_s, period_s), lease_spread_s=work.step_time_s,
+                    generation_s=gen_s, cv=settings.generation_cv)
+    tail_s = tail.wait_plus_generation_s(**lateness, percentile=settings.latency_percentile)
+    on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, **lateness)
     stall_s = work.load_time_s if work.background_fetch else dis_s
     interval_s = tail.swap_interval_s(work.step_time_s, period_s)
     # a replacement waits for the next round (P/2 on average), receives and loads the version

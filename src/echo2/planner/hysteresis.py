@@ -37,6 +37,7 @@ def keep_or_switch(
     current: Mapping[str, int],
     proposal: Activation,
     offers: Sequence[Offer],
+    *,
     required_rps: float,
     margin: float = 0.1,
 ) -> Decision:

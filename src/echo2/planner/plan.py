@@ -88,15 +88,15 @@ def make_plan(cfg: PlanConfig) -> Plan:
     """Cheapest feasible fleet, or (infeasible) every admissible worker plus why and what fixes it."""
     found = cheapest_fleet(cfg)
     if found is not None:
-        return assemble(
-            cfg, found.counts, found.method, found.gap, (), (), staleness_warnings(cfg.workload.max_staleness)
-        )
+        return assemble(cfg, found.counts, method=found.method, gap=found.gap, reasons=(), fixes=(),
+                        warnings=staleness_warnings(cfg.workload.max_staleness))
     reasons, fixes, warnings = diagnose(cfg)
-    return assemble(cfg, fastest_fleet(cfg), "fastest-fleet", math.inf, reasons, fixes, warnings)
+    return assemble(cfg, fastest_fleet(cfg), method="fastest-fleet", gap=math.inf, reasons=reasons,
+                    fixes=fixes, warnings=warnings)
 
 
 def assemble(
-    cfg: PlanConfig, counts: dict[str, int], method: str, gap: float, reasons, fixes, warnings
+    cfg: PlanConfig, counts: dict[str, int], *, method: str, gap: float, reasons, fixes, warnings
 ) -> Plan:
     """All the plan's numbers for the set `counts`, with latencies at its real size."""
     work = cfg.workload
@@ -125,11 +125,11 @@ def assemble(
         snapshot_bytes=cfg.workload.snapshot_bytes,
         base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s),
         required_rps=capacity.required_throughput_rps(
-            cfg.workload.batch_rollouts,
-            work.step_time_s,
-            work.max_staleness,
-            stall,
-            interval if interval is not None else work.step_time_s,
+            batch_rollouts=cfg.workload.batch_rollouts,
+            step_time_s=work.step_time_s,
+            staleness=work.max_staleness,
+            stall_s=stall,
+            swap_interval_s=interval if interval is not None else work.step_time_s,
         ),
         s_min=_s_min(classes, chosen),
         n_workers=n,

@@ -36,6 +36,7 @@ _WAIT_GRID = 48
 
 def round_period_s(
     topology: str,
+    *,
     snapshot_bytes: float,
     n_workers: int,
     learner_bps: float,
@@ -86,7 +87,7 @@ def _waits(round_wait_s: float, lease_spread_s: float) -> np.ndarray:
 
 @lru_cache(maxsize=65536)
 def wait_plus_generation_cdf(
-    x_s: float, round_wait_s: float, lease_spread_s: float, generation_s: float, cv: float
+    x_s: float, *, round_wait_s: float, lease_spread_s: float, generation_s: float, cv: float
 ) -> float:
     """P(W + G <= x): W the wait for the round that carries a new enough version (uniform up to
     round_wait_s) plus when in the step's leasing the group is handed out (uniform up to
@@ -101,14 +102,15 @@ def wait_plus_generation_cdf(
 
 @lru_cache(maxsize=4096)
 def wait_plus_generation_s(
-    round_wait_s: float, lease_spread_s: float, generation_s: float, cv: float, percentile: float
+    *, round_wait_s: float, lease_spread_s: float, generation_s: float, cv: float, percentile: float
 ) -> float:
     """The p-quantile of W + G (see `wait_plus_generation_cdf`): the sum's quantile, not the sum
     of quantiles, since the tails rarely meet."""
     low, high = 0.0, gamma_quantile(generation_s, cv, percentile) + round_wait_s + lease_spread_s
     for _ in range(50):  # bisection to well under a millisecond
         mid = (low + high) / 2
-        if wait_plus_generation_cdf(mid, round_wait_s, lease_spread_s, generation_s, cv) < percentile:
+        if wait_plus_generation_cdf(mid, round_wait_s=round_wait_s, lease_spread_s=lease_spread_s,
+                                    generation_s=generation_s, cv=cv) < percentile:
             low = mid
         else:
             high = mid

@@ -32,7 +32,8 @@ def too_stale(latest_version: int | None, held_version: int, max_staleness: int)
 
 
 def lease_capacity(
-    max_staleness: int, groups_per_step: int, worker_version: int, steps_taken: int, outstanding_groups: int
+    *, max_staleness: int, groups_per_step: int, worker_version: int, steps_taken: int,
+    outstanding_groups: int,
 ) -> int:
     """Groups a worker holding version v may still be handed so that each is trained in time.
 

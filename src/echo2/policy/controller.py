@@ -82,7 +82,7 @@ class ControlDecision:
 
 
 class ActivationController:
-    def __init__(self, cfg: ActivationConfig, batch_rollouts: int, max_staleness: int,
+    def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
                  learner_price_per_hour: float, now: float) -> None:
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
         self.learner_price_per_hour = learner_price_per_hour
@@ -246,7 +246,8 @@ class ActivationController:
                                            f"no measured set covers demand ({proposal.reason}): all measured", False)
                 slots = max(slots, self._unmeasured_to_cover(offers, required * self.cfg.headroom))
             else:
-                kept = keep_or_switch(current, proposal, offers, required, self.cfg.margin)
+                kept = keep_or_switch(current, proposal, offers, required_rps=required,
+                                      margin=self.cfg.margin)
                 decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
                 if kept.switched and self._too_soon_to_save(current, offers, required, now):
                     decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)

@@ -101,8 +101,9 @@ class DataPlane(Generic[G]):
         own_room = self.max_leases_per_worker - held_by_worker
         if own_room <= 0:
             return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases: return some first")
-        room = lease_capacity(self.window.steps, self.groups_per_step, worker_version, self.steps_taken,
-                              leased + len(self.buffer))
+        room = lease_capacity(max_staleness=self.window.steps, groups_per_step=self.groups_per_step,
+                              worker_version=worker_version, steps_taken=self.steps_taken,
+                              outstanding_groups=leased + len(self.buffer))
         count = min(wanted, room, own_room)
         if count <= 0:
             ahead = f" (leasing {self.window.steps} of S={self.max_staleness} steps ahead)" \

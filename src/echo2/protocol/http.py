@@ -24,7 +24,7 @@ class RefusedError(Exception):
 
 
 async def call(
-    session: aiohttp.ClientSession, method: str, url: str, body: BaseModel | None, timeout_s: float,
+    session: aiohttp.ClientSession, method: str, url: str, body: BaseModel | None, *, timeout_s: float,
     token: str | None = None,
 ) -> str:
     """`token`: the bearer token for this call instead of the session's (a worker registers with

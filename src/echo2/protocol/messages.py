@@ -299,7 +299,7 @@ class ErrorResponse(Message):
     error: str
 
 
-def protocol_mismatch(sent: object, sent_release: object, here: str, there: str,
+def protocol_mismatch(sent: object, sent_release: object, *, here: str, there: str,
                       spoken: int = PROTOCOL_VERSION) -> str | None:
     """Why a message of protocol `sent` (from `there`, running echo2 `sent_release` when known)
     cannot be understood by `here`, which speaks `spoken`; None when it can."""

@@ -51,13 +51,13 @@ async def run_checks(cfg: WorkerConfig, url: str, token: str) -> list[Check]:
         auth, broadcast = await _auth(session, url, token)
         if auth.status != "ok":
             return [reach, protocol, auth, Check("relay", "skipped", "the probe needs the join token")]
-        return [reach, protocol, auth, await _relay(session, cfg, url, token, broadcast)]
+        return [reach, protocol, auth, await _relay(session, cfg, url, token=token, broadcast=broadcast)]
 
 
 async def _reach(session: aiohttp.ClientSession, url: str) -> tuple[Check, dict]:
     started = time.perf_counter()
     try:
-        text = await call(session, "GET", url + "/healthz", None, CHECK_TIMEOUT_S)
+        text = await call(session, "GET", url + "/healthz", None, timeout_s=CHECK_TIMEOUT_S)
         health = json.loads(text)
     except TransientError as exc:
         return Check("reach", "failed", f"{exc}; fix: {unreachable_fix(url)}"), {}
@@ -74,7 +74,7 @@ async def _reach(session: aiohttp.ClientSession, url: str) -> tuple[Check, dict]
 def _protocol(health: dict) -> Check:
     sent = health.get("protocol") if isinstance(health, dict) else None
     problem = protocol_mismatch(sent, health.get("release", "") if isinstance(health, dict) else "",
-                                "this worker", "the coordinator")
+                                here="this worker", there="the coordinator")
     if problem:
         return Check("protocol", "failed", problem)
     return Check("protocol", "ok", f"protocol {sent} (echo2 {health.get('release', '?')}) on both sides")
@@ -83,7 +83,7 @@ def _protocol(health: dict) -> Check:
 async def _auth(session: aiohttp.ClientSession, url: str, token: str) -> tuple[Check, BroadcastConfig]:
     path = "/v1/broadcast_config"
     try:
-        text = await call(session, "GET", url + path, None, CHECK_TIMEOUT_S, token)
+        text = await call(session, "GET", url + path, None, timeout_s=CHECK_TIMEOUT_S, token=token)
         broadcast = validate(BroadcastConfig, json.loads(text), source="coordinator broadcast config")
     except RefusedError as exc:
         return Check("auth", "failed", refusal_fix(exc, url, path)), BroadcastConfig()
@@ -92,15 +92,15 @@ async def _auth(session: aiohttp.ClientSession, url: str, token: str) -> tuple[C
     return Check("auth", "ok", "the coordinator accepts this worker's join token"), broadcast
 
 
-async def _relay(session: aiohttp.ClientSession, cfg: WorkerConfig, url: str, token: str,
+async def _relay(session: aiohttp.ClientSession, cfg: WorkerConfig, url: str, *, token: str,
                  broadcast: BroadcastConfig) -> Check:
     if not cfg.accepts_incoming:
         return Check("relay", "ok", "accepts_incoming=false: a broadcast leaf, nothing to probe")
-    receiver = WeightReceiver(cfg, broadcast, token, url, session)
+    receiver = WeightReceiver(cfg, broadcast, token=token, coordinator_url=url, control=session)
     address = await receiver.start()  # the relay this worker would run, at the address it would announce
     try:
         text = await call(session, "POST", url + "/v1/probe", ProbeRequest(relay_address=address),
-                          CHECK_TIMEOUT_S, token)
+                          timeout_s=CHECK_TIMEOUT_S, token=token)
         reply = ProbeResponse.model_validate_json(text)
     except (TransientError, RefusedError, ValueError) as exc:
         return Check("relay", "failed", f"could not have {address} probed: {exc}")

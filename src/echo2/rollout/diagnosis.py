@@ -44,8 +44,8 @@ def registration_reply(text: str) -> RegisterResponse:
             data = json.loads(text)
         except ValueError:
             raise WorkerFailed(f"the coordinator's registration reply is not JSON: {text[:200]!r}") from None
-        problem = protocol_mismatch(data.get("protocol") if isinstance(data, dict) else None, "", "this worker",
-                                    "the coordinator")
+        problem = protocol_mismatch(data.get("protocol") if isinstance(data, dict) else None, "",
+                                    here="this worker", there="the coordinator")
         if problem:
             raise WorkerFailed(problem) from None
         raise

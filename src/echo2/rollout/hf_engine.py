@@ -52,8 +52,8 @@ class HFEngine(Engine):
 
         if not prompts:
             return []
-        return generate_ids(self.model, prompts, max_new_tokens, 0.0, self.tokenizer.pad_token_id,
-                            self.tokenizer.eos_token_id)
+        return generate_ids(self.model, prompts, max_new_tokens=max_new_tokens, temperature=0.0,
+                            pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id)
 
     @torch.no_grad()
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:

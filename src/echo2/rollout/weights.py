@@ -22,7 +22,7 @@ from echo2.protocol.tls import base_url, client_context, server_context
 
 
 class WeightReceiver:
-    def __init__(self, cfg: WorkerConfig, broadcast: BroadcastConfig, token: str, coordinator_url: str,
+    def __init__(self, cfg: WorkerConfig, broadcast: BroadcastConfig, *, token: str, coordinator_url: str,
                  control: aiohttp.ClientSession) -> None:
         self.cfg, self.broadcast, self.token = cfg, broadcast, token
         self.coordinator_url, self.control = coordinator_url, control
@@ -80,7 +80,7 @@ class WeightReceiver:
 
     async def _report(self, report: BadPeerReport) -> None:
         await call(self.control, "POST", self.coordinator_url + "/v1/bad_peer", BadPeerRequest(report=report),
-                   self.broadcast.report_timeout_s)
+                   timeout_s=self.broadcast.report_timeout_s)
 
 
 def _announced(key_hex: str):

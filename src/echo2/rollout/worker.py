@@ -110,7 +110,7 @@ class Worker:
         async with aiohttp.ClientSession(headers=headers, connector=tls.connector(self.cfg.tls)) as self.session:
             log.info("contacting the coordinator at %s", self.url)
             broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
-            receiver = WeightReceiver(self.cfg, broadcast, self.token, self.url, self.session)
+            receiver = WeightReceiver(self.cfg, broadcast, token=self.token, coordinator_url=self.url, control=self.session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics, ask_newest=self.beat_now.set)
             self.follower.fetched = self.beat_now  # a step on the way to the newest: ask for the next at once
@@ -241,7 +241,7 @@ class Worker:
     async def _leave(self) -> None:
         try:
             await call(self.session, "POST", self.url + "/v1/leave", LeaveRequest(worker_id=self.worker_id),
-                       HEARTBEAT_TIMEOUT_S)
+                       timeout_s=HEARTBEAT_TIMEOUT_S)
         except (TransientError, RefusedError):
             pass  # the coordinator will time us out instead
 
@@ -252,7 +252,7 @@ class Worker:
         delay_s = 0.2
         while True:
             try:
-                text = await call(self.session, method, self.url + path, body, self.cfg.request_timeout_s, token)
+                text = await call(self.session, method, self.url + path, body, timeout_s=self.cfg.request_timeout_s, token=token)
                 self.last_contact = time.monotonic()
                 return text
             except TransientError as exc:
@@ -290,7 +290,7 @@ class Worker:
                              bytes_relayed_total=self.follower.receiver.bytes_relayed_total())
             seen_at = self.registered_at
             try:
-                text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, HEARTBEAT_TIMEOUT_S)
+                text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, timeout_s=HEARTBEAT_TIMEOUT_S)
                 self.last_contact = time.monotonic()
                 reply = HeartbeatResponse.model_validate_json(text)
                 self.follower.note(reply.latest, reply.assignment, reply.learner_public_key, fetch=reply.fetch)

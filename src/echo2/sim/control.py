@@ -69,8 +69,9 @@ class Controller:
         fleet.on_preempted = self.on_preempted
         if mode in ("plan", "online"):
             work = scenario.workload
-            self.core = ActivationController(settings, work.batch_rollouts, work.max_staleness,
-                                             scenario.learner.price_per_hour, now=0.0)
+            self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
+                                             max_staleness=work.max_staleness,
+                                             learner_price_per_hour=scenario.learner.price_per_hour, now=0.0)
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
             loop.after(settings.control_period_s, self._periodic)

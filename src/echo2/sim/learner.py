@@ -16,6 +16,7 @@ class Learner:
         self,
         loop: EventLoop,
         data: SimDataPlane,
+        *,
         steps: int,
         step_time_s: float,
         step_time_cv: float,

@@ -33,7 +33,7 @@ class RoundRecord:
 
 
 class Broadcaster:
-    def __init__(self, net: Network, loop: EventLoop, fleet: Fleet, pull: bool = False,
+    def __init__(self, net: Network, loop: EventLoop, fleet: Fleet, *, pull: bool = False,
                  catch_up_bytes: Callable[[int | None], float] | None = None) -> None:
         """`pull`: workers fetch versions themselves (Fleet.heartbeat); only publish times are kept.
         `catch_up_bytes(versions_behind)`: bytes a round carries (None behind: holds no version);

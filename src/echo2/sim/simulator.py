@@ -52,11 +52,11 @@ class Simulator:
         learner = Learner(
             loop,
             data,
-            sim.steps,
-            work.step_time_s,
-            sim.step_time_cv,
-            random.Random(sim.seed),
-            broadcaster.publish,
+            steps=sim.steps,
+            step_time_s=work.step_time_s,
+            step_time_cv=sim.step_time_cv,
+            rng=random.Random(sim.seed),
+            publish=broadcaster.publish,
         )
         fleet.on_submit = learner.try_take
         learner.on_step = controller.observe_step_time
@@ -75,13 +75,13 @@ class Simulator:
             learner,
             data,
             fleet,
-            broadcaster,
-            controller,
-            counts,
-            plan,
-            finished,
-            loop.processed,
-            time.perf_counter() - started,
+            broadcaster=broadcaster,
+            controller=controller,
+            counts=counts,
+            plan=plan,
+            finished=finished,
+            events=loop.processed,
+            run_s=time.perf_counter() - started,
         )
 
     def _network(self) -> Network:
@@ -95,7 +95,7 @@ class Simulator:
             net.hop_latency_s,
         )
 
-    def _collect(self, learner: Learner, data: SimDataPlane, fleet: Fleet, broadcaster: Broadcaster,
+    def _collect(self, learner: Learner, data: SimDataPlane, fleet: Fleet, *, broadcaster: Broadcaster,
                  controller: Controller, counts: dict[str, int], plan: dict, finished: bool, events: int,
                  run_s: float) -> res.SimResult:
         scenario = self.scenario

@@ -82,7 +82,8 @@ def utilization_grid(scenario: ScenarioConfig, fleet_counts: dict[str, int]) -> 
             variant = with_network(scenario, bandwidth_bps, staleness, sweep.steps)
             run = simulate(variant, fleet_counts)
             simulated.append(run.utilization_steady if run.steps_done > 1 else run.utilization)
-            plan = assemble(variant.plan_config(), fleet_counts, "fixed", 0.0, (), (), ())
+            plan = assemble(variant.plan_config(), fleet_counts, method="fixed", gap=0.0, reasons=(),
+                            fixes=(), warnings=())
             predicted.append(plan.utilization)
         grid["by_bandwidth"][str(bandwidth_bps)] = {"simulated": simulated, "planner": predicted}
     return grid

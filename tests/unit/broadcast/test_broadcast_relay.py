@@ -92,8 +92,9 @@ def test_old_version_is_served_until_the_new_one_completes() -> None:
             # mid-transfer of v2, a newcomer still gets the complete v1 from w0
             late = late_joiner_assignment(1, PeerInfo(peer_id="late", upload_bytes_per_s=1, download_bytes_per_s=1,
                                                       reachable=False),
-                                          [_peer(cluster, "w0")], OriginInfo(url="http://127.0.0.1:9", upload_bytes_per_s=1),
-                                          FAST)
+                                          [_peer(cluster, "w0")],
+                                          origin=OriginInfo(url="http://127.0.0.1:9", upload_bytes_per_s=1),
+                                          config=FAST)
             old = await fetch_version(signed1, late, public_key=cluster.public_key, held_version=None,
                                       config=FAST, auth_token=TOKEN)
             assert old.payload == v1 and old.metrics.bytes_by_source == {"w0": len(v1)}
@@ -141,7 +142,7 @@ def test_late_joiner_gets_the_newest_version_from_a_holder() -> None:
             joiner = PeerInfo(peer_id="w2", url=cluster.relays["w2"].url, upload_bytes_per_s=1e8,
                               download_bytes_per_s=1e8)
             origin = OriginInfo(url=cluster.origin.url, upload_bytes_per_s=1e8)
-            assignment = late_joiner_assignment(4, joiner, [_peer(cluster, "w1")], origin, FAST)
+            assignment = late_joiner_assignment(4, joiner, [_peer(cluster, "w1")], origin=origin, config=FAST)
             result = await fetch_version(signed, assignment, public_key=cluster.public_key, held_version=None,
                                          config=FAST, relay=cluster.relays["w2"], auth_token=TOKEN)
             assert result.payload == data and result.metrics.bytes_by_source == {"w1": len(data)}

@@ -96,9 +96,10 @@ def test_bad_peer_lists_are_refused_with_the_fix() -> None:
 def test_late_joiner_pulls_from_fastest_reachable_holders_then_learner() -> None:
     holders = _peers(2, up=B) + _peers(1, up=3 * B, prefix="fast") + _peers(1, reachable=False, prefix="nat")
     joiner = _peers(1, prefix="late")[0]
-    assignment = late_joiner_assignment(4, joiner, holders, ORIGIN, BroadcastConfig(max_sources=3))
+    assignment = late_joiner_assignment(4, joiner, holders, origin=ORIGIN,
+                                        config=BroadcastConfig(max_sources=3))
     assert [s.peer_id for s in assignment.sources] == ["fast00", "w00", ORIGIN_ID]
-    alone = late_joiner_assignment(4, joiner, [], ORIGIN, BroadcastConfig())
+    alone = late_joiner_assignment(4, joiner, [], origin=ORIGIN, config=BroadcastConfig())
     assert [s.peer_id for s in alone.sources] == [ORIGIN_ID]
 
 

@@ -103,7 +103,7 @@ async def spawn(name: str, argv: list[str], log_dir: Path) -> LabProcess:
     return LabProcess(name, process)
 
 
-def node_argv(role: str, name: str, config: BroadcastConfig, host: str, advertise: str) -> list[str]:
+def node_argv(role: str, name: str, config: BroadcastConfig, *, host: str, advertise: str) -> list[str]:
     return [sys.executable, "-m", "echo2.broadcast.lab.node", "--role", role, "--id", name, "--host", host,
             "--advertise", advertise, "--token", TOKEN, "--config", config.model_dump_json()]
 
@@ -130,7 +130,8 @@ async def _run(spec: LabSpec, network: LabNetwork | None, processes: list[LabPro
     for index, name in enumerate(names):
         prefix = network.exec_prefix(index) if network else []
         host, advertise = ("0.0.0.0", network.ip(index)) if network else ("127.0.0.1", "127.0.0.1")
-        argv = prefix + node_argv("origin" if index == 0 else "worker", name, config, host, advertise)
+        argv = prefix + node_argv("origin" if index == 0 else "worker", name, config, host=host,
+                                  advertise=advertise)
         processes.append(await spawn(name, argv, log_dir))
     ready = await asyncio.gather(*(p.expect("ready", READY_TIMEOUT_S) for p in processes))
     plan = _plan(spec, config, names, ready)
@@ -148,7 +149,8 @@ async def _run(spec: LabSpec, network: LabNetwork | None, processes: list[LabPro
     origin.send({"cmd": "stats", "version": 1})
     stats = await origin.expect("stats", 30)
     relayed = await _relayed(workers)
-    return summarize(spec, config, plan, published, dict(zip(names[1:], outcomes, strict=True)), stats, relayed)
+    return summarize(spec, config, plan, published=published,
+                     outcomes=dict(zip(names[1:], outcomes, strict=True)), stats=stats, relayed=relayed)
 
 
 def _plan(spec: LabSpec, config: BroadcastConfig, names: list[str], ready: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
@@ -184,7 +186,7 @@ async def _relayed(workers: list[LabProcess]) -> dict[str, dict[str, Any]]:
     return relayed
 
 
-def summarize(spec: LabSpec, config: BroadcastConfig, plan: Any, published: dict[str, Any],
+def summarize(spec: LabSpec, config: BroadcastConfig, plan: Any, *, published: dict[str, Any],
               outcomes: dict[str, dict[str, Any]], stats: dict[str, Any],
               relayed: dict[str, dict[str, Any]]) -> dict[str, Any]:
     fetched = {n: o for n, o in outcomes.items() if o["event"] == "fetched"}
