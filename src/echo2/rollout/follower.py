@@ -38,8 +38,9 @@ class Staged:
 
 class VersionFollower:
     def __init__(self, receiver: WeightReceiver, metrics: MetricsWriter, ask_newest=lambda: None) -> None:
-        # ask_newest(): have the coordinator announce its newest version now (the worker's next
-        # heartbeat), when every source said the version being fetched is superseded
+        # ask_newest(): have the coordinator say what to fetch next now (the worker's next
+        # heartbeat): after every fetch (a step on the way to the newest may have a next one),
+        # and when every source said the version being fetched is superseded
         self.receiver, self.metrics, self.ask_newest = receiver, metrics, ask_newest
         self.version = -1  # held by the engine
         self.latest: VersionInfo | None = None
@@ -58,7 +59,6 @@ class VersionFollower:
         self.obsolete: VersionInfo | None = None
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
-        self.fetched = asyncio.Event()  # set after every fetch (the worker heartbeats at once)
         self.swap_s: float | None = None
         self.dissemination_s: float | None = None  # last version: publish -> verified + swap
 
@@ -119,7 +119,7 @@ class VersionFollower:
             else:
                 self.staged = staged
                 self.ready.set()
-                self.fetched.set()
+                self.ask_newest()
 
     async def _fetch(self, target: VersionInfo, assignment: Assignment) -> Staged | None:
         try:

@@ -113,7 +113,6 @@ class Worker:
             receiver = WeightReceiver(self.cfg, broadcast, token=self.token, coordinator_url=self.url, control=self.session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics, ask_newest=self.beat_now.set)
-            self.follower.fetched = self.beat_now  # a step on the way to the newest: ask for the next at once
             try:  # the relay stops even when registration is refused
                 await self._join_and_work(stop)
             finally:
