@@ -38,7 +38,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 def small_run_config(run_dir: Path, **sections) -> RunConfig:
-    """A run that prepares in seconds: tiny model, a short warm start, few steps."""
+    """A run that prepares in seconds: tiny model, a short warm start, few steps, no TensorBoard
+    files or plots."""
     data = {
         "run_dir": str(run_dir),
         "cache_dir": os.environ.get(_CACHE_ENV) or str(run_dir.parent / "cache"),
@@ -52,6 +53,11 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
         "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3},
         "coordinator": {"auth_token": "test-token-0123456789"},
         "workers": {"count": 2},
+        # the launcher's TensorBoard sink imports torch before it starts the coordinator, and
+        # the end-of-run plots import matplotlib after the learner is done: about 12 s of every
+        # `echo2 run` on a loaded 2-core box. Off here; test_run's staleness test, which asserts
+        # both, turns them on
+        "report": {"tensorboard": False, "plots": False},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value

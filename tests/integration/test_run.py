@@ -42,7 +42,8 @@ def _run(tmp_path, name, **sections):
 
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_run_respects_the_staleness_bound(tmp_path, staleness):
-    cfg, config = _run(tmp_path, f"s{staleness}", train={"steps": 12, "max_staleness": staleness})
+    cfg, config = _run(tmp_path, f"s{staleness}", train={"steps": 12, "max_staleness": staleness},
+                       report={"tensorboard": True, "plots": True})  # what _assert_reported reads
     with processes() as start:
         proc = start(["run", "--config", str(config)], tmp_path / "run.log")
         assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
