@@ -128,8 +128,14 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     assert len(lost) == 1
     requeued = [r for r in records(cfg.run_path, "lease_requeued") if r["worker_id"] == "w0"]
     assert len(requeued) == lost[0]["leases_requeued"] >= 1
-    # its stranded prompts were leased again and trained (exactly once, checked above)
-    assert {r["prompt_index"] for r in requeued} <= set(prompts)
+    # its stranded prompts were leased again: each was trained (exactly once, checked above) or,
+    # when the worker that took it over sent its group back too stale for the learner's step
+    # by then (S = 1: seen under load, prompts 12 and 13 and prompt 17 in two runs), dropped as
+    # stale after the requeue (accounted for by assert_sound, never lost)
+    stranded = {r["prompt_index"] for r in requeued}
+    redone_stale = {p for r in records(cfg.run_path, "groups_dropped")
+                    if r["reason"] == "stale" and r["time"] > lost[0]["time"] for p in r["prompt_indices"]}
+    assert stranded <= set(prompts) | redone_stale, (stranded, redone_stale)
     # after the kill the other workers carried the run
     late = [r for r in records(cfg.run_path, "weights_loaded") if r["time"] > lost[0]["time"]]
     assert {r["worker_id"] for r in late} == {"w1", "w2"}
