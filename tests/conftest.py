@@ -38,7 +38,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 def small_run_config(run_dir: Path, **sections) -> RunConfig:
-    """A run that prepares in seconds: tiny model, a short warm start, few steps."""
+    """A run that prepares in seconds: tiny model, a short warm start, few steps, no TensorBoard
+    files or plots."""
     data = {
         "run_dir": str(run_dir),
         "cache_dir": os.environ.get(_CACHE_ENV) or str(run_dir.parent / "cache"),
@@ -49,9 +50,17 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
         "task": {"digits": 1, "eval_size": 50},
         "sampling": {"max_new_tokens": 4, "group_size": 4},
         "grpo": {"prompts_per_step": 4},
-        "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3},
+        # batch_wait_s: the learner's long poll for a batch. A run stopped by the test (SIGTERM to
+        # `echo2 run`) otherwise leaves the coordinator answering a gone learner's 20 s poll
+        # past the launcher's 10 s grace: killed, without its final record, 12 s per stop
+        "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3, "batch_wait_s": 2.0},
         "coordinator": {"auth_token": "test-token-0123456789"},
         "workers": {"count": 2},
+        # the launcher's TensorBoard sink imports torch before it starts the coordinator, and
+        # the end-of-run plots import matplotlib after the learner is done: about 12 s of every
+        # `echo2 run` on a loaded 2-core box. Off here; test_run's staleness test, which asserts
+        # both, turns them on
+        "report": {"tensorboard": False, "plots": False},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value

@@ -41,7 +41,7 @@ def netns() -> None:
 def _roles(lab: LabNetwork, env: dict[str, str], logs: Path):
     """Yields `start(host, step, name)`: docs/multihost.sh STEP on host `host` (THIS_HOST its
     address), its output in logs/NAME.log. `ip netns exec` and the script's `exec` keep one PID, so the role is the very
-    process started; each is stopped by that PID (workers first, the coordinator last)."""
+    process started; each is stopped by that PID (the others first, together, the coordinator last)."""
     started: list[subprocess.Popen] = []
 
     def start(host: int, step: str, name: str) -> subprocess.Popen:
@@ -55,9 +55,13 @@ def _roles(lab: LabNetwork, env: dict[str, str], logs: Path):
     try:
         yield start
     finally:
-        for proc in reversed(started):
-            if proc.poll() is None:
+        # the coordinator (started first) last; the others together: a worker can take its
+        # lease long poll (5 s) to stop, and three of them one after the other took 15 s
+        for group in (started[1:], started[:1]):
+            live = [proc for proc in group if proc.poll() is None]
+            for proc in live:
                 proc.send_signal(signal.SIGTERM)
+            for proc in live:
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
@@ -77,8 +81,25 @@ def _env(lab: LabNetwork, config: Path, run_dir: Path) -> dict[str, str]:
 
 
 def _step(lab, env, host: int, step: str, timeout_s: float) -> subprocess.CompletedProcess:
-    return subprocess.run([*lab.exec_prefix(host), "bash", str(SCRIPT), step], env={**env, "THIS_HOST": lab.ip(host)},
-                          capture_output=True, text=True, timeout=timeout_s)
+    return _steps(lab, env, [host], step, timeout_s)[host]
+
+
+def _steps(lab, env, hosts: list[int], step: str, timeout_s: float) -> dict[int, subprocess.CompletedProcess]:
+    """docs/multihost.sh STEP on each host at once, run to completion."""
+    procs = {host: subprocess.Popen([*lab.exec_prefix(host), "bash", str(SCRIPT), step],
+                                    env={**env, "THIS_HOST": lab.ip(host)}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for host in hosts}
+    done = {}
+    try:
+        for host, proc in procs.items():
+            out, err = proc.communicate(timeout=timeout_s)
+            done[host] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+    return done
 
 
 def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
@@ -102,7 +123,7 @@ def test_the_readme_recipe_across_four_hosts(netns, tmp_path):
         assert prepared.returncode == 0, prepared.stderr[-3000:]
         coordinator = start(0, "coordinator", "coordinator")
         wait_for(lambda: (run_dir / "coordinator.json").is_file(), 120, "the coordinator to listen", alive=coordinator)
-        checks = {host: _step(lab, env, host, "check", timeout_s=120) for host in (1, 3)}
+        checks = _steps(lab, env, [1, 3], "check", timeout_s=120)
         for host, name, step in ((1, "worker-a", "worker"), (2, "worker-b", "worker"),
                                  (3, "worker-nat", "worker-behind-nat")):
             start(host, step, name)

@@ -25,6 +25,8 @@ from tests.integration.runs import (
 from tests.reliability.accounting import accounting, assert_sound
 
 from echo2.planner.covering import covers
+from echo2.report.metrics import iter_metrics
+from echo2.report.summary import summarize
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +44,8 @@ def _run(tmp_path, name, **sections):
 
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_run_respects_the_staleness_bound(tmp_path, staleness):
-    cfg, config = _run(tmp_path, f"s{staleness}", train={"steps": 12, "max_staleness": staleness})
+    cfg, config = _run(tmp_path, f"s{staleness}", train={"steps": 12, "max_staleness": staleness},
+                       report={"tensorboard": True, "plots": True})  # what _assert_reported reads
     with processes() as start:
         proc = start(["run", "--config", str(config)], tmp_path / "run.log")
         assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
@@ -88,12 +91,16 @@ def _assert_reported(run_dir, summary) -> None:
     assert all((run_dir / plot).read_bytes().startswith(b"\x89PNG") for plot in summary["plots"])
 
 
-def _leases_held(run_dir, worker_id: str) -> int:
+def _state(run_dir) -> dict:
     url = json.loads((run_dir / "coordinator.json").read_text())["url"]
     request = urllib.request.Request(url + "/v1/state", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def _leases_held(run_dir, worker_id: str) -> int:
     try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return json.loads(resp.read())["workers"].get(worker_id, {}).get("leases", 0)
+        return _state(run_dir)["workers"].get(worker_id, {}).get("leases", 0)
     except OSError:
         return 0  # coordinator not up (or already gone: wait_for then sees the run exit)
 
@@ -121,8 +128,14 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     assert len(lost) == 1
     requeued = [r for r in records(cfg.run_path, "lease_requeued") if r["worker_id"] == "w0"]
     assert len(requeued) == lost[0]["leases_requeued"] >= 1
-    # its stranded prompts were leased again and trained (exactly once, checked above)
-    assert {r["prompt_index"] for r in requeued} <= set(prompts)
+    # its stranded prompts were leased again: each was trained (exactly once, checked above) or,
+    # when the worker that took it over sent its group back too stale for the learner's step
+    # by then (S = 1: seen under load, prompts 12 and 13 and prompt 17 in two runs), dropped as
+    # stale after the requeue (accounted for by assert_sound, never lost)
+    stranded = {r["prompt_index"] for r in requeued}
+    redone_stale = {p for r in records(cfg.run_path, "groups_dropped")
+                    if r["reason"] == "stale" and r["time"] > lost[0]["time"] for p in r["prompt_indices"]}
+    assert stranded <= set(prompts) | redone_stale, (stranded, redone_stale)
     # after the kill the other workers carried the run
     late = [r for r in records(cfg.run_path, "weights_loaded") if r["time"] > lost[0]["time"]]
     assert {r["worker_id"] for r in late} == {"w1", "w2"}
@@ -131,7 +144,7 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
 def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     prices = [1.0, 2.0, 3.0, 4.0]  # equally fast workers: only price tells them apart
     cfg, config = _run(
-        tmp_path, "activation", train={"steps": 1000, "max_staleness": 2},  # time to see a partial set
+        tmp_path, "activation", train={"steps": 1000, "max_staleness": 2},  # stopped by the test once seen
         coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
         activation={"control_period_s": 0.5, "min_samples": 2, "headroom": 1.0, "scale_down_after_s": 2.0},
         workers={"count": 4, "per_worker": [{"price_per_hour": p} for p in prices]},
@@ -143,7 +156,13 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
         cheapest = current["active"][0]  # an active worker, while another one idles
         pids = json.loads((cfg.run_path / "pids.json").read_text())
         os.kill(pids[f"worker-{cheapest[1:]}"], signal.SIGKILL)
-        assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+        # the loss is seen, the controller replans, and the run goes on training without it
+        lost = wait_for(lambda: _lost(cfg.run_path, cheapest), 60, f"{cheapest} to be lost", alive=proc)
+        wait_for(lambda: [r for r in records(cfg.run_path, "train_step") if r["time"] > lost["time"] + 1.0], 60,
+                 "a train step a second after the loss", alive=proc)
+        cost = _state(cfg.run_path)["cost"]  # the bill so far (what the coordinator's final record holds)
+        proc.send_signal(signal.SIGTERM)  # the rest of the 1000 steps would only repeat that
+        assert proc.wait(timeout=60) == 130, (tmp_path / "run.log").read_text()[-3000:]
     # the first idling decision runs the cheapest set that covers demand at the rates measured
     # then (the workers are equally fast in principle, but two shared cores make them differ);
     # estimates list measured workers only: any other active one is on probation beside them
@@ -151,7 +170,6 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     chosen = [w for w in first["active"] if w in estimates]
     assert covers(sum(estimates[w] for w in chosen), first["required_rps"]), first
     assert _price(chosen, prices) == _cheapest_cover(estimates, prices, first["required_rps"]), first
-    lost = next(r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == cheapest)
     decisions = records(cfg.run_path, "activation")
     before = [r for r in decisions if r["time"] < lost["time"]][-1]
     replan = next(r for r in decisions if r["trigger"] == f"lost {cheapest}")  # at once, not next period
@@ -166,8 +184,12 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     else:  # the survivors still cover demand: a new set only if it costs less than they do
         measured = sorted(w for w in replan["active"] if w in estimates)
         assert _price(measured, prices) <= _price(sorted(survivors), prices), (before, replan)
-    summary = json.loads((cfg.run_path / "summary.json").read_text())
-    assert summary["activation_decisions"] and summary["cost_total"] > 0
+    summary = summarize(iter_metrics(cfg.run_path / "metrics.jsonl"))  # what the launcher writes at the end
+    assert summary["activation_decisions"] and cost["cost_total"] > 0
+
+
+def _lost(run_dir, worker_id: str) -> dict | None:
+    return next((r for r in records(run_dir, "worker_lost") if r["worker_id"] == worker_id), None)
 
 
 def _price(workers: list[str], prices: list[float]) -> float:

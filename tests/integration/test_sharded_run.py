@@ -14,18 +14,22 @@ import json
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import processes, records, write_config
+from tests.integration.runs import processes, records, wait_for, write_config
+
+from echo2.models.prepare import MARKER
 
 pytestmark = pytest.mark.integration
 BAND = 0.15
 
 
-def _run(tmp_path, ranks: int) -> dict:
+def _start(start, tmp_path, ranks: int):
     cfg = small_run_config(tmp_path / f"ranks{ranks}", learner={"ranks": ranks})
     config = write_config(tmp_path / f"ranks{ranks}.toml", cfg)
-    with processes() as start:
-        proc = start(["run", "--config", str(config)], tmp_path / f"ranks{ranks}.log")
-        assert proc.wait(timeout=240) == 0, (tmp_path / f"ranks{ranks}.log").read_text()[-3000:]
+    return cfg, start(["run", "--config", str(config)], tmp_path / f"ranks{ranks}.log")
+
+
+def _finished(tmp_path, ranks: int, cfg, proc) -> dict:
+    assert proc.wait(timeout=240) == 0, (tmp_path / f"ranks{ranks}.log").read_text()[-3000:]
     assert [r["step"] for r in records(cfg.run_path, "train_step")] == list(range(cfg.train.steps))
     published = [r["version"] for r in records(cfg.run_path, "version_published") if r["role"] == "learner"]
     assert published == list(range(cfg.train.steps + 1))
@@ -34,7 +38,12 @@ def _run(tmp_path, ranks: int) -> dict:
 
 
 def test_two_rank_learner_run_lands_in_the_one_rank_band(tmp_path):
-    one, two = _run(tmp_path, 1), _run(tmp_path, 2)
+    with processes() as start:  # side by side (the second once the first's base model, cached, is ready)
+        started = {1: _start(start, tmp_path, 1)}
+        cfg, proc = started[1]
+        wait_for(lambda: (cfg.run_path / "base" / MARKER).is_file(), 240, "the base model", alive=proc)
+        started[2] = _start(start, tmp_path, 2)
+        one, two = (_finished(tmp_path, ranks, *started[ranks]) for ranks in (1, 2))
     cfg = two["cfg"]
     learner_log = (cfg.run_path / "logs" / "learner.log").read_text()
     assert "sharded over 2 ranks" in learner_log

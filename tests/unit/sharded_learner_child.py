@@ -1,10 +1,13 @@
 """A learner rank for tests/unit/test_sharded_learner.py, and the settings both sides share.
 
-    torchrun --standalone --nproc-per-node 2 -m tests.unit.sharded_learner_child RUN_DIR MODEL_DIR STEPS OUT
+    torchrun --standalone --nproc-per-node 2 -m tests.unit.sharded_learner_child MODEL_DIR RUN_DIR STEPS OUT \
+        [RUN_DIR STEPS OUT ...]
 
-Every rank runs the real Learner; rank 0 gets its batches from StepIO (batch of step t: seed
-t + 1, whatever step a resume starts at) and writes what it published (safetensors payloads)
-and its audit verdicts to OUT."""
+Every rank runs the real Learner, once per (RUN_DIR, STEPS, OUT), one after the other (one
+torchrun start, and its ranks' torch imports, for all of them: ~15 s on a 2-core box); each
+Learner starts the process group and destroys it when its train() ends. Rank 0 gets its
+batches from StepIO (batch of step t: seed t + 1, whatever step a resume starts at) and writes
+what it published (safetensors payloads) and its audit verdicts to OUT."""
 
 from __future__ import annotations
 
@@ -45,16 +48,18 @@ def write_outputs(io: StepIO, out: Path) -> None:
     (out / "audits.json").write_text(json.dumps({"asked": io.asked, "audits": verdicts}))
 
 
-def main(run_dir: str, model_dir: str, steps: str, out: str) -> None:
+def main(model_dir: str, *jobs: str) -> None:
     from echo2.learner.train import Learner
 
-    cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
-    io = StepIO(load_tokenizer(model_dir))
-    learner = Learner(cfg, "", learner_token="", io=io)
-    leader = learner.leader
-    learner.train()
-    if leader:
-        write_outputs(io, Path(out))
+    assert jobs and len(jobs) % 3 == 0, "expected RUN_DIR STEPS OUT triples"
+    for run_dir, steps, out in zip(jobs[::3], jobs[1::3], jobs[2::3], strict=True):
+        cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
+        io = StepIO(load_tokenizer(model_dir))
+        learner = Learner(cfg, "", learner_token="", io=io)
+        leader = learner.leader
+        learner.train()
+        if leader:
+            write_outputs(io, Path(out))
 
 
 if __name__ == "__main__":

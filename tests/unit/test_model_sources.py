@@ -71,6 +71,9 @@ def test_bad_model_sources_are_one_line_naming_the_field_and_the_fix(tmp_path, m
     with pytest.raises(ValueError, match=r"GGUF file .*missing.gguf' does not exist.*echo2 models fetch"):
         check_model_source(ModelConfig(source=str(tmp_path / "missing.gguf")))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub unreachable, as on these machines
+    # huggingface_hub reads the variable once, at import: once an earlier test has imported it,
+    # only its constant takes the hub offline (else 23 s of retries against an unreachable hub)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=r"model.source='someone/not-cached' is not a local path, and the Hugging Face Hub"):
         check_model_source(ModelConfig(source="someone/not-cached"))
 

@@ -33,10 +33,11 @@ ATOL = 2e-5
 RUN_TIMEOUT_S = 180
 
 
-def _two_ranks(run_dir: Path, model_dir: Path, steps: int, out: Path) -> None:
+def _two_ranks(model_dir: Path, *jobs: tuple[Path, int, Path]) -> None:
+    """The 2-rank learner on each (run_dir, steps, out) in turn, in one torchrun."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tests.unit.sharded_learner_child", str(run_dir), str(model_dir), str(steps), str(out)]
+           "-m", "tests.unit.sharded_learner_child", str(model_dir), *(str(arg) for job in jobs for arg in job)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
@@ -58,10 +59,14 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
-    """A plain and a 2-rank learner, 2 steps each on the same batches."""
+    """A plain and a 2-rank learner, 2 steps each on the same batches; and, in the same torchrun
+    as the 2-rank one (each torchrun costs ~15 s of start-up), the 2-rank learner resumed from a
+    copy of the plain one's step-2 checkpoint for a third step (`one-to-two`, which
+    test_checkpoints_resume_from_two_ranks_on_one_and_from_one_on_two checks)."""
     base = tmp_path_factory.mktemp("sharded")
     _one_rank(base / "one", tiny_model_dir, 2, base / "one-out")
-    _two_ranks(base / "two", tiny_model_dir, 2, base / "two-out")
+    shutil.copytree(base / "one", base / "one-to-two")
+    _two_ranks(tiny_model_dir, (base / "two", 2, base / "two-out"), (base / "one-to-two", 3, base / "one-to-two-out"))
     return base
 
 
@@ -101,8 +106,7 @@ def test_checkpoints_resume_from_two_ranks_on_one_and_from_one_on_two(runs, tiny
     # 2 ranks -> 1 rank, and 1 rank -> 2 ranks, each from the step-2 checkpoint of the other
     shutil.copytree(runs / "two", runs / "two-to-one")
     _one_rank(runs / "two-to-one", tiny_model_dir, 3, runs / "two-to-one-out")
-    shutil.copytree(runs / "one", runs / "one-to-two")
-    _two_ranks(runs / "one-to-two", tiny_model_dir, 3, runs / "one-to-two-out")
+    # (1 rank -> 2 ranks ran in the `runs` fixture's torchrun, from its own copy of `one`)
     for resumed, source in (("two-to-one-out", "two-out"), ("one-to-two-out", "one-out")):
         out = runs / resumed
         assert json.loads((out / "audits.json").read_text())["asked"] == [2]  # resumed at step 2
