@@ -54,7 +54,10 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
         tls.warn_plain_bind(cfg.coordinator.host, "the coordinator")
     host, port = runner.addresses[0][:2]
     url = tls.base_url(host, port, tls=context is not None)
-    (cfg.run_path / "coordinator.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    # written whole, then renamed: a launcher or learner polling for it never reads half a file
+    written = cfg.run_path / "coordinator.json.tmp"
+    written.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    os.replace(written, cfg.run_path / "coordinator.json")
     metrics.write("coordinator_started", url=url)
     scheme = "https" if context is not None else "http"
     # the bind address, not coordinator.json's URL: 0.0.0.0 there reads as 127.0.0.1
