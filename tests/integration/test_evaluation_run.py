@@ -34,6 +34,7 @@ def _unaccounted_s(run_dir) -> list[float]:
             - checkpoint_s.get(prev["step"] + 1, 0.0) for prev, cur in zip(steps, steps[1:], strict=False)]
 
 
+@pytest.mark.exclusive  # compares the two runs' step times: another test beside one of them would skew it
 def test_workers_evaluate_and_the_learner_never_waits_for_it(tmp_path):
     every = _run(tmp_path, "every", eval_every=1)
     rare = _run(tmp_path, "rare", eval_every=1000)

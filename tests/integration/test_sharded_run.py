@@ -14,9 +14,7 @@ import json
 
 import pytest
 from tests.conftest import small_run_config
-from tests.integration.runs import processes, records, wait_for, write_config
-
-from echo2.models.prepare import MARKER
+from tests.integration.runs import processes, records, write_config
 
 pytestmark = pytest.mark.integration
 BAND = 0.15
@@ -38,11 +36,8 @@ def _finished(tmp_path, ranks: int, cfg, proc) -> dict:
 
 
 def test_two_rank_learner_run_lands_in_the_one_rank_band(tmp_path):
-    with processes() as start:  # side by side (the second once the first's base model, cached, is ready)
-        started = {1: _start(start, tmp_path, 1)}
-        cfg, proc = started[1]
-        wait_for(lambda: (cfg.run_path / "base" / MARKER).is_file(), 240, "the base model", alive=proc)
-        started[2] = _start(start, tmp_path, 2)
+    with processes() as start:  # side by side: they share only the warm-start cache (write_config fills it)
+        started = {ranks: _start(start, tmp_path, ranks) for ranks in (1, 2)}
         one, two = (_finished(tmp_path, ranks, *started[ranks]) for ranks in (1, 2))
     cfg = two["cfg"]
     learner_log = (cfg.run_path / "logs" / "learner.log").read_text()

@@ -4,10 +4,12 @@
         [RUN_DIR STEPS OUT ...]
 
 Every rank runs the real Learner, once per (RUN_DIR, STEPS, OUT), one after the other (one
-torchrun start, and its ranks' torch imports, for all of them: ~15 s on a 2-core box); each
-Learner starts the process group and destroys it when its train() ends. Rank 0 gets its
-batches from StepIO (batch of step t: seed t + 1, whatever step a resume starts at) and writes
-what it published (safetensors payloads) and its audit verdicts to OUT."""
+torchrun start, and its ranks' torch imports, for all of them: ~15 s on a 2-core box). The first
+Learner starts the process group; the ones after it find it started (init_ranks), and only the
+last destroys it: a group destroyed and started again in one torchrun can hang in gloo's
+rendezvous (torchrun's store still holds the first group's keys). Rank 0 gets its batches from
+StepIO (batch of step t: seed t + 1, whatever step a resume starts at) and writes what it
+published (safetensors payloads) and its audit verdicts to OUT."""
 
 from __future__ import annotations
 
@@ -49,17 +51,24 @@ def write_outputs(io: StepIO, out: Path) -> None:
 
 
 def main(model_dir: str, *jobs: str) -> None:
+    from echo2.learner.distributed import Ranks
     from echo2.learner.train import Learner
 
     assert jobs and len(jobs) % 3 == 0, "expected RUN_DIR STEPS OUT triples"
-    for run_dir, steps, out in zip(jobs[::3], jobs[1::3], jobs[2::3], strict=True):
-        cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
-        io = StepIO(load_tokenizer(model_dir))
-        learner = Learner(cfg, "", learner_token="", io=io)
-        leader = learner.leader
-        learner.train()
-        if leader:
-            write_outputs(io, Path(out))
+    triples = list(zip(jobs[::3], jobs[1::3], jobs[2::3], strict=True))
+    close = Ranks.close
+    try:
+        for index, (run_dir, steps, out) in enumerate(triples):
+            Ranks.close = close if index == len(triples) - 1 else (lambda self: None)  # the group stays up
+            cfg = sharded_config(Path(run_dir), Path(model_dir), int(steps))
+            io = StepIO(load_tokenizer(model_dir))
+            learner = Learner(cfg, "", learner_token="", io=io)
+            leader = learner.leader
+            learner.train()
+            if leader:
+                write_outputs(io, Path(out))
+    finally:
+        Ranks.close = close
 
 
 if __name__ == "__main__":

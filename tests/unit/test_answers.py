@@ -55,7 +55,9 @@ def test_reference_answers_are_taken_from_worked_solutions():
     "\\boxed{}",
     "😀 ４２ ⁴² ٤٢",  # emoji, fullwidth, superscript and Arabic-Indic digits
     "\\boxed{\\frac{1}{0}}",
-    "\\boxed{9^{9^{9^{9}}}}",  # a tower of powers: must not be computed
+    # a tower of powers: must not be computed (its 2 s timeout and what sympy computes before
+    # the alarm is handled land near the 3 s bound on a busy box: alone under xdist)
+    pytest.param("\\boxed{9^{9^{9^{9}}}}", marks=pytest.mark.exclusive),
     "\\boxed{" + "9" * 5000 + "}",
     "1" * 200_000,
     "\\boxed{" * 10_000,

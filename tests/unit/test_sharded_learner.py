@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,16 @@ def _two_ranks(model_dir: Path, *jobs: tuple[Path, int, Path]) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "tests.unit.sharded_learner_child", str(model_dir), *(str(arg) for job in jobs for arg in job)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    # its own process group, killed whole on a timeout: killing torchrun alone left its ranks behind
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"2 ranks still running after {RUN_TIMEOUT_S} s:\n{stdout[-3000:]}{stderr[-5000:]}") from None
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
 
 
 def _one_rank(run_dir: Path, model_dir: Path, steps: int, out: Path) -> None:
