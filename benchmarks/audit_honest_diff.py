@@ -82,7 +82,7 @@ def engine_for(name: str, source: str):
 
 def groups_from(engine, rows: list[list[int]], group_size: int, new_tokens: int) -> list[TrainGroup]:
     out = engine.generate([GenRequest(r, group_size, 1.0, new_tokens) for r in rows])
-    return [TrainGroup(group_id=f"g{i}", prompt_index=i, prompt_ids=r, version=1, worker_id="honest",
+    return [TrainGroup(lease_id=f"g{i}", prompt_index=i, prompt_ids=r, version=1, worker_id="honest",
                        rewards=[0.0] * group_size,
                        completions=[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in comps])
             for i, (r, comps) in enumerate(zip(rows, out, strict=True))]

@@ -208,7 +208,7 @@ def _groups(batch: int, group_size: int, prompt_tokens: int, completion_tokens: 
         prompt = [rng.randrange(10, vocab) for _ in range(prompt_tokens)]
         completions = [RolloutCompletion(token_ids=[rng.randrange(10, vocab) for _ in range(completion_tokens)],
                                          logprobs=[-12.0] * completion_tokens) for _ in range(min(group_size, batch))]
-        groups.append(TrainGroup(group_id=f"{seed}-{g}", prompt_index=g, prompt_ids=prompt, version=1, worker_id="w",
+        groups.append(TrainGroup(lease_id=f"{seed}-{g}", prompt_index=g, prompt_ids=prompt, version=1, worker_id="w",
                                  rewards=[float(i % 2) for i in range(len(completions))], completions=completions))
     return groups
 

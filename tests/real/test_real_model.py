@@ -74,7 +74,7 @@ def test_shared_prompt_passes_give_the_unshared_gradients_on_smollm2(smollm2):
 
     model, tokenizer = load_model(str(smollm2.hf_dir)), load_tokenizer(str(smollm2.hf_dir))
     gen = torch.Generator().manual_seed(0)
-    groups = [TrainGroup(group_id=f"g{i}", prompt_index=i, prompt_ids=_chat(tokenizer, text), version=0, worker_id="w",
+    groups = [TrainGroup(lease_id=f"g{i}", prompt_index=i, prompt_ids=_chat(tokenizer, text), version=0, worker_id="w",
                          rewards=[0.0] * 3, completions=[RolloutCompletion(
                              token_ids=torch.randint(100, 40_000, (n,), generator=gen).tolist(), logprobs=[-1.0] * n)
                              for n in (3, 7, 5)]) for i, text in enumerate(PROMPTS[:2])]

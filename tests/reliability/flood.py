@@ -34,7 +34,7 @@ def _cases(join: dict, credential: dict, worker_id: str, seq: int) -> list[tuple
         ("wrong schema", "POST", "/v1/lease", {"worker_id": worker_id, "version": "x"}, credential),
         ("oversized body", "POST", "/v1/heartbeat", b"x" * (9 << 20), credential),
         ("rollout never leased", "POST", "/v1/rollout",
-         {"worker_id": worker_id, "task_id": f"L{seq:016x}", "version": 0, "gen_time_s": 0.1,
+         {"worker_id": worker_id, "lease_id": f"L{seq:016x}", "version": 0, "gen_time_s": 0.1,
           "completions": [completion] * 4}, credential),
         ("speak for another worker", "POST", "/v1/leave", {"worker_id": "w0"}, credential),
         ("report the origin", "POST", "/v1/bad_peer",

@@ -76,7 +76,7 @@ def test_oversized_fields_are_refused_with_422_naming_the_field(tmp_path, tiny_m
     async def scenario(session, url):
         w1 = await _join(session, url, "w1")
         task = (await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0}, w1))[1]["tasks"][0]
-        rollout = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+        rollout = {"worker_id": "w1", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,
                    "completions": [{"token_ids": [20] * 40_000, "logprobs": [-0.5]}] * 2}
         refused = {
             "report.detail": await _post(session, url, "/v1/bad_peer",
@@ -119,7 +119,7 @@ def test_trained_groups_leave_the_store_once_checkpointed(tmp_path, tiny_model_d
         for task in lease(state, "a", step, max_tasks=2).tasks:
             completions = [RolloutCompletion(token_ids=[rng.randint(4, 30) for _ in range(1024)],
                                              logprobs=[-rng.random() * 3 for _ in range(1024)]) for _ in range(2)]
-            req = RolloutSubmission(worker_id="a", task_id=task.task_id, version=step, completions=completions,
+            req = RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=step, completions=completions,
                                     gen_time_s=0.1)
             assert state.submit(req).accepted
             sent += len(req.model_dump_json())

@@ -51,9 +51,9 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
     assert all(a["by_worker"][w]["failed"] == 0 for a in audits for w in a["by_worker"] if w != "liar")
     trained = {r["step"]: r for r in records(cfg.run_path, "train_step")}
     assert sorted(trained) == list(range(30))
-    trained_ids = [g for r in trained.values() for g in r["group_ids"]]
+    trained_ids = [g for r in trained.values() for g in r["lease_ids"]]
     assert len(trained_ids) == len(set(trained_ids))
-    failed_ids = {g for a in audits for g in a["failed_group_ids"]}
+    failed_ids = {g for a in audits for g in a["failed_lease_ids"]}
     assert len(failed_ids) == failed and not failed_ids & set(trained_ids)  # never trained
     prompts = [p for r in trained.values() for p in r["prompt_indices"]]
     assert len(prompts) == len(set(prompts))  # nothing trained twice, redone prompts included

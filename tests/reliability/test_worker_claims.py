@@ -72,13 +72,13 @@ def test_throughput_is_what_the_coordinator_measures_not_what_a_worker_claims(st
     assert state.controller.workers["boaster"].rollouts_per_s.samples == 0  # a claim is not a sample
     task = lease(state, "boaster", 0).tasks[0]
     clock.now += 2.0  # it took two seconds to return a group
-    assert state.submit(submission(state, "boaster", task.task_id, 0)).accepted
+    assert state.submit(submission(state, "boaster", task.lease_id, 0)).accepted
     measured = state.controller.workers["boaster"].rollouts_per_s.value
     assert measured == pytest.approx(state.settings.sampling.group_size / 2.0)
     clock.now += 5.0  # idle time (no lease held) is not counted against it
     task = lease(state, "boaster", 0).tasks[0]
     clock.now += 2.0
-    state.submit(submission(state, "boaster", task.task_id, 0))
+    state.submit(submission(state, "boaster", task.lease_id, 0))
     assert state.controller.workers["boaster"].rollouts_per_s.value == pytest.approx(measured)
     row = snapshot(state)["workers"]["boaster"]
     assert row["rollouts_per_s_claimed"] == pytest.approx(1e12) and row["rollouts_per_s_measured"] == pytest.approx(measured)

@@ -85,18 +85,18 @@ def lease(state: CoordinatorState, worker_id: str, version: int, max_tasks: int 
     return state.lease(LeaseRequest(worker_id=worker_id, version=version, max_tasks=max_tasks))
 
 
-def answer_ids(state: CoordinatorState, task_id: str, correct: bool) -> list[int]:
+def answer_ids(state: CoordinatorState, lease_id: str, correct: bool) -> list[int]:
     """Token ids of the right (or a wrong) answer plus EOS, for the leased prompt."""
-    prompt_index = state.leases[task_id].prompt_index
+    prompt_index = state.leases[lease_id].prompt_index
     answer = state.scorer.problem(prompt_index).answer
     text = answer if correct else str(int(answer) + 1)
     eos = state.scorer.tokenizer.token_to_id("<eos>")
     return state.scorer.tokenizer.encode(text, add_special_tokens=False).ids[:3] + [eos]
 
 
-def submission(state: CoordinatorState, worker_id: str, task_id: str, version: int, **overrides) -> RolloutSubmission:
-    ids = answer_ids(state, task_id, correct=True)
+def submission(state: CoordinatorState, worker_id: str, lease_id: str, version: int, **overrides) -> RolloutSubmission:
+    ids = answer_ids(state, lease_id, correct=True)
     completions = [RolloutCompletion(token_ids=ids, logprobs=[-0.5] * len(ids)) for _ in range(SAMPLING.group_size)]
-    data = dict(worker_id=worker_id, task_id=task_id, version=version, completions=completions, gen_time_s=0.1)
+    data = dict(worker_id=worker_id, lease_id=lease_id, version=version, completions=completions, gen_time_s=0.1)
     data.update(overrides)
     return RolloutSubmission(**data)

@@ -48,9 +48,9 @@ class FakeIO:
         self.durable.append(durable_step)
         return self.batches.pop(0)
 
-    def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:
+    def reject_batch(self, step: int, reason: str, requeue_lease_ids: tuple[str, ...] = ()) -> None:
         self.rejected.append((step, reason))
-        self.requeued.append(tuple(requeue_group_ids))
+        self.requeued.append(tuple(requeue_lease_ids))
 
     def report_audit(self, step: int, verdicts: list) -> None:
         self.audits.append((step, verdicts))
@@ -92,7 +92,7 @@ def addition_batch(tokenizer, seed: int, groups: int = 2, group_size: int = 4, b
         if behaviour is not None:
             first = completions[0]
             completions[0] = RolloutCompletion(token_ids=first.token_ids, logprobs=[behaviour] + first.logprobs[1:])
-        out.append(TrainGroup(group_id=f"{seed}-{g}", prompt_index=seed * 10 + g, prompt_ids=prompt, version=0,
+        out.append(TrainGroup(lease_id=f"{seed}-{g}", prompt_index=seed * 10 + g, prompt_ids=prompt, version=0,
                               worker_id="w", rewards=[float(i % 2) for i in range(group_size)],
                               completions=completions))
     return out

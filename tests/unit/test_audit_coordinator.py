@@ -27,7 +27,7 @@ def clock():
 
 
 def verdict(group: dict, failed: bool, diff: float | None = None) -> GroupAudit:
-    return GroupAudit(group_id=group.group_id, worker_id=group.worker_id, version=group.version, tokens=8,
+    return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version, tokens=8,
                       mean_abs_logprob_diff=diff if diff is not None else (3.0 if failed else 2e-7),
                       recomputed=False, failed=failed)
 
@@ -35,7 +35,7 @@ def verdict(group: dict, failed: bool, diff: float | None = None) -> GroupAudit:
 def fill(state, worker_id: str, groups: int) -> None:
     for _ in range(groups):
         task = lease(state, worker_id, 0).tasks[0]
-        assert state.submit(submission(state, worker_id, task.task_id, 0)).accepted
+        assert state.submit(submission(state, worker_id, task.lease_id, 0)).accepted
 
 
 def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny_model_dir, clock):
@@ -50,9 +50,9 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
 
     # the learner found one of them fabricated and skipped the step
     assert state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])) == []
-    state.reject_batch(0, "rollout audit", [batch[1].group_id])
+    state.reject_batch(0, "rollout audit", [batch[1].lease_id])
     assert state.audit.workers["liar"].failed == 1 and state.counters.rejected_by_learner == 1
-    assert [g.group_id for g in state.buffer][0] == batch[1].group_id  # back at the head
+    assert [g.lease_id for g in state.buffer][0] == batch[1].lease_id  # back at the head
     assert state.leases_book.queue[0] == batch[0].prompt_index  # the failed group's prompt is redone
 
     # a retried report of the same failure counts once
@@ -65,7 +65,7 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
     event = next(e for e in event_records(state) if e["kind"] == "worker_quarantined")
     assert event["worker_id"] == "liar" and "2 of its groups failed" in event["reason"]
     assert event["leases_requeued"] == len(held)
-    state.reject_batch(0, "rollout audit", [g.group_id for g in batch])
+    state.reject_batch(0, "rollout audit", [g.lease_id for g in batch])
     assert all(g.worker_id == "honest" for g in state.buffer)  # none of the liar's groups remain
     assert state.counters.dropped_quarantined + state.counters.rejected_by_learner >= 2
 

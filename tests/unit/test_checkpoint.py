@@ -26,7 +26,7 @@ def _batches(tokenizer, steps: int) -> list[list[TrainGroup]]:
             for _ in range(4):
                 ids = [rng.randint(4, 40) for _ in range(rng.randint(1, 4))] + [tokenizer.eos_token_id]
                 completions.append(RolloutCompletion(token_ids=ids, logprobs=[-rng.random() * 3 for _ in ids]))
-            groups.append(TrainGroup(group_id=f"{step}-{g}", prompt_index=step * 3 + g, prompt_ids=prompt,
+            groups.append(TrainGroup(lease_id=f"{step}-{g}", prompt_index=step * 3 + g, prompt_ids=prompt,
                                      version=max(0, step - 1), worker_id="w", rewards=[rng.random() for _ in range(4)],
                                      completions=completions))
         batches.append(groups)

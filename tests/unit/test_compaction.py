@@ -27,7 +27,7 @@ from echo2.models.loading import load_tokenizer
 def _one_step(state: CoordinatorState, step: int) -> list[dict]:
     """Workers fill step `step`'s batch, the learner takes it and publishes the next version."""
     for task in lease(state, "a", step, max_tasks=state.settings.groups_per_step).tasks:
-        assert state.submit(submission(state, "a", task.task_id, step)).accepted
+        assert state.submit(submission(state, "a", task.lease_id, step)).accepted
     batch = state.take_batch(step)
     assert batch
     publish(state, step + 1)
@@ -77,7 +77,7 @@ def test_rejected_and_stale_groups_of_checkpointed_steps_go_too(tmp_path, tiny_m
 
     def submit(version: int) -> None:
         task = lease(state, "a", version).tasks[0]
-        assert state.submit(submission(state, "a", task.task_id, version)).accepted
+        assert state.submit(submission(state, "a", task.lease_id, version)).accepted
 
     submit(0)
     assert state.take_batch(0) and state.reject_batch(0, "loss is nan") == 1
@@ -85,7 +85,7 @@ def test_rejected_and_stale_groups_of_checkpointed_steps_go_too(tmp_path, tiny_m
     assert state.take_batch(0)  # step 0 again, on a fresh group
     publish(state, 1)
     submit(1)
-    state.buffer.append(state.store.batch(0)[0].model_copy(update={"group_id": "straggler"}))  # stale at step 1
+    state.buffer.append(state.store.batch(0)[0].model_copy(update={"lease_id": "straggler"}))  # stale at step 1
     state.store.add_group(state.buffer[-1], state.groups.seq)
     assert state.take_batch(1) and state.counters.dropped_stale == 1
     states = dict(state.store.db.execute("SELECT state, COUNT(*) FROM groups GROUP BY state"))

@@ -90,14 +90,14 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
         status, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0}, w1)
         task = lease["tasks"][0]
         before = json.dumps(snapshot(state), sort_keys=True)
-        good = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+        good = {"worker_id": "w1", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,
                 "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
         cases = {
             "not json": "{nope",
             "unknown kind": {**good, "kind": "something_else"},
             "unknown field": {**good, "reward": [1.0, 1.0]},
             "nan": json.dumps(good).replace("-0.5, -0.5]}, {", "NaN, -0.5]}, {", 1),
-            "unknown task": {**good, "task_id": "L0000"},
+            "unknown task": {**good, "lease_id": "L0000"},
             "another worker's id": {**good, "worker_id": "w9"},
             "future version": {**good, "version": 3},
             "bad token id": {**good, "completions": [{"token_ids": [999], "logprobs": [-1.0]}] * 2},
@@ -128,7 +128,7 @@ def test_batch_long_poll_returns_when_the_batch_fills(state):
         async def submit_later():
             await asyncio.sleep(0.3)
             for task in lease["tasks"]:
-                body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+                body = {"worker_id": "w1", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,
                         "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
                 await _post(session, url, "/v1/rollout", body, w1)
 
@@ -152,7 +152,7 @@ def test_learner_hands_a_batch_back(state):
         w1 = await _join(session, url, "w1")
         _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2}, w1)
         for task in lease["tasks"]:
-            body = {"worker_id": "w1", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+            body = {"worker_id": "w1", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,
                     "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
             await _post(session, url, "/v1/rollout", body, w1)
         async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 1}, headers=LEARNER) as resp:

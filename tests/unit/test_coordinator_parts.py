@@ -47,7 +47,7 @@ def test_a_run_of_the_state_machine_emits_only_typed_events(tmp_path, tiny_model
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.task_id, 0))
+    state.submit(submission(state, "a", task.lease_id, 0))
     assert state.take_batch(0)
     events = state.take_events()
     assert events and all(isinstance(e, ev.Event) for e in events) and state.events == []
@@ -59,9 +59,9 @@ def test_group_states_go_through_the_store_as_the_enum(tmp_path, tiny_model_dir)
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.task_id, 0))
+    state.submit(submission(state, "a", task.lease_id, 0))
     (buffered,) = state.store.groups_in_state(GroupState.BUFFERED)
-    assert buffered.group_id == task.task_id  # one id: lease, task and group
+    assert buffered.lease_id == task.lease_id  # one id: lease, task and group
     state.take_batch(0)
     assert state.store.has_groups(GroupState.TRAINED, 0) and not state.store.groups_in_state(GroupState.BUFFERED)
     state.store.close()
@@ -81,3 +81,32 @@ def _all_subclasses(cls):
     for sub in cls.__subclasses__():
         yield sub
         yield from _all_subclasses(sub)
+
+
+def test_one_id_names_a_lease_its_group_and_their_records(tmp_path, tiny_model_dir):
+    """The lease id a worker is handed is the id its submission names, the stored group's id and
+    the id the learner's batch carries: one name, `lease_id`, on every message."""
+    from echo2.protocol.learner_api import GroupAudit, RejectBatchRequest
+    from echo2.protocol.messages import RolloutSubmission, Task, TrainGroup
+
+    for message in (Task, RolloutSubmission, TrainGroup, GroupAudit):
+        assert "lease_id" in message.model_fields and not {"task_id", "group_id"} & set(message.model_fields)
+    assert "requeue_lease_ids" in RejectBatchRequest.model_fields
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=1)
+    publish(state, 0)
+    register(state, "w0")
+    leased = lease(state, "w0", 0).tasks[0]
+    state.submit(submission(state, "w0", leased.lease_id, 0))
+    assert [g.lease_id for g in state.take_batch(0)] == [leased.lease_id]
+
+
+def test_a_store_from_before_protocol_6_is_refused_with_its_fix(tmp_path):
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "coordinator.db")
+    old.execute("CREATE TABLE groups (group_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL, "
+                "step INTEGER, payload TEXT NOT NULL)")
+    old.commit()
+    old.close()
+    with pytest.raises(ValueError, match="before protocol 6.*start a new run_dir"):
+        Store(tmp_path / "coordinator.db")

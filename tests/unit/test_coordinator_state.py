@@ -44,10 +44,10 @@ def test_lease_submit_batch_round_trip(state):
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     assert len(tasks) == 2 and tasks[0].prompt_ids
     assert state.take_batch(0) is None
-    replies = [state.submit(submission(state, "a", t.task_id, 0)) for t in tasks]
+    replies = [state.submit(submission(state, "a", t.lease_id, 0)) for t in tasks]
     assert all(r.accepted and r.rewards == [1.0, 1.0] for r in replies)
     batch = state.take_batch(0)
-    assert [g.group_id for g in batch] == [t.task_id for t in tasks]
+    assert [g.lease_id for g in batch] == [t.lease_id for t in tasks]
     # asking again for the same step returns the same batch: a restarted learner replays it
     assert state.take_batch(0) == batch
     assert state.counters.trained == 2 and state.buffer == []
@@ -57,9 +57,9 @@ def test_rewards_are_computed_by_the_coordinator(state):
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    wrong = answer_ids(state, task.task_id, correct=False)
+    wrong = answer_ids(state, task.lease_id, correct=False)
     bad = [RolloutCompletion(token_ids=wrong, logprobs=[-1.0] * len(wrong))] * 2
-    reply = state.submit(submission(state, "a", task.task_id, 0, completions=bad))
+    reply = state.submit(submission(state, "a", task.lease_id, 0, completions=bad))
     assert reply.rewards == [0.0, 0.0]
 
 
@@ -91,7 +91,7 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     register(state, "b")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    prompt = state.leases[task.task_id].prompt_index
+    prompt = state.leases[task.lease_id].prompt_index
     clock.now += 3
     state.heartbeat(Heartbeat(worker_id="b", version=0))
     clock.now += 3  # a silent for 6 s > worker_timeout_s = 5; b beat 3 s ago
@@ -99,21 +99,21 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     assert not state.workers["a"].alive and state.workers["b"].alive
     assert list(state.leases_book.queue) == [prompt]
     with pytest.raises(RequestError) as err:
-        state.submit(submission(state, "a", task.task_id, 0) if task.task_id in state.leases else _late(task.task_id))
+        state.submit(submission(state, "a", task.lease_id, 0) if task.lease_id in state.leases else _late(task.lease_id))
     assert err.value.status == 404
     register(state, "a")  # it comes back: the old lease stays void
     with pytest.raises(RequestError) as err:
-        state.submit(_late(task.task_id))
+        state.submit(_late(task.lease_id))
     assert err.value.status == 409
     again = lease(state, "b", 0).tasks[0]
-    assert state.leases[again.task_id].prompt_index == prompt  # re-leased, to exactly one worker
+    assert state.leases[again.lease_id].prompt_index == prompt  # re-leased, to exactly one worker
 
 
-def _late(task_id: str):
+def _late(lease_id: str):
     from echo2.protocol.messages import RolloutSubmission
 
     completion = RolloutCompletion(token_ids=[20, 3], logprobs=[-0.1, -0.1])
-    return RolloutSubmission(worker_id="a", task_id=task_id, version=0, completions=[completion] * 2, gen_time_s=0.1)
+    return RolloutSubmission(worker_id="a", lease_id=lease_id, version=0, completions=[completion] * 2, gen_time_s=0.1)
 
 
 def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
@@ -161,7 +161,7 @@ def test_bad_submission_is_refused_and_changes_nothing(state, case):
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    ok = submission(state, "a", task.task_id, 0)
+    ok = submission(state, "a", task.lease_id, 0)
     before = (copy.deepcopy(snapshot(state)), dict(state.leases), list(state.buffer))
     with pytest.raises(RequestError) as err:
         state.submit(ok.model_copy(update=BAD_SUBMISSIONS[case](ok)))
@@ -175,15 +175,15 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.task_id, 0))
+    state.submit(submission(state, "a", task.lease_id, 0))
     assert state.take_batch(0) is not None
     task = lease(state, "a", 0).tasks  # S = 0 and step 0 taken: no room until version 1
     assert task == []
     publish(state, 1)
     t1 = lease(state, "a", 1).tasks[0]
     # a straggler of version 0 arriving now would be stale at step 1: simulate one buffered
-    state.buffer.append(state.store.batch(0)[0].model_copy(update={"group_id": "old", "version": 0}))
-    state.submit(submission(state, "a", t1.task_id, 1))
+    state.buffer.append(state.store.batch(0)[0].model_copy(update={"lease_id": "old", "version": 0}))
+    state.submit(submission(state, "a", t1.lease_id, 1))
     batch = state.take_batch(1)
     assert [g.version for g in batch] == [1] and state.counters.dropped_stale == 1
 
@@ -193,16 +193,16 @@ def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_d
     register(state, "a")
     publish(state, 0)
     t1, t2 = lease(state, "a", 0, max_tasks=2).tasks
-    state.submit(submission(state, "a", t1.task_id, 0))
-    leased_prompt = state.leases[t2.task_id].prompt_index
+    state.submit(submission(state, "a", t1.lease_id, 0))
+    leased_prompt = state.leases[t2.lease_id].prompt_index
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)
-    assert [g.group_id for g in revived.buffer] == [t1.task_id]
+    assert [g.lease_id for g in revived.buffer] == [t1.lease_id]
     assert list(revived.leases_book.queue) == [leased_prompt] and revived.leases_book.cursor == 2
     assert revived.current_version == 0
     register(revived, "a")
     again = lease(revived, "a", 0).tasks[0]
-    assert revived.leases[again.task_id].prompt_index == leased_prompt
+    assert revived.leases[again.lease_id].prompt_index == leased_prompt
 
 
 OPS = st.lists(
@@ -264,7 +264,7 @@ def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_
     register(state, "a")
     publish(state, 0)
     for task in lease(state, "a", 0, max_tasks=2).tasks:
-        state.submit(submission(state, "a", task.task_id, 0))
+        state.submit(submission(state, "a", task.lease_id, 0))
     first = state.take_batch(0)
     with pytest.raises(RequestError, match="newest assigned batch is step 0"):
         state.reject_batch(1, "not assigned yet")
@@ -273,9 +273,9 @@ def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_
     assert state.counters.rejected_by_learner == 2 and state.counters.trained == 0
     assert state.take_batch(0) is None  # never the poisoned groups again
     for task in lease(state, "a", 0, max_tasks=2).tasks:
-        state.submit(submission(state, "a", task.task_id, 0))
+        state.submit(submission(state, "a", task.lease_id, 0))
     second = state.take_batch(0)
-    assert second and not {g.group_id for g in second} & {g.group_id for g in first}
+    assert second and not {g.lease_id for g in second} & {g.lease_id for g in first}
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)  # the new batch is the step's for good
     assert revived.take_batch(0) == second and revived.counters.rejected_by_learner == 2
@@ -311,7 +311,7 @@ def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
         state.register(RegisterRequest(worker_id=f"fake{i}", engine="hf"), source=f"10.1.0.{i}")
     register(state, "real")
     task = lease(state, "real", 0).tasks[0]
-    assert state.submit(submission(state, "real", task.task_id, 0)).accepted
+    assert state.submit(submission(state, "real", task.lease_id, 0)).accepted
     clock.now += state.settings.worker_timeout_s + 1
     state.sweep()  # all time out
     assert len(state.workers) == 51 and not any(w.alive for w in state.workers.values())

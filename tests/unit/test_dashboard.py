@@ -37,13 +37,13 @@ def run(tmp_path, tiny_model_dir):
                                        relay_address=f"http://{worker_id}:1"))
     for task in lease(state, "w0", 0, max_tasks=2).tasks:
         clock.now += 1.0
-        state.submit(submission(state, "w0", task.task_id, 0))
+        state.submit(submission(state, "w0", task.lease_id, 0))
     assert state.take_batch(0) is not None
     publish(state, 1)
     state.heartbeat(Heartbeat(worker_id="w0", version=1, dissemination_s=0.75, bytes_relayed_total=123_456))
     state.heartbeat(Heartbeat(worker_id="w1", version=0))
     held = lease(state, "w1", 0, max_tasks=2).tasks
-    state.submit(submission(state, "w1", held[0].task_id, 0))
+    state.submit(submission(state, "w1", held[0].lease_id, 0))
     learner = MetricsWriter(tmp_path / "metrics.jsonl", role="learner")
     learner.write("eval", step=0, accuracy=0.25, problems=8, eval_s=0.1)
     learner.write("train_step", step=0, wait_s=1.0, train_s=2.0, publish_s=1.0, reward_mean=0.625,

@@ -74,7 +74,7 @@ def episode_groups(task, codec, start: int, groups: int = 2, size: int = 4) -> l
         episodes = [task.episode(codec, task.train_seed(index), 2) for _ in range(size)]
         play(episodes, lambda batch: [(codec.encode(rng.choice("cb")) + [codec.eos_id], [-0.7, -0.05])
                                       for _ in batch])
-        out.append(TrainGroup(group_id=f"g{index}", prompt_index=index, prompt_ids=episodes[0].prompt_ids, version=0,
+        out.append(TrainGroup(lease_id=f"g{index}", prompt_index=index, prompt_ids=episodes[0].prompt_ids, version=0,
                               worker_id="w", rewards=[e.reward for e in episodes],
                               completions=[RolloutCompletion(token_ids=e.token_ids, logprobs=e.logprobs,
                                                              segments=e.segments) for e in episodes]))

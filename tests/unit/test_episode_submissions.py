@@ -48,7 +48,7 @@ def play_lease(state, task, letters="cb"):
 
 
 def submit(state, task, completions):
-    return state.submit(RolloutSubmission(worker_id="a", task_id=task.task_id, version=0, completions=completions,
+    return state.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0, completions=completions,
                                           gen_time_s=0.1))
 
 
@@ -59,7 +59,7 @@ def wire(episodes, **changes):
 
 def test_an_honest_group_is_scored_by_replay(state):
     task = lease(state, "a", 0).tasks[0]
-    assert task.episode_seed == state.scorer.task.train_seed(state.leases[task.task_id].prompt_index)
+    assert task.episode_seed == state.scorer.task.train_seed(state.leases[task.lease_id].prompt_index)
     episodes = play_lease(state, task)
     reply = submit(state, task, wire(episodes))
     assert reply.accepted and reply.rewards == [e.reward for e in episodes]
@@ -125,7 +125,7 @@ def test_a_single_turn_task_refuses_segments(tmp_path, tiny_model_dir):
     publish(s, 0)
     task = lease(s, "a", 0).tasks[0]
     assert task.episode_seed is None
-    honest = submission(s, "a", task.task_id, 0)
+    honest = submission(s, "a", task.lease_id, 0)
     marked = [c.model_copy(update={"segments": [len(c.token_ids)]}) for c in honest.completions]
     with pytest.raises(RequestError, match="single-turn"):
         s.submit(honest.model_copy(update={"completions": marked}))

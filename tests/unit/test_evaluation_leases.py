@@ -158,7 +158,7 @@ def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(state):
         async def room_later():
             await asyncio.sleep(0.4)
             for task in first["tasks"]:
-                done = {"worker_id": "w2", "task_id": task["task_id"], "version": 0, "gen_time_s": 0.1,
+                done = {"worker_id": "w2", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,
                         "completions": [{"token_ids": [20, 3], "logprobs": [-0.5, -0.5]}] * 2}
                 await _post(session, url, "/v1/rollout", done, headers)
             async with session.post(url + "/v1/batch", json={"step": 0, "wait_s": 1}, headers=LEARNER) as resp:

@@ -34,7 +34,7 @@ def multi_turn_batch(seed: int = 0, groups: int = 3, group_size: int = 4, env_lo
                 ids += [rng.randrange(4, 99) for _ in range(length)]
                 logprobs += [env_logprob] * length if index % 2 else [-rng.random() * 3 - 0.2 for _ in range(length)]
             completions.append(RolloutCompletion(token_ids=ids, logprobs=logprobs, segments=segments))
-        out.append(TrainGroup(group_id=f"g{g}", prompt_index=g, prompt_ids=prompt, version=1, worker_id="w",
+        out.append(TrainGroup(lease_id=f"g{g}", prompt_index=g, prompt_ids=prompt, version=1, worker_id="w",
                               rewards=[rng.choice([-1.0, -0.5, 0.5, 1.0]) for _ in range(group_size)],
                               completions=completions))
     return out

@@ -46,11 +46,11 @@ def test_every_string_and_list_a_worker_sends_is_capped(message):
 def test_the_largest_honest_rollout_parses_and_one_more_does_not():
     RolloutCompletion(token_ids=[1] * MAX_NEW_TOKENS, logprobs=[-1.0] * MAX_NEW_TOKENS)
     small = RolloutCompletion(token_ids=[1], logprobs=[-1.0])
-    RolloutSubmission(worker_id="w", task_id="L1", version=0, completions=[small] * MAX_GROUP_SIZE, gen_time_s=1.0)
+    RolloutSubmission(worker_id="w", lease_id="L1", version=0, completions=[small] * MAX_GROUP_SIZE, gen_time_s=1.0)
     with pytest.raises(ValidationError, match="token_ids"):
         RolloutCompletion(token_ids=[1] * (MAX_NEW_TOKENS + 1), logprobs=[-1.0])
     with pytest.raises(ValidationError, match="completions"):
-        RolloutSubmission(worker_id="w", task_id="L1", version=0, completions=[small] * (MAX_GROUP_SIZE + 1),
+        RolloutSubmission(worker_id="w", lease_id="L1", version=0, completions=[small] * (MAX_GROUP_SIZE + 1),
                           gen_time_s=1.0)
 
 

@@ -29,7 +29,7 @@ def uneven_batch(vocab: int, groups: int = 4, group_size: int = 4, seed: int = 0
         for _ in range(group_size):
             ids = [rng.randrange(4, vocab) for _ in range(rng.randint(1, 12))]
             completions.append(RolloutCompletion(token_ids=ids, logprobs=[-rng.random() * 4 - 0.5 for _ in ids]))
-        out.append(TrainGroup(group_id=f"g{g}", prompt_index=g, prompt_ids=prompt, version=0, worker_id="w",
+        out.append(TrainGroup(lease_id=f"g{g}", prompt_index=g, prompt_ids=prompt, version=0, worker_id="w",
                               rewards=[float(rng.random() > 0.5) for _ in range(group_size)], completions=completions))
     return out
 

@@ -28,7 +28,7 @@ def sample_groups(engine: HFEngine, tokenizer, version: int, worker_id: str, see
     torch.manual_seed(seed)
     prompts = [tokenizer.encode(f"{seed % 10}+{i}=", add_special_tokens=False) for i in range(groups)]
     out = engine.generate([GenRequest(p, 4, 1.0, 6) for p in prompts])
-    return [TrainGroup(group_id=f"{worker_id}-{seed}-{i}", prompt_index=seed * 10 + i, prompt_ids=p, version=version,
+    return [TrainGroup(lease_id=f"{worker_id}-{seed}-{i}", prompt_index=seed * 10 + i, prompt_ids=p, version=version,
                        worker_id=worker_id, rewards=[float(k % 2) for k in range(4)],
                        completions=[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in comps])
             for i, (p, comps) in enumerate(zip(prompts, out, strict=True))]
@@ -38,7 +38,7 @@ def shifted(group: TrainGroup, by: float, suffix: str = "x") -> TrainGroup:
     """The same tokens with every behaviour log-prob moved by `by` nats (a fabrication)."""
     comps = [RolloutCompletion(token_ids=c.token_ids, logprobs=[min(0.0, x + by) for x in c.logprobs])
              for c in group.completions]
-    return group.model_copy(update={"completions": comps, "group_id": group.group_id + suffix})
+    return group.model_copy(update={"completions": comps, "lease_id": group.lease_id + suffix})
 
 
 def perturbed_state(model, scale: float = 0.05, seed: int = 1) -> dict[str, torch.Tensor]:
@@ -169,7 +169,7 @@ def test_the_learner_skips_a_step_over_a_failed_audit_and_hands_back_the_honest_
 
     assert [v for v, _ in io.published] == [0, 1]  # step 0 trained once, on the honest batch
     assert len(io.rejected) == 1 and "rollout audit" in io.rejected[0][1]
-    assert io.requeued[0] == (honest[0].group_id,)  # the honest group goes back, the fabricated one not
+    assert io.requeued[0] == (honest[0].lease_id,)  # the honest group goes back, the fabricated one not
     first_step, first = io.audits[0]
     assert first_step == 0 and [v.failed for v in first] == [False, True]
     assert all(not v.failed for v in io.audits[1][1])

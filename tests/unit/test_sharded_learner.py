@@ -91,7 +91,7 @@ def test_two_ranks_match_one_rank_on_the_same_batches(runs):
     audits_one, audits_two = (json.loads((out / "audits.json").read_text())["audits"] for out in (one, two))
     assert [step for step, _ in audits_two] == [step for step, _ in audits_one] == [0, 1]
     for (_, a), (_, b) in zip(audits_one, audits_two, strict=True):
-        assert [v["group_id"] for v in a] == [v["group_id"] for v in b]
+        assert [v["lease_id"] for v in a] == [v["lease_id"] for v in b]
         assert [v["recomputed"] for v in a] == [v["recomputed"] for v in b]
         for x, y in zip(a, b, strict=True):
             assert x["mean_abs_logprob_diff"] == pytest.approx(y["mean_abs_logprob_diff"], abs=1e-4)

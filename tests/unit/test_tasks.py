@@ -100,8 +100,8 @@ def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_d
         prompts = []
         while len(prompts) < count:
             for t in lease(s, "a", 0, max_tasks=min(8, count - len(prompts))).tasks:
-                prompts.append(s.scorer.problem(s.leases[t.task_id].prompt_index).prompt)
-                assert s.submit(submission(s, "a", t.task_id, 0)).accepted
+                prompts.append(s.scorer.problem(s.leases[t.lease_id].prompt_index).prompt)
+                assert s.submit(submission(s, "a", t.lease_id, 0)).accepted
         return prompts
 
     straight = take(state(tmp_path / "straight"), 40)

@@ -22,7 +22,7 @@ def test_malformed_heartbeat_replies_do_not_stop_the_heartbeats(tmp_path, tiny_m
     async def register(request):
         reply = RegisterResponse(worker_id="w0", heartbeat_interval_s=0.1, max_staleness=1,
                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2),
-                                 model_source=str(tiny_model_dir), latest=None, broadcast={},
+                                 model_source=str(tiny_model_dir), broadcast={},
                                  learner_public_key="", credential="c" * 64)
         return web.Response(text=reply.model_dump_json(), content_type="application/json")
 

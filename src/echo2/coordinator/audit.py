@@ -36,9 +36,9 @@ class AuditLedger:
                 stats.audited += 1
                 stats.max_passed_diff = max(stats.max_passed_diff, verdict.mean_abs_logprob_diff)
                 continue
-            if verdict.group_id in self.failed_groups:
+            if verdict.lease_id in self.failed_groups:
                 continue
-            self.failed_groups.add(verdict.group_id)
+            self.failed_groups.add(verdict.lease_id)
             stats.audited += 1
             stats.failed += 1
             stats.max_failed_diff = max(stats.max_failed_diff, verdict.mean_abs_logprob_diff)

@@ -65,34 +65,34 @@ class EvaluationDesk:
                                                     problems=self.board.problems))
         return task
 
-    def first_reply(self, worker_id: str, version: int, now: float, latest_version: int) -> LeaseResponse | None:
+    def first_reply(self, worker_id: str, version: int, now: float) -> LeaseResponse | None:
         """The lease reply evaluations take before rollouts: a worker holding a version for its
         evaluation gets only that evaluation's leases (or a refusal), then the run's exact
         evaluations (versions 0 and last) go first; None: rollouts may be leased."""
         held = self.hold_version(worker_id, version)
         if held is not None:
-            return self.spare_reply(worker_id, version, now, latest_version) or LeaseResponse(
-                tasks=[], retry_after_s=1.0, latest_version=latest_version,
+            return self.spare_reply(worker_id, version, now) or LeaseResponse(
+                tasks=[], retry_after_s=1.0,
                 reason=f"holding version {held} for its evaluation: load it again or wait for the evaluation to move")
-        return self._reply(self.offer(worker_id, version, False, now), latest_version)
+        return self._reply(self.offer(worker_id, version, False, now))
 
-    def spare_reply(self, worker_id: str, version: int, now: float, latest_version: int) -> LeaseResponse | None:
+    def spare_reply(self, worker_id: str, version: int, now: float) -> LeaseResponse | None:
         """A due evaluation for a worker that gets no rollouts (None: none is due)."""
-        return self._reply(self.offer(worker_id, version, True, now), latest_version)
+        return self._reply(self.offer(worker_id, version, True, now))
 
     @staticmethod
-    def _reply(task: EvalTask | None, latest_version: int) -> LeaseResponse | None:
+    def _reply(task: EvalTask | None) -> LeaseResponse | None:
         if task is None:
             return None
-        return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version, latest_version=latest_version)
+        return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version)
 
-    def submit_checked(self, req: EvalSubmission, now: float, latest_version: int) -> EvalAck:
+    def submit_checked(self, req: EvalSubmission, now: float) -> EvalAck:
         """A worker's greedy completions for its evaluation lease, scored here (never trained);
         refused (RequestError) when the lease is not its or the completions do not fit it."""
         ack, problem = self.submit(req, now)
         if ack is None:
             raise RequestError(409 if "not held" in problem else 422, problem)
-        return ack.model_copy(update={"latest_version": latest_version})
+        return ack
 
     def submit(self, req: EvalSubmission, now: float) -> tuple[EvalAck | None, str]:
         """(the reply, "") or (None, why the submission is refused: the worker's fault)."""

@@ -130,7 +130,7 @@ class EpisodesReplayed(Event):
 class ReplayRefused(Event):
     kind: ClassVar[str] = "replay_refused"
     worker_id: str
-    task_id: str
+    lease_id: str
     prompt_index: int
     reason: str
 

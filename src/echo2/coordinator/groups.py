@@ -103,7 +103,7 @@ class GroupBook:
         stale = self.plane.advance(step)
         if stale:
             with self.store.tx():
-                self.store.set_group_state([g.group_id for g in stale], GroupState.DROPPED, step)
+                self.store.set_group_state([g.lease_id for g in stale], GroupState.DROPPED, step)
                 self.counters.dropped_stale += len(stale)
                 self.counters.save(self.store)
         return stale
@@ -114,7 +114,7 @@ class GroupBook:
         batch = self.plane.take_batch(step, now_s=now_s)
         if batch is None:
             return None
-        ids = [g.group_id for g in batch]
+        ids = [g.lease_id for g in batch]
         with self.store.tx():
             self.store.set_group_state(ids, GroupState.TRAINED, step)
             self.store.save_batch(step, ids)
@@ -127,21 +127,21 @@ class GroupBook:
         return (step == self.plane.steps_taken and self.store.batch(step) is None
                 and self.store.has_groups(GroupState.REJECTED, step))
 
-    def reject(self, step: int, requeue_group_ids: Iterable[str], failed: set[str],
+    def reject(self, step: int, requeue_lease_ids: Iterable[str], failed: set[str],
                quarantined: dict[str, str]) -> Rejection:
-        """Retire step `step`'s batch (inside a transaction): groups in `requeue_group_ids` go back
+        """Retire step `step`'s batch (inside a transaction): groups in `requeue_lease_ids` go back
         to the head of the buffer unless they failed the audit (`failed` group ids) or their
         worker is `quarantined`; the step gets a fresh batch when asked again."""
         if step != self.plane.steps_taken - 1:
             raise RequestError(409, f"step {step} cannot be rejected: the newest assigned batch is step "
                                     f"{self.plane.steps_taken - 1}")
         groups = self.store.batch(step) or []
-        wanted = set(requeue_group_ids)
-        kept = [g for g in groups if g.group_id in wanted and g.worker_id not in quarantined and g.group_id not in failed]
-        kept_ids = {g.group_id for g in kept}
-        retired = [g for g in groups if g.group_id not in kept_ids]
-        redo = [g for g in retired if g.group_id in failed or g.worker_id in quarantined]
-        self.store.set_group_state([g.group_id for g in retired], GroupState.REJECTED, step)
+        wanted = set(requeue_lease_ids)
+        kept = [g for g in groups if g.lease_id in wanted and g.worker_id not in quarantined and g.lease_id not in failed]
+        kept_ids = {g.lease_id for g in kept}
+        retired = [g for g in groups if g.lease_id not in kept_ids]
+        redo = [g for g in retired if g.lease_id in failed or g.worker_id in quarantined]
+        self.store.set_group_state([g.lease_id for g in retired], GroupState.REJECTED, step)
         self.store.set_group_state(list(kept_ids), GroupState.BUFFERED, None)
         self.store.delete_batch(step)
         self.counters.trained -= len(groups)
@@ -154,7 +154,7 @@ class GroupBook:
     def drop_worker(self, worker_id: str) -> list[TrainGroup]:
         """A quarantined worker's buffered groups, dropped (inside a transaction)."""
         mine = [g for g in self.buffer if g.worker_id == worker_id]
-        self.store.set_group_state([g.group_id for g in mine], GroupState.QUARANTINED, self.plane.learner_step)
+        self.store.set_group_state([g.lease_id for g in mine], GroupState.QUARANTINED, self.plane.learner_step)
         self.counters.dropped_quarantined += len(mine)
         self.counters.save(self.store)
         self.plane.remove(lambda g: g.worker_id != worker_id)

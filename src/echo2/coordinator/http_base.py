@@ -27,12 +27,19 @@ class Signal:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.closed = False  # the coordinator is shutting down: long polls answer now
 
     def notify(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
 
+    def close(self) -> None:
+        self.closed = True
+        self.notify()
+
     async def wait(self, timeout_s: float) -> None:
+        if self.closed:
+            return
         try:
             await asyncio.wait_for(self._event.wait(), timeout=max(0.0, timeout_s))
         except TimeoutError:

@@ -1,7 +1,8 @@
-"""The coordinator's long polls: a lease refused for a full window waits for room, the
-learner's batch request waits for its batch, the learner's question about a version's
-evaluation waits for its result; and the evaluation leases' submissions. Each re-checks the
-state when something changed instead of having its caller ask again."""
+"""The coordinator's long polls: a worker's heartbeat waits for version news, a lease refused
+for a full window waits for room, the learner's batch request waits for its batch, the
+learner's question about a version's evaluation waits for its result; and the evaluation
+leases' submissions. Each re-checks the state when something changed instead of having its
+caller ask again, and all of them answer at once when the coordinator shuts down."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from echo2.coordinator.http_base import (
     worker_body,
 )
 from echo2.protocol.learner_api import BatchRequest, BatchResponse
-from echo2.protocol.messages import EvalSubmission, LeaseRequest, LeaseResponse
+from echo2.protocol.messages import EvalSubmission, Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse
 
 # upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
 # client and proxy timeouts
@@ -33,6 +34,26 @@ MAX_LEASE_WAIT_S = 10.0
 _WAITS_FOR_ROOM = ("window full", "holding")
 
 
+async def handle_heartbeat(request: web.Request) -> web.Response:
+    """A heartbeat is recorded at once and its reply held, up to the worker's wait_s (at most
+    the run's heartbeat interval, so a held worker is never taken for a silent one), until a
+    version newer than the newest it knows of is out: version news reaches workers this way
+    only, as soon as it is published."""
+    req = await worker_body(request, Heartbeat)
+    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(req.wait_s, state.settings.heartbeat_interval_s)
+    reply = state.heartbeat(req)
+    while not _news(reply, req.known_version) and loop.time() < deadline and not room.closed:
+        await room.wait(deadline - loop.time())
+        reply = state.heartbeat_reply(req)
+    return typed_reply(reply)
+
+
+def _news(reply: HeartbeatResponse, known_version: int) -> bool:
+    return reply.latest is not None and reply.latest.version > known_version
+
+
 async def handle_lease(request: web.Request) -> web.Response:
     """A lease refused for a full window is held until room opens, or a new version is out (the
     worker should load it: its room is counted from the version it holds), up to the worker's
@@ -43,7 +64,8 @@ async def handle_lease(request: web.Request) -> web.Response:
     deadline = loop.time() + min(req.wait_s, MAX_LEASE_WAIT_S)
     asked_at = state.current_version
     reply = state.lease(req)
-    while _waits_for_room(reply) and loop.time() < deadline and state.current_version == asked_at:
+    while (_waits_for_room(reply) and loop.time() < deadline and state.current_version == asked_at
+           and not room.closed):
         await room.wait(deadline - loop.time())
         reply = state.lease(req)
     return typed_reply(reply)
@@ -65,7 +87,7 @@ async def handle_evaluation_result(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     result = state.evaluation_result(version)
-    while not result.done and loop.time() < deadline:
+    while not result.done and loop.time() < deadline and not room.closed:
         await room.wait(deadline - loop.time())
         result = state.evaluation_result(version)
     return typed_reply(result)
@@ -83,7 +105,7 @@ async def handle_batch(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, MAX_BATCH_WAIT_S)
     groups = state.take_batch(req.step)
-    while groups is None and loop.time() < deadline:
+    while groups is None and loop.time() < deadline and not request.app[ROOM_KEY].closed:
         async with changed:
             try:
                 await asyncio.wait_for(changed.wait(), timeout=deadline - loop.time())
@@ -91,3 +113,11 @@ async def handle_batch(request: web.Request) -> web.Response:
                 pass
         groups = state.take_batch(req.step)
     return typed_reply(BatchResponse(step=req.step, groups=groups or []))
+
+
+async def answer_long_polls_now(app: web.Application) -> None:
+    """On shutdown (before aiohttp waits for the requests in flight): every held request answers
+    with what it has, instead of the shutdown waiting out each one's deadline."""
+    app[ROOM_KEY].close()
+    async with app[CHANGED_KEY]:
+        app[CHANGED_KEY].notify_all()

@@ -32,9 +32,9 @@ class RolloutIntake:
 
     def submit(self, req: RolloutSubmission) -> SubmitResponse:
         record = self.registry.live(req.worker_id)
-        lease = self.leases.of(req.task_id, req.worker_id)
+        lease = self.leases.of(req.lease_id, req.worker_id)
         if lease is None:
-            raise RequestError(409, f"task {req.task_id!r} is not leased to {req.worker_id!r} (expired, re-leased or "
+            raise RequestError(409, f"lease {req.lease_id!r} is not held by {req.worker_id!r} (expired, re-leased or "
                                     "never leased)")
         self.versions.check(req.version, "rollout.version")
         if req.version < lease.version:
@@ -52,7 +52,7 @@ class RolloutIntake:
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         with self.store.tx():
             if fresh:
-                self.groups.add(TrainGroup(group_id=lease.lease_id, prompt_index=lease.prompt_index,
+                self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
                                            worker_id=req.worker_id, rewards=rewards, completions=req.completions))
             else:
@@ -60,10 +60,10 @@ class RolloutIntake:
             self.leases.close(lease)
         self._measure(record)
         if fresh:
-            return SubmitResponse(accepted=True, rewards=rewards, latest_version=self.versions.current)
+            return SubmitResponse(accepted=True, rewards=rewards)
         step = self.groups.plane.learner_step
         self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
-        return SubmitResponse(accepted=False, rewards=rewards, latest_version=self.versions.current,
+        return SubmitResponse(accepted=False, rewards=rewards,
                               reason=f"stale: step {step} - version {req.version} > S")
 
     def _rewards(self, lease: Lease, req: RolloutSubmission) -> list[float]:
@@ -78,7 +78,7 @@ class RolloutIntake:
                                                        replay_s=time.perf_counter() - started))
             return rewards
         except ReplayMismatch as exc:
-            self.events.append(ev.ReplayRefused(worker_id=req.worker_id, task_id=req.task_id,
+            self.events.append(ev.ReplayRefused(worker_id=req.worker_id, lease_id=req.lease_id,
                                                 prompt_index=lease.prompt_index, reason=str(exc)[:500]))
             raise RequestError(422, f"{exc}; the group is refused") from None
 

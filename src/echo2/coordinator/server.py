@@ -35,9 +35,11 @@ from echo2.coordinator.http_base import (
     write_events,
 )
 from echo2.coordinator.long_polls import (
+    answer_long_polls_now,
     handle_batch,
     handle_evaluation,
     handle_evaluation_result,
+    handle_heartbeat,
     handle_lease,
 )
 from echo2.coordinator.probe import check_relay_address, probe_relay
@@ -56,7 +58,6 @@ from echo2.protocol.messages import (
     PROTOCOL_VERSION,
     RELEASE,
     BadPeerRequest,
-    Heartbeat,
     LeaveRequest,
     OkResponse,
     ProbeRequest,
@@ -130,10 +131,6 @@ async def handle_register(request: web.Request) -> web.Response:
     return typed_reply(request.app[STATE_KEY].register(await parse_body(request, RegisterRequest), source=request.remote or ""))
 
 
-async def handle_heartbeat(request: web.Request) -> web.Response:
-    return typed_reply(request.app[STATE_KEY].heartbeat(await worker_body(request, Heartbeat)))
-
-
 async def handle_leave(request: web.Request) -> web.Response:
     request.app[STATE_KEY].leave(await worker_body(request, LeaveRequest))
     return typed_reply(OkResponse())
@@ -160,7 +157,7 @@ async def handle_publish(request: web.Request) -> web.Response:
 
 async def handle_reject_batch(request: web.Request) -> web.Response:
     req = await parse_body(request, RejectBatchRequest)
-    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason, req.requeue_group_ids)
+    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason, req.requeue_lease_ids)
     return typed_reply(RejectBatchResponse(groups_rejected=rejected))
 
 
@@ -235,6 +232,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()
     app.cleanup_ctx.append(_run_housekeeping)
+    app.on_shutdown.append(answer_long_polls_now)
     add_dashboard_routes(app, state, history, secrets.operator)
     add_metrics_route(app, state, history)
     app.add_routes(

@@ -140,7 +140,7 @@ class CoordinatorState:
         s = self.settings
         return RegisterResponse(
             worker_id=record.worker_id, heartbeat_interval_s=s.heartbeat_interval_s, max_staleness=s.max_staleness,
-            sampling=s.sampling, model_source=s.model_source, latest=self.latest, broadcast=s.broadcast,
+            sampling=s.sampling, model_source=s.model_source, broadcast=s.broadcast,
             learner_public_key=self.public_key_hex, credential=credential, task=self.scorer.task_config(),
             lora=s.lora,
         )
@@ -176,7 +176,13 @@ class CoordinatorState:
         if req.dissemination_s is not None:
             record.claimed_dissemination_s = req.dissemination_s
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
-        fetch = self.versions.next_fetch(record.worker_id, held, self.registry.peers())
+        return self.heartbeat_reply(req)
+
+    def heartbeat_reply(self, req: Heartbeat) -> HeartbeatResponse:
+        """What a heartbeat is told: the newest version, what to pull next and from where, and
+        whether to work (asked again, unchanged, while the beat is held for news)."""
+        held = req.version if req.base_version is None else req.base_version
+        fetch = self.versions.next_fetch(req.worker_id, held, self.registry.peers())
         return HeartbeatResponse(latest=self.latest.model_copy(update={"full": None}) if self.latest else None,
                                  fetch=fetch[0] if fetch else None, assignment=fetch[1] if fetch else None,
                                  active=self.controller.is_active(req.worker_id),
@@ -208,22 +214,21 @@ class CoordinatorState:
         if grant.count == 0:
             return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
         leases = self.leases_book.issue(record, req.version, grant.count)
-        tasks = [Task(task_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
+        tasks = [Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
                       sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index))
                  for lease in leases]
-        return LeaseResponse(tasks=tasks, latest_version=self.current_version)
+        return LeaseResponse(tasks=tasks)
 
     def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
         if self.evaluation is None:
             return None
-        return self.evaluation.first_reply(record.worker_id, version, self.clock(), self.current_version)
+        return self.evaluation.first_reply(record.worker_id, version, self.clock())
 
     def _spare_or_refused(self, record: WorkerRecord, version: int, retry_after_s: float, reason: str) -> LeaseResponse:
         """A due evaluation for a worker that gets no rollouts, else the refusal."""
-        spare = self.evaluation.spare_reply(record.worker_id, version, self.clock(), self.current_version) \
+        spare = self.evaluation.spare_reply(record.worker_id, version, self.clock()) \
             if self.evaluation is not None else None
-        return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason,
-                                      latest_version=self.current_version)
+        return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason)
 
     def _release_leases(self, worker_id: str, reason: str) -> int:
         mine = self.leases_book.held_by(worker_id)
@@ -279,7 +284,7 @@ class CoordinatorState:
         self.registry.live(req.worker_id)
         if self.evaluation is None:
             raise RequestError(409, "this run evaluates on the learner ([evaluation] where); no evaluation leases")
-        return self.evaluation.submit_checked(req, self.clock(), self.current_version)
+        return self.evaluation.submit_checked(req, self.clock())
 
     def evaluation_result(self, version: int) -> EvaluationResult:
         if self.evaluation is None:
@@ -331,19 +336,19 @@ class CoordinatorState:
             ))
         return batch
 
-    def reject_batch(self, step: int, reason: str, requeue_group_ids: Iterable[str] = ()) -> int:
+    def reject_batch(self, step: int, reason: str, requeue_lease_ids: Iterable[str] = ()) -> int:
         """The learner skipped `step` without training (`GroupBook.reject`): its groups retire,
-        except `requeue_group_ids` (nothing wrong with them); those that failed the audit have
+        except `requeue_lease_ids` (nothing wrong with them); those that failed the audit have
         their prompts redone. Only the newest assigned step can be rejected."""
         if self.groups.already_rejected(step):
             return 0
         with self.store.tx():
-            outcome = self.groups.reject(step, requeue_group_ids, self.audit.failed_groups, self.audit.quarantined)
+            outcome = self.groups.reject(step, requeue_lease_ids, self.audit.failed_groups, self.audit.quarantined)
             self.leases_book.redo([g.prompt_index for g in outcome.redo])
-        redone = {g.group_id for g in outcome.redo}
+        redone = {g.lease_id for g in outcome.redo}
         self.events.append(ev.BatchRejected(
             step=step, groups=len(outcome.retired), requeued=len(outcome.kept), prompts_redone=len(outcome.redo),
-            reason=reason[:500], retired_prompt_indices=[g.prompt_index for g in outcome.retired if g.group_id not in redone],
+            reason=reason[:500], retired_prompt_indices=[g.prompt_index for g in outcome.retired if g.lease_id not in redone],
         ))
         return len(outcome.retired)
 

@@ -22,9 +22,9 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pending (prompt_index INTEGER PRIMARY KEY, lease_id TEXT);
 CREATE TABLE IF NOT EXISTS groups (
-  group_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
+  lease_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL,
   step INTEGER, payload TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, group_ids TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, lease_ids TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS offers (
   version INTEGER NOT NULL, form TEXT NOT NULL, info TEXT NOT NULL, PRIMARY KEY (version, form));
 """
@@ -48,6 +48,16 @@ class GroupState(StrEnum):
 _RETIRED_STATES = tuple(state.value for state in GroupState if state is not GroupState.BUFFERED)
 
 
+def _refuse_an_older_layout(db: sqlite3.Connection, path: Path) -> None:
+    """A store written before protocol 6 keyed its groups by `group_id` (now `lease_id`): say
+    so, rather than fail on the first query."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(groups)")}
+    if "group_id" in columns:
+        db.close()
+        raise ValueError(f"{path} was written by an echo2 release before protocol 6 (its groups are keyed by "
+                         "group_id): finish that run with the release that started it, or start a new run_dir")
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,6 +70,7 @@ class Store:
         # WAL + NORMAL: durable across process crashes (what we need), cheap per commit
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        _refuse_an_older_layout(self.db, path)
         self.db.executescript(_SCHEMA)
 
     def close(self) -> None:
@@ -90,11 +101,11 @@ class Store:
     # ---- rollout groups ----
     def add_group(self, group: TrainGroup, seq: int) -> None:
         self.db.execute("INSERT INTO groups VALUES (?, ?, ?, NULL, ?)",
-                        (group.group_id, seq, GroupState.BUFFERED.value, group.model_dump_json()))
+                        (group.lease_id, seq, GroupState.BUFFERED.value, group.model_dump_json()))
 
-    def set_group_state(self, group_ids: list[str], state: GroupState, step: int | None = None) -> None:
+    def set_group_state(self, lease_ids: list[str], state: GroupState, step: int | None = None) -> None:
         self.db.executemany(
-            "UPDATE groups SET state=?, step=? WHERE group_id=?", [(state.value, step, g) for g in group_ids]
+            "UPDATE groups SET state=?, step=? WHERE lease_id=?", [(state.value, step, g) for g in lease_ids]
         )
 
     def groups_in_state(self, state: GroupState) -> list[TrainGroup]:
@@ -109,16 +120,16 @@ class Store:
         return self.db.execute("SELECT COALESCE(MAX(seq), -1) FROM groups").fetchone()[0]
 
     # ---- batches ----
-    def save_batch(self, step: int, group_ids: list[str]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (step, json.dumps(group_ids)))
+    def save_batch(self, step: int, lease_ids: list[str]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO batches VALUES (?, ?)", (step, json.dumps(lease_ids)))
 
     def batch(self, step: int) -> list[TrainGroup] | None:
-        row = self.db.execute("SELECT group_ids FROM batches WHERE step=?", (step,)).fetchone()
+        row = self.db.execute("SELECT lease_ids FROM batches WHERE step=?", (step,)).fetchone()
         if row is None:
             return None
         ids = json.loads(row[0])
         placeholders = ",".join("?" * len(ids))
-        rows = self.db.execute(f"SELECT group_id, payload FROM groups WHERE group_id IN ({placeholders})", ids)
+        rows = self.db.execute(f"SELECT lease_id, payload FROM groups WHERE lease_id IN ({placeholders})", ids)
         by_id = {gid: TrainGroup.model_validate_json(payload) for gid, payload in rows}
         return [by_id[g] for g in ids]
 

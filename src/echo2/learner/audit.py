@@ -68,10 +68,10 @@ def audit_key(secret: bytes) -> bytes:
     return hashlib.sha256(b"echo2 rollout audit\0" + secret).digest()
 
 
-def chosen(key: bytes, group_id: str, fraction: float) -> bool:
+def chosen(key: bytes, lease_id: str, fraction: float) -> bool:
     if fraction >= 1.0:
         return True
-    digest = hmac.new(key, group_id.encode(), hashlib.sha256).digest()
+    digest = hmac.new(key, lease_id.encode(), hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
 
 
@@ -161,7 +161,7 @@ class Auditor:
             return []
         by_version: dict[int, list[TrainGroup]] = {}
         for group in groups:
-            if self.needs_recompute(group, step) and chosen(self.key, group.group_id, self.cfg.recompute_fraction):
+            if self.needs_recompute(group, step) and chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
                 if group.version in self.cache.payloads:
                     by_version.setdefault(group.version, []).append(group)
         verdicts = []
@@ -180,7 +180,7 @@ class Auditor:
         return [self._verdict(g, d, recomputed=False) for g, d in zip(groups, diffs, strict=True) if g.version == step]
 
     def _verdict(self, group: TrainGroup, diff: float, recomputed: bool) -> GroupAudit:
-        return GroupAudit(group_id=group.group_id, worker_id=group.worker_id, version=group.version,
+        return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version,
                           tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,
                           recomputed=recomputed, failed=diff > self.cfg.max_mean_abs_logprob_diff)
 
@@ -198,4 +198,4 @@ def audit_summary(verdicts: list[GroupAudit]) -> dict:
             w["max_passed_diff"] = max(w["max_passed_diff"], v.mean_abs_logprob_diff)
     return {"groups_audited": len(verdicts), "groups_recomputed": sum(v.recomputed for v in verdicts),
             "groups_failed": sum(v.failed for v in verdicts), "by_worker": by_worker,
-            "failed_group_ids": [v.group_id for v in verdicts if v.failed]}
+            "failed_lease_ids": [v.lease_id for v in verdicts if v.failed]}

@@ -138,10 +138,10 @@ class LearnerIO:
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)
         return EvaluationResult.model_validate_json(text)
 
-    def reject_batch(self, step: int, reason: str, requeue_group_ids: tuple[str, ...] = ()) -> None:
+    def reject_batch(self, step: int, reason: str, requeue_lease_ids: tuple[str, ...] = ()) -> None:
         """Hand back the batch of a skipped step; the next `fetch_batch(step)` gets new groups.
-        `requeue_group_ids` are fine and go back to the buffer; the rest are retired."""
-        body = RejectBatchRequest(step=step, reason=reason[:500], requeue_group_ids=list(requeue_group_ids))
+        `requeue_lease_ids` are fine and go back to the buffer; the rest are retired."""
+        body = RejectBatchRequest(step=step, reason=reason[:500], requeue_lease_ids=list(requeue_lease_ids))
         self._with_retries(lambda: self._post("/v1/batch/reject", body), self.request_timeout_s)
 
     def report_audit(self, step: int, verdicts: list[GroupAudit]) -> None:

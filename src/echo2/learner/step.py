@@ -140,7 +140,7 @@ def _step_metrics(groups: list[TrainGroup], samples: Samples, *, step: int, pass
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
         "prompt_indices": [g.prompt_index for g in groups],
-        "group_ids": [g.group_id for g in groups],
+        "lease_ids": [g.lease_id for g in groups],
         "groups_by_worker": dict(Counter(g.worker_id for g in groups)),
         **reduce_stats(passes.parts),
     }

@@ -212,7 +212,7 @@ class Learner:
         self.skips_in_a_row += 0 if audit else 1
         if self.io:  # every rank counts the run of skips; rank 0 reports it and hands the batch back
             self._report_skip(step, wait_s=wait_s, stats=stats, groups=groups,
-                              failed={v.group_id for v in verdicts if v.failed})
+                              failed={v.lease_id for v in verdicts if v.failed})
         if audit:
             return stats["train_s"]
         limit = self.cfg.train.max_consecutive_skips
@@ -234,7 +234,7 @@ class Learner:
         self.metrics.write("step_skipped", step=step, wait_s=wait_s, reason=stats["skip_reason"],
                            skip_kind=stats["skip_kind"], in_a_row=self.skips_in_a_row, train_s=stats["train_s"],
                            prompt_indices=stats["prompt_indices"], log_ratio_outliers=stats["log_ratio_outliers"])
-        requeue = tuple(g.group_id for g in groups if g.group_id not in failed) if audit else ()
+        requeue = tuple(g.lease_id for g in groups if g.lease_id not in failed) if audit else ()
         self.io.reject_batch(step, stats["skip_reason"], requeue)
 
     def _log_samples(self, step: int, groups: list[TrainGroup]) -> None:

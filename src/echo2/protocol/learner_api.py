@@ -46,7 +46,7 @@ class RejectBatchRequest(Message):
     kind: Literal["reject_batch"] = "reject_batch"
     step: int = Field(ge=0)
     reason: str = Field("", max_length=500)
-    requeue_group_ids: list[str] = Field([], max_length=100_000)
+    requeue_lease_ids: list[str] = Field([], max_length=100_000)
     """Groups of the batch that are fine (the step was skipped for others' sake, e.g. a failed
     audit): they go back to the buffer instead of being retired."""
 
@@ -56,7 +56,7 @@ class GroupAudit(BaseModel):
     version - behaviour log-prob|."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    group_id: str = Field(max_length=200)
+    lease_id: str = Field(max_length=200)
     worker_id: str = Field(max_length=200)
     version: int
     tokens: int = Field(ge=0)

@@ -20,9 +20,11 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
+    6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
+       "and the group's records",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -36,7 +38,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[5] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[6] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -86,7 +88,6 @@ class RegisterResponse(Message):
     max_staleness: int
     sampling: SamplingParams
     model_source: str
-    latest: VersionInfo | None
     broadcast: BroadcastConfig
     """The run's broadcast settings (chunking, timeouts, limits): every peer must agree on it."""
     learner_public_key: str
@@ -136,6 +137,11 @@ class Heartbeat(Message):
     bytes_relayed_total: int = Field(0, ge=0, le=MAX_CLAIMED_COUNT)
     """Weight bytes its relay sent to other workers since it started (shown on the dashboard and
     /metrics as the worker's claim; nothing is decided on it)."""
+    known_version: int = Field(-1, ge=-1)
+    """The newest version this worker has been told of (-1: none)."""
+    wait_s: float = Field(0.0, ge=0, le=30)
+    """How long the coordinator may hold the reply until a version newer than `known_version` is
+    out (a long poll: the one road version news takes to a worker); 0: answer at once."""
 
 
 class HeartbeatResponse(Message):
@@ -170,7 +176,7 @@ class LeaseRequest(Message):
 
 class Task(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    task_id: str
+    lease_id: str
     """The lease id: valid only for the worker it was handed to, until it expires."""
     prompt_ids: list[int]
     sampling: SamplingParams
@@ -198,9 +204,6 @@ class LeaseResponse(Message):
     retry_after_s: float = 0.0
     """When `tasks` is empty: how long to wait before asking again."""
     reason: str = ""
-    latest_version: int = -1
-    """Newest published version: a worker that sees a newer one asks for it at once instead of
-    waiting for its next heartbeat (cuts dissemination latency by up to a heartbeat interval)."""
     evaluation: EvalTask | None = None
     """Instead of rollouts: part of a held-out evaluation at the version the worker holds."""
     hold_version: int | None = None
@@ -222,7 +225,7 @@ class RolloutCompletion(BaseModel):
 class RolloutSubmission(Message):
     kind: Literal["rollout"] = "rollout"
     worker_id: str = _ID
-    task_id: str = _ID
+    lease_id: str = _ID
     version: int = Field(ge=0)
     completions: list[RolloutCompletion] = Field(max_length=MAX_GROUP_SIZE)
     """One per sample of the group (the run's sampling.group_size, checked after parsing)."""
@@ -247,7 +250,6 @@ class EvalAck(Message):
     accepted: bool
     done: bool = False
     """The evaluation is complete (this was its last lease)."""
-    latest_version: int = -1
 
 
 class EvaluationResult(Message):
@@ -267,7 +269,6 @@ class SubmitResponse(Message):
     accepted: bool
     reason: str = ""
     rewards: list[float] = []
-    latest_version: int = -1
 
 
 class BadPeerRequest(Message):
@@ -279,7 +280,7 @@ class BadPeerRequest(Message):
 
 class TrainGroup(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    group_id: str
+    lease_id: str
     prompt_index: int
     prompt_ids: list[int]
     version: int

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from echo2.rollout.follower import wait_either
+from echo2.rollout.waits import wait_either
 
 log = logging.getLogger("echo2.worker")
 

@@ -46,11 +46,11 @@ class EpisodePlayer:
 
     def _start(self, task: Task) -> list[Episode]:
         if task.episode_seed is None:
-            raise ValueError(f"lease {task.task_id} has no episode seed, but the run's task is multi-turn")
+            raise ValueError(f"lease {task.lease_id} has no episode seed, but the run's task is multi-turn")
         episodes = [self.task.episode(self.codec, task.episode_seed, task.sampling.max_new_tokens)
                     for _ in range(task.sampling.group_size)]
         if episodes[0].prompt_ids != task.prompt_ids:
-            raise ValueError(f"lease {task.task_id}: the first prompt rendered here differs from the coordinator's "
+            raise ValueError(f"lease {task.lease_id}: the first prompt rendered here differs from the coordinator's "
                              "(a different tokenizer or chat template?): this worker must load the run's model")
         return episodes
 

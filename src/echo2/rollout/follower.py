@@ -18,6 +18,7 @@ from echo2.protocol.broadcast import Assignment
 from echo2.protocol.manifest import AdapterSpec, Manifest
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter
+from echo2.rollout.waits import wait_either
 from echo2.rollout.weights import WeightReceiver
 
 log = logging.getLogger("echo2.worker")
@@ -184,16 +185,6 @@ class VersionFollower:
         log.info("loaded version %d: %.2f MB fetched in %.2f s (from %s), swapped in %.2f s, %.2f s after its "
                  "publish%s", self.version, fetch.total_bytes / 1e6, fetch.verified_at - fetch.started_at,
                  sources or "nobody", self.swap_s, fetch.publish_to_loaded_s, relayed)
-
-
-async def wait_either(event: asyncio.Event, stop: asyncio.Event, timeout_s: float) -> None:
-    """Sleep until `event` or `stop` is set or the timeout passes; consume `event`."""
-    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())}
-    _, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    for waiter in pending:
-        waiter.cancel()
-    if event is not stop:
-        event.clear()
 
 
 def _rebuild(base: tuple[int, memoryview] | None, payload: memoryview, manifest: Manifest) -> memoryview:

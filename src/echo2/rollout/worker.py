@@ -19,7 +19,7 @@ from echo2.config.run import LoraConfig
 from echo2.config.worker import WorkerConfig
 from echo2.policy import too_stale
 from echo2.protocol import tls
-from echo2.protocol.http import RefusedError, TransientError, call
+from echo2.protocol.http import RefusedError, TransientError
 from echo2.protocol.messages import (
     RELEASE,
     EvalAck,
@@ -38,11 +38,13 @@ from echo2.protocol.messages import (
 )
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
-from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply, unreachable_fix
+from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
 from echo2.rollout.engine import Engine
 from echo2.rollout.engine_factory import make_engine
 from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
-from echo2.rollout.follower import VersionFollower, wait_either
+from echo2.rollout.follower import VersionFollower
+from echo2.rollout.link import CoordinatorLink, Stopping
+from echo2.rollout.waits import unless_set, wait_either
 from echo2.rollout.weights import WeightReceiver
 
 log = logging.getLogger("echo2.worker")
@@ -57,10 +59,6 @@ JOIN_WAIT_S = 60.0
 LEASE_WAIT_S = 5.0
 
 
-class Stopping(Exception):
-    """Raised out of a retry loop when the worker has been asked to stop."""
-
-
 class Worker:
     def __init__(self, cfg: WorkerConfig, coordinator_url: str, token: str, metrics: MetricsWriter) -> None:
         self.cfg = cfg
@@ -68,21 +66,20 @@ class Worker:
         self.token = token
         self.metrics = metrics
         self.worker_id = cfg.worker_id
-        self.beat_now = asyncio.Event()  # a reply mentioned a newer version: heartbeat at once
+        self.beat_now = asyncio.Event()  # ask the coordinator now (cuts a held heartbeat short)
         self.registration = asyncio.Lock()
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
         self.generation_s: float | None = None  # last lease-generate-submit cycle
         self.stats = {"tasks": 0, "rollouts": 0, "tokens": 0, "gen_s": 0.0, "busy_s": 0.0, "dropped": 0,
                       "eval_prompts": 0, "eval_s": 0.0}
-        self.last_contact = time.monotonic()  # of any answer from the coordinator
         self.failure: WorkerFailed | None = None  # set by a background loop that gave up
         self.activity = ActivityLog(self.stats, cfg.log_every_s)
         self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
         self.hold_version: int | None = None  # the version an evaluation this worker serves needs
         # set once the run starts (`run`, `_run`) and the worker registers (`_register`)
         self.stop: asyncio.Event | None = None
-        self.session: aiohttp.ClientSession | None = None
+        self.link: CoordinatorLink | None = None
         self.follower: VersionFollower | None = None
         self.relay_address = ""
         self.engine: Engine | None = None
@@ -97,6 +94,7 @@ class Worker:
         """Work until `stop` is set. Raises WorkerFailed when the coordinator refuses this worker
         or stays unreachable for cfg.coordinator_unreachable_s."""
         self.stop = stop
+        self.link = CoordinatorLink(self.url, self.cfg, stop)
         try:
             await self._run(stop)
         except Stopping:
@@ -107,10 +105,11 @@ class Worker:
     async def _run(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}
         tls.warn_plain_url(self.url, "the coordinator")
-        async with aiohttp.ClientSession(headers=headers, connector=tls.connector(self.cfg.tls)) as self.session:
+        async with aiohttp.ClientSession(headers=headers, connector=tls.connector(self.cfg.tls)) as session:
+            self.link.session = session
             log.info("contacting the coordinator at %s", self.url)
             broadcast = validate(BroadcastConfig, await self._broadcast_config(), source="coordinator broadcast config")
-            receiver = WeightReceiver(self.cfg, broadcast, token=self.token, coordinator_url=self.url, control=self.session)
+            receiver = WeightReceiver(self.cfg, broadcast, token=self.token, coordinator_url=self.url, control=session)
             self.relay_address = await receiver.start()
             self.follower = VersionFollower(receiver, self.metrics, ask_newest=self.beat_now.set)
             try:  # the relay stops even when registration is refused
@@ -186,7 +185,7 @@ class Worker:
     async def _broadcast_config(self) -> dict:
         path = "/v1/broadcast_config"
         try:
-            return json.loads(await self._retrying("GET", path, None, token=self.token))
+            return json.loads(await self.link.retrying("GET", path, None, token=self.token))
         except RefusedError as exc:  # a wrong token or a wrong URL: retrying cannot help
             raise WorkerFailed(refusal_fix(exc, self.url, path)) from None
 
@@ -200,13 +199,13 @@ class Worker:
         except RefusedError as exc:
             raise WorkerFailed(refusal_fix(exc, self.url, "/v1/register")) from None
         # every later call speaks with this worker's own credential, not the shared join token
-        self.session.headers["Authorization"] = f"Bearer {reg.credential}"
+        self.link.session.headers["Authorization"] = f"Bearer {reg.credential}"
         self.worker_id, self.max_staleness = reg.worker_id, reg.max_staleness
         self.follower.receiver.worker_id = reg.worker_id
         self.heartbeat_interval_s = reg.heartbeat_interval_s
         self.registered_at = time.monotonic()
-        self.follower.note(reg.latest, None, reg.learner_public_key)
-        self.beat_now.set()  # the first heartbeat brings this worker's broadcast assignment
+        self.follower.note(None, None, reg.learner_public_key)
+        self.beat_now.set()  # the first heartbeat brings the newest version and where to pull it
         self.metrics.write("worker_registered", worker_id=self.worker_id, engine=cfg.engine,
                            relay_address=self.relay_address)
         where = f"relaying to peers from {self.relay_address}" if self.relay_address else \
@@ -222,7 +221,7 @@ class Worker:
         deadline = time.monotonic() + JOIN_WAIT_S
         while True:
             try:
-                return await self._retrying("POST", "/v1/register", req, token=self.token)
+                return await self.link.retrying("POST", "/v1/register", req, token=self.token)
             except RefusedError as exc:
                 if exc.status not in (409, 429) or time.monotonic() > deadline:
                     raise
@@ -239,36 +238,10 @@ class Worker:
 
     async def _leave(self) -> None:
         try:
-            await call(self.session, "POST", self.url + "/v1/leave", LeaveRequest(worker_id=self.worker_id),
-                       timeout_s=HEARTBEAT_TIMEOUT_S)
+            await self.link.once("POST", "/v1/leave", LeaveRequest(worker_id=self.worker_id),
+                                 timeout_s=HEARTBEAT_TIMEOUT_S)
         except (TransientError, RefusedError):
             pass  # the coordinator will time us out instead
-
-    async def _retrying(self, method: str, path: str, body, token: str | None = None) -> str:
-        """Transient failures are logged and retried with backoff until the worker is told to
-        stop or has not reached the coordinator for cfg.coordinator_unreachable_s (WorkerFailed);
-        refusals propagate."""
-        delay_s = 0.2
-        while True:
-            try:
-                text = await call(self.session, method, self.url + path, body, timeout_s=self.cfg.request_timeout_s, token=token)
-                self.last_contact = time.monotonic()
-                return text
-            except TransientError as exc:
-                if self.stop.is_set():
-                    raise Stopping from None
-                self._check_reachable(exc, next_try_s=delay_s)
-                await wait_either(self.stop, self.stop, timeout_s=delay_s)
-                delay_s = min(2 * delay_s, 5.0)
-
-    def _check_reachable(self, exc: TransientError, next_try_s: float) -> None:
-        """Log a failed call; give up once the coordinator has been silent too long."""
-        silent_s, limit_s = time.monotonic() - self.last_contact, self.cfg.coordinator_unreachable_s
-        if silent_s > limit_s:
-            raise WorkerFailed(f"no answer from the coordinator at {self.url} for {silent_s:.0f} s "
-                               f"(coordinator_unreachable_s={limit_s:g}; last error: {exc}): {unreachable_fix(self.url)}")
-        log.warning("cannot reach the coordinator: %s; next try in %.1f s (giving up after %.0f s without an "
-                    "answer)", exc, next_try_s, limit_s)
 
     async def _heartbeats(self, stop: asyncio.Event) -> None:
         """Beat until stopped. Finding that the worker cannot go on (refused on joining again,
@@ -280,18 +253,29 @@ class Worker:
             stop.set()
 
     async def _beat(self, stop: asyncio.Event) -> None:
+        """The one road version news takes to this worker: each heartbeat is held at the
+        coordinator (up to a heartbeat interval) until a version newer than the newest this
+        worker knows of is out, so news arrives at once and beats keep their pace; `beat_now`
+        (the follower, after a fetch) cuts a held beat short and asks again without waiting."""
         while not stop.is_set():
-            await wait_either(self.beat_now, stop, timeout_s=self.heartbeat_interval_s)
+            asked = self.beat_now.is_set()
+            self.beat_now.clear()
+            latest = self.follower.latest
             body = Heartbeat(worker_id=self.worker_id, version=self.version, base_version=self.follower.holding(),
+                             known_version=latest.version if latest is not None else -1,
+                             wait_s=0.0 if asked else self.heartbeat_interval_s,
                              swap_s=self.follower.swap_s,
                              dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
                              rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"],
                              bytes_relayed_total=self.follower.receiver.bytes_relayed_total())
-            seen_at = self.registered_at
+            seen_at, started, news, answered = self.registered_at, time.monotonic(), False, False
             try:
-                text = await call(self.session, "POST", self.url + "/v1/heartbeat", body, timeout_s=HEARTBEAT_TIMEOUT_S)
-                self.last_contact = time.monotonic()
+                answered, text = await unless_set(self.beat_now, self.link.once(
+                    "POST", "/v1/heartbeat", body, timeout_s=HEARTBEAT_TIMEOUT_S + body.wait_s))
+                if not answered:
+                    continue  # asked to beat now: the held one is given up
                 reply = HeartbeatResponse.model_validate_json(text)
+                news = reply.latest is not None and reply.latest.version > body.known_version
                 self.follower.note(reply.latest, reply.assignment, reply.learner_public_key, fetch=reply.fetch)
                 self._set_active(reply.active)
             except RefusedError as exc:
@@ -303,21 +287,21 @@ class Worker:
                 self._cut_off(exc)
             except TransientError as exc:
                 # the next beat will try again; eviction takes several missed beats
-                self._check_reachable(exc, next_try_s=self.heartbeat_interval_s)
+                self.link.check_reachable(exc, next_try_s=self.heartbeat_interval_s)
             except ValidationError as exc:  # a malformed reply must not end the heartbeats
                 self.metrics.write("worker_bad_reply", worker_id=self.worker_id, what="heartbeat",
                                    error=str(exc)[:300])
+            # a failure, or a held beat answered early without news (an older coordinator): keep
+            # the pace; an unheld one (asked) is followed by a held one at once
+            if not answered or (not news and not asked):
+                pause_s = self.heartbeat_interval_s - (time.monotonic() - started)
+                await wait_either(self.beat_now, stop, timeout_s=pause_s, consume=False)
 
     def _set_active(self, active: bool) -> None:
         if active != self.active:
             log.info("the coordinator %s this worker", "activated" if active else
                      "deactivated (cost-aware activation): no leases until activated, weights kept current")
         self.active = active
-
-    def _note_version_number(self, version: int) -> None:
-        latest = self.follower.latest
-        if version > (latest.version if latest else -1):
-            self.beat_now.set()  # the heartbeat reply carries the announcement and assignment
 
     async def _lease(self) -> LeaseResponse | None:
         # a full window is waited out at the coordinator (a long poll), well inside our timeout;
@@ -327,8 +311,11 @@ class Worker:
                             wait_s=wait_s)
         seen_at = self.registered_at
         try:
-            reply = LeaseResponse.model_validate_json(await self._retrying("POST", "/v1/lease", body))
-            self._note_version_number(reply.latest_version)
+            # a held lease request is given up when the worker stops (it would hold the exit)
+            answered, text = await unless_set(self.stop, self.link.retrying("POST", "/v1/lease", body))
+            if not answered:
+                raise Stopping
+            reply = LeaseResponse.model_validate_json(text)
             self.hold_version = reply.hold_version
             return reply
         except RefusedError as exc:
@@ -357,7 +344,7 @@ class Worker:
         gen_s = time.perf_counter() - started
         per_task_s = gen_s / len(tasks)
         for task, completions in zip(tasks, groups, strict=True):
-            body = RolloutSubmission(worker_id=self.worker_id, task_id=task.task_id, version=version,
+            body = RolloutSubmission(worker_id=self.worker_id, lease_id=task.lease_id, version=version,
                                      gen_time_s=per_task_s, completions=completions)
             await self._submit(body)
         self.stats["tasks"] += len(tasks)
@@ -376,8 +363,7 @@ class Worker:
         self.stats["eval_prompts"] += len(completions)
         self.stats["eval_s"] += gen_s
         try:
-            reply = EvalAck.model_validate_json(await self._retrying("POST", "/v1/evaluation", body))
-            self._note_version_number(reply.latest_version)
+            reply = EvalAck.model_validate_json(await self.link.retrying("POST", "/v1/evaluation", body))
             log.info("evaluation of version %d: %d held-out prompts in %.1f s%s", task.version, len(completions),
                      gen_s, " (its last)" if reply.done else "")
         except RefusedError as exc:  # expired (we were too slow) or moved on: the coordinator gave it up
@@ -387,8 +373,7 @@ class Worker:
 
     async def _submit(self, body: RolloutSubmission) -> None:
         try:
-            reply = SubmitResponse.model_validate_json(await self._retrying("POST", "/v1/rollout", body))
-            self._note_version_number(reply.latest_version)
+            reply = SubmitResponse.model_validate_json(await self.link.retrying("POST", "/v1/rollout", body))
             if not reply.accepted:
                 self.stats["dropped"] += 1
         except RefusedError as exc:
