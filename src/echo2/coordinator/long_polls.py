@@ -21,7 +21,7 @@ from echo2.coordinator.http_base import (
     worker_body,
 )
 from echo2.protocol.learner_api import BatchRequest, BatchResponse
-from echo2.protocol.messages import EvalSubmission, Heartbeat, HeartbeatResponse, LeaseRequest, LeaseResponse
+from echo2.protocol.messages import EvalSubmission, Heartbeat, LeaseRequest, LeaseResponse
 
 # upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
 # client and proxy timeouts
@@ -44,14 +44,13 @@ async def handle_heartbeat(request: web.Request) -> web.Response:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, state.settings.heartbeat_interval_s)
     reply = state.heartbeat(req)
-    while not _news(reply, req.known_version) and loop.time() < deadline and not room.closed:
+    if state.current_version > req.known_version:
+        return typed_reply(reply)
+    # every request wakes the held beats: the re-check is one comparison, the reply (a relay
+    # plan) is made once, when the beat is answered
+    while state.current_version <= req.known_version and loop.time() < deadline and not room.closed:
         await room.wait(deadline - loop.time())
-        reply = state.heartbeat_reply(req)
-    return typed_reply(reply)
-
-
-def _news(reply: HeartbeatResponse, known_version: int) -> bool:
-    return reply.latest is not None and reply.latest.version > known_version
+    return typed_reply(state.heartbeat_reply(req))
 
 
 async def handle_lease(request: web.Request) -> web.Response:
