@@ -6,7 +6,6 @@ joining late from the newest anchor plus the deltas after it."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import torch
 from tests.unit.coordinator_helpers import FakeClock, make_state
@@ -39,9 +38,7 @@ def _holding(w: Worker) -> int:
 
 
 def test_a_follower_and_a_late_joiner_rebuild_every_version(tmp_path, tiny_model_dir):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=10, groups_per_step=1)
-    state.settings = dataclasses.replace(state.settings, broadcast=BROADCAST)
-    state.versions.dissemination.config = BROADCAST
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=10, groups_per_step=1, broadcast=BROADCAST)
     metrics_path = tmp_path / "metrics.jsonl"
     model = load_model(str(tiny_model_dir))
     generator = torch.Generator().manual_seed(0)

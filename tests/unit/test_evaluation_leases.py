@@ -143,11 +143,13 @@ def test_a_worker_gone_silent_loses_the_evaluation_to_another(state):
     assert lease(state, "w1", 0).evaluation is not None
 
 
-def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(state):
+def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1)  # rollouts only here
+    publish(state, 0)
+
     async def scenario(session, url):
         headers = await _join(session, url, "w2")
         body = {"worker_id": "w2", "version": 0, "max_tasks": 8}
-        state.evaluation = None  # rollouts only here
         _, first = await _post(session, url, "/v1/lease", body, headers)
         assert len(first["tasks"]) == 2  # one step's worth: w2's own cap
         loop = asyncio.get_running_loop()

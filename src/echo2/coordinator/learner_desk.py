@@ -1,0 +1,116 @@
+"""What the learner asks of the coordinator, as whole transactions over its parts: publishing a
+version, reporting its step time and durable checkpoint, taking a step's batch (stale groups
+dropped first), handing a batch back, and the rollout audit's verdicts, which may quarantine a
+worker. Every method applies a whole change or raises `RequestError` having changed nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from echo2.coordinator import events as ev
+from echo2.coordinator.audit import AuditLedger
+from echo2.coordinator.evaluation_desk import EvaluationDesk
+from echo2.coordinator.groups import GroupBook
+from echo2.coordinator.leases import LeaseBook
+from echo2.coordinator.registry import Registry
+from echo2.coordinator.store import Store
+from echo2.coordinator.versions import VersionDesk
+from echo2.coordinator.worker_desk import WorkerDesk
+from echo2.policy import staleness
+from echo2.policy.controller import ActivationController
+from echo2.protocol.learner_api import AuditReport
+from echo2.protocol.messages import TrainGroup, VersionInfo
+
+
+class LearnerDesk:
+    def __init__(self, *, groups: GroupBook, versions: VersionDesk, controller: ActivationController,
+                 evaluation: EvaluationDesk | None, leases_book: LeaseBook, audit: AuditLedger, registry: Registry,
+                 worker_desk: WorkerDesk, store: Store, events: list[ev.Event], clock: Callable[[], float]) -> None:
+        self.groups, self.versions, self.controller, self.evaluation = groups, versions, controller, evaluation
+        self.leases_book, self.audit, self.registry, self.worker_desk = leases_book, audit, registry, worker_desk
+        self.store, self.events, self.clock = store, events, clock
+
+    def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
+        """Accept a version from the learner (`VersionDesk.publish` says which). Returns whether
+        the learner should make its next version an anchor."""
+        event, anchor_wanted = self.versions.publish(info, public_key_hex, self.registry.peers())
+        if isinstance(event, ev.VersionPublished):
+            self.groups.plane.publish(info.version)
+            if self.evaluation is not None:
+                self.evaluation.published(info.version)
+        self.events.append(event)
+        return anchor_wanted
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        """The learner's busy time per step (train + publish), reported with its batch requests."""
+        self.controller.observe_step_time(step_time_s)
+        self.groups.plane.step_time_s = self.controller.step_time_s.value
+
+    def checkpointed(self, durable_step: int, step: int) -> None:
+        """The learner's checkpoint of `durable_step` is on disk and it asks for `step`: batches
+        and groups it can never ask for again are deleted (`GroupBook.compact`)."""
+        deleted = self.groups.compact(durable_step, step)
+        if deleted is not None:
+            self.events.append(ev.GroupsCompacted(durable_step=durable_step, groups_deleted=deleted,
+                                                  store_bytes=self.store.size_bytes()))
+
+    def take_batch(self, step: int) -> list[TrainGroup] | None:
+        """The batch for learner step `step`, or None while not enough admissible groups exist.
+        Asking again for an assigned step returns the same batch (exact learner resume)."""
+        recorded = self.groups.recorded_batch(step)
+        if recorded is not None:
+            return recorded
+        stale = self.groups.advance(step)
+        for group in stale:
+            self.controller.observe_outcome(group.worker_id, admitted=False)
+        if stale:
+            self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale]))
+        batch = self.groups.take(step, now_s=self.clock())
+        if batch is not None:
+            hist = Counter(staleness(step, g.version) for g in batch)
+            self.events.append(ev.BatchAssigned(
+                step=step, staleness_hist={str(k): v for k, v in sorted(hist.items())}, max_staleness_seen=max(hist),
+                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer), leased=len(self.leases_book.leases),
+            ))
+        return batch
+
+    def reject_batch(self, step: int, reason: str, requeue_lease_ids: Iterable[str] = ()) -> int:
+        """The learner skipped `step` without training (`GroupBook.reject`): its groups retire,
+        except `requeue_lease_ids` (nothing wrong with them); those that failed the audit have
+        their prompts redone. Only the newest assigned step can be rejected."""
+        if self.groups.already_rejected(step):
+            return 0
+        with self.store.tx():
+            outcome = self.groups.reject(step, requeue_lease_ids, self.audit.failed_groups, self.audit.quarantined)
+            self.leases_book.redo([g.prompt_index for g in outcome.redo])
+        redone = {g.lease_id for g in outcome.redo}
+        self.events.append(ev.BatchRejected(
+            step=step, groups=len(outcome.retired), requeued=len(outcome.kept), prompts_redone=len(outcome.redo),
+            reason=reason[:500], retired_prompt_indices=[g.prompt_index for g in outcome.retired if g.lease_id not in redone],
+        ))
+        return len(outcome.retired)
+
+    def record_audit(self, report: AuditReport) -> list[str]:
+        """The learner's verdicts on a step's groups; quarantines workers whose groups failed
+        `audit_flags_to_quarantine` times. Returns the workers quarantined now."""
+        newly = self.audit.record(report)
+        for worker_id, reason in newly.items():
+            self._quarantine(worker_id, reason)
+        return sorted(newly)
+
+    def _quarantine(self, worker_id: str, reason: str) -> None:
+        """Cut a worker off for good: its id refused from now on (also after a restart), its
+        buffered groups dropped and their prompts redone by others, its leases handed back."""
+        with self.store.tx():
+            self.store.set_meta("quarantined", self.audit.quarantined)
+            mine = self.groups.drop_worker(worker_id)
+            self.leases_book.redo([g.prompt_index for g in mine])
+        released = self.worker_desk.release_leases(worker_id, reason="worker_quarantined")
+        record = self.registry.workers.get(worker_id)
+        if record is not None:
+            record.alive = False
+        self.controller.vanish(worker_id)
+        self.events.append(ev.WorkerQuarantined(worker_id=worker_id, reason=reason, groups_dropped=len(mine),
+                                                leases_requeued=released))
+        self.worker_desk.control(trigger=f"{worker_id} quarantined")

@@ -1,0 +1,183 @@
+"""What workers ask of the coordinator, as whole transactions over its parts: joining, heartbeats,
+leaving, leases (rollouts, or evaluations first or spare), and the sweep that expires silent
+workers and overdue leases and re-plans activation when one is lost. Every method applies a
+whole change or raises `RequestError` having changed nothing; events go to the shared list."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from echo2.coordinator import events as ev
+from echo2.coordinator.evaluation_desk import EvaluationDesk
+from echo2.coordinator.groups import Counters, GroupBook
+from echo2.coordinator.leases import Lease, LeaseBook
+from echo2.coordinator.registry import Registry, WorkerRecord
+from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.settings import Settings
+from echo2.coordinator.store import Store
+from echo2.coordinator.versions import VersionDesk
+from echo2.policy.controller import ActivationController
+from echo2.protocol.messages import (
+    BadPeerRequest,
+    Heartbeat,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    LeaveRequest,
+    RegisterRequest,
+    RegisterResponse,
+    Task,
+)
+
+
+class WorkerDesk:
+    def __init__(self, *, settings: Settings, registry: Registry, leases_book: LeaseBook, groups: GroupBook,
+                 versions: VersionDesk, controller: ActivationController, evaluation: EvaluationDesk | None,
+                 scorer: Scorer, store: Store, counters: Counters, events: list[ev.Event],
+                 clock: Callable[[], float]) -> None:
+        self.settings, self.registry, self.leases_book, self.groups = settings, registry, leases_book, groups
+        self.versions, self.controller, self.evaluation, self.scorer = versions, controller, evaluation, scorer
+        self.store, self.counters, self.events, self.clock = store, counters, events, clock
+
+    def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
+        """Join the run (with the join token). Issues the credential every later call of this
+        worker must carry; only an evicted or departed worker's id can register again (its old
+        credential and leases are void). `source`, the caller's address, is rate-limited."""
+        self.registry.take_join_token(source)
+        record, credential, old = self.registry.admit(req)
+        if old is not None:
+            self.release_leases(record.worker_id, reason="reregistered")
+        self.controller.join(record.worker_id, req.price_per_hour)
+        self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
+                                               price_per_hour=req.price_per_hour, relay_address=req.relay_address,
+                                               source=source))
+        s = self.settings
+        return RegisterResponse(
+            worker_id=record.worker_id, heartbeat_interval_s=s.heartbeat_interval_s, max_staleness=s.max_staleness,
+            sampling=s.sampling, model_source=s.model_source, broadcast=s.broadcast,
+            learner_public_key=self.versions.public_key_hex, credential=credential, task=self.scorer.task_config(),
+            lora=s.lora,
+        )
+
+    def leave(self, req: LeaveRequest) -> None:
+        """A worker shutting down cleanly: its leases go back at once, no timeout needed. With a
+        releasable provider an idle worker leaving was released: it stays a candidate the
+        controller may choose again (an active one leaving is a departure, as always)."""
+        record = self.registry.live(req.worker_id)
+        fleet_release = self.settings.activation.provider != "static" and not self.controller.is_active(req.worker_id)
+        record.alive = False
+        (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
+        released = self.release_leases(req.worker_id, reason="worker_left")
+        self.events.append(ev.WorkerLeft(worker_id=req.worker_id, leases_requeued=released, released=fleet_release))
+        self.control(trigger=f"{req.worker_id} left")
+
+    def heartbeat(self, req: Heartbeat) -> HeartbeatResponse:
+        record = self.registry.live(req.worker_id)
+        self.versions.check(req.version, "heartbeat.version")
+        held = req.version if req.base_version is None else req.base_version
+        self.versions.check(held, "heartbeat.base_version")
+        record.version = req.version
+        if req.swap_s is not None:
+            self.controller.observe_swap(req.swap_s)
+        record.claimed_rollouts, record.claimed_busy_s = req.rollouts_total, req.busy_s_total
+        record.claimed_bytes_relayed = req.bytes_relayed_total
+        if req.dissemination_s is not None:
+            record.claimed_dissemination_s = req.dissemination_s
+        self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
+        return self.heartbeat_reply(req)
+
+    def heartbeat_reply(self, req: Heartbeat) -> HeartbeatResponse:
+        """What a heartbeat is told: the newest version, what to pull next and from where, and
+        whether to work (asked again, unchanged, while the beat is held for news)."""
+        held = req.version if req.base_version is None else req.base_version
+        fetch = self.versions.next_fetch(req.worker_id, held, self.registry.peers())
+        return HeartbeatResponse(latest=self.versions.latest.model_copy(update={"full": None}) if self.versions.latest else None,
+                                 fetch=fetch[0] if fetch else None, assignment=fetch[1] if fetch else None,
+                                 active=self.controller.is_active(req.worker_id),
+                                 learner_public_key=self.versions.public_key_hex)
+
+    def bad_peer(self, req: BadPeerRequest) -> None:
+        """A worker caught a source sending bytes that fail verification: never use it again."""
+        self.registry.live(req.report.reporter_id)
+        effect = self.versions.dissemination.report(req.report.peer_id, req.report.reporter_id)
+        report = req.report.model_dump(exclude={"kind"})
+        self.events.append(ev.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
+
+    def lease(self, req: LeaseRequest) -> LeaseResponse:
+        """Work for a worker: the run's exact evaluations (versions 0 and last) first, then
+        rollouts, then, when it gets none, a due evaluation; a worker serving an evaluation gets
+        its next lease until it is done."""
+        record = self.registry.live(req.worker_id)
+        if self.versions.latest is not None:
+            self.versions.check(req.version, "lease.version")
+        record.version = req.version
+        evaluation = self._evaluation_first(record, req.version)
+        if evaluation is not None:
+            return evaluation
+        if not self.controller.is_active(record.worker_id):
+            return self._spare_or_refused(record, req.version, 1.0, "inactive: idle until activated")
+        mine = len(self.leases_book.held_by(record.worker_id))
+        grant = self.groups.plane.grant(req.version, req.max_tasks, leased=len(self.leases_book.leases), held_by_worker=mine)
+        if grant.count == 0:
+            return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
+        leases = self.leases_book.issue(record, req.version, grant.count)
+        tasks = [Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
+                      sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index))
+                 for lease in leases]
+        return LeaseResponse(tasks=tasks)
+
+    def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
+        if self.evaluation is None:
+            return None
+        return self.evaluation.first_reply(record.worker_id, version, self.clock())
+
+    def _spare_or_refused(self, record: WorkerRecord, version: int, retry_after_s: float, reason: str) -> LeaseResponse:
+        """A due evaluation for a worker that gets no rollouts, else the refusal."""
+        spare = self.evaluation.spare_reply(record.worker_id, version, self.clock()) \
+            if self.evaluation is not None else None
+        return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason)
+
+    def release_leases(self, worker_id: str, reason: str) -> int:
+        mine = self.leases_book.held_by(worker_id)
+        self.requeue(mine, reason)
+        return len(mine)
+
+    def requeue(self, leases: list[Lease], reason: str) -> None:
+        with self.store.tx():
+            self.leases_book.requeue(leases)
+            self.counters.leases_expired += len(leases)
+            self.counters.save(self.store)
+        self.events += [ev.LeaseRequeued(worker_id=lease.worker_id, reason=reason, prompt_index=lease.prompt_index)
+                        for lease in leases]
+
+    def sweep(self) -> None:
+        """Expire silent workers (all their leases go back) and leases held too long."""
+        now = self.clock()
+        lost = self.registry.silent(now)
+        for worker_id in lost:
+            self.controller.vanish(worker_id)
+            self.counters.workers_lost += 1
+            released = self.release_leases(worker_id, reason="worker_timeout")
+            self.events.append(ev.WorkerLost(worker_id=worker_id, leases_requeued=released))
+        overdue = self.leases_book.overdue(now, self.settings.lease_timeout_s)
+        if overdue:
+            self.requeue(overdue, reason="lease_timeout")
+        if lost:  # a preempted worker: re-plan now, not at the next control period
+            self.control(trigger=f"lost {', '.join(lost)}")
+        if self.evaluation is not None:
+            self.evaluation.sweep(self.registry.alive_versions(), self.settings.lease_timeout_s, now)
+        for worker_id in self.registry.forget(now, self.settings.forget_workers_after_s, self.controller.costless):
+            self.controller.forget(worker_id)
+            self.versions.dissemination.forget(worker_id)
+
+    def control(self, trigger: str = "") -> None:
+        """Re-decide which workers are active; record the decision when the set changes, or
+        always when something happened (`trigger`, e.g. a worker vanished)."""
+        decision = self.controller.decide(self.clock())
+        self.groups.plane.window.set_floor(self.controller.s_min())
+        if decision.changed or trigger:
+            self.events.append(ev.Activation(
+                active=sorted(decision.active), reason=decision.reason, trigger=trigger, changed=decision.changed,
+                required_rps=decision.required_rps if decision.required_rps != float("inf") else None,
+                estimates_rps=decision.estimates,
+            ))
