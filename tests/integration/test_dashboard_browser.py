@@ -17,6 +17,7 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 # CI sets ECHO2_REQUIRE_BROWSER=1 (.ci/run installs both): there a missing browser fails the test
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.system,
     pytest.mark.browser,
     pytest.mark.skipif((CHROMIUM is None or CHROMEDRIVER is None) and not os.environ.get("ECHO2_REQUIRE_BROWSER"),
                        reason="needs Debian's chromium and chromedriver: apt-get install -y chromium chromium-driver"),

@@ -23,7 +23,7 @@ from tests.integration.runs import TOKEN, records, wait_for, write_config
 from echo2.broadcast.lab.netns import HostSpec, LabNetwork, netns_unavailable_reason
 from echo2.coordinator.credentials import SECRET_VARIABLES
 
-pytestmark = [pytest.mark.integration, pytest.mark.netns]
+pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.netns]
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "multihost.sh"
 LINK_BPS = 100e6
 STEPS = 60  # long enough that every worker, however late it loads the model, relays and loads several versions

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import small_run_config
 from tests.integration.runs import processes, records, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # three learner processes and four workers
 BAND = 0.15
 
 
