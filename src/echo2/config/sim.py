@@ -82,8 +82,9 @@ class SimSettings(Frozen):
     """0: a worker refused for holding a version more than S behind waits for its next swap;
     > 0: it asks again after this long (the coordinator's retry_after_s is 0.2 s)."""
     announce_interval_s: float = Field(0.0, ge=0)
-    """0: workers learn of a version the moment its bytes arrive (pushed broadcast); > 0: only
-    at their next heartbeat (random phase per worker), as the local pull-based system does."""
+    """0: workers learn of a version the moment it is out, as the real system's held heartbeats
+    tell them; > 0: only at their next heartbeat (random phase per worker), as a polling system
+    would."""
     swap: Literal["pause", "between_generations"] = "pause"
     """How a received version goes in: "pause" stalls running generations for T_load (vLLM
     pause/resume); "between_generations" waits until the worker's current lease is generated
