@@ -1,9 +1,9 @@
 """What a worker claims cannot steer the run (issue 11, findings 3 and 5): a report against the
 learner's origin changes nothing and leaves no assignment without a source, one lying reporter
-cannot cut an honest relay off, and activation prices workers at the throughput the coordinator
-measures, not what their heartbeats say. (A declared slow link cannot lower the slow-sender
-cutoff below its floor: tests/unit/broadcast/test_broadcast_faults.py, which needs that
-directory's relay cluster.)"""
+cannot cut an honest relay off (one never sent to it changes nothing at all), and activation
+prices workers at the throughput the coordinator measures, not what their heartbeats say. (A
+declared slow link cannot lower the slow-sender cutoff below its floor:
+tests/unit/broadcast/test_broadcast_faults.py, which needs that directory's relay cluster.)"""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
     assert [s.peer_id for s in single.assignment("w1", 3, ORIGIN, peers(2)).sources] == ["w0"]
-    single.report("w0", "w1")
+    assert single.report("w0", "w1", 3) == "reporter"
     only = single.assignment("w1", 3, ORIGIN, peers(2)).sources
     assert [(s.peer_id, s.url) for s in only] == [("origin", ORIGIN)]
 
@@ -56,7 +56,9 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
 def test_one_lying_reporter_cannot_cut_an_honest_relay_off():
     diss = Dissemination(BroadcastConfig(), learner_upload_bps=1e9)
     diss.plan_version(3, ORIGIN, peers(4))
-    diss.report("w0", "w3")  # w3 lies about w0 (it is not even w0's child)
+    assert diss.report("w0", "w3", 3) == "none"  # w3 was not sent to w0 for version 3 (it had not asked yet)
+    assert "w0" in [s.peer_id for s in diss.assignment("w3", 3, ORIGIN, peers(4)).sources]  # a fallback of its
+    assert diss.report("w0", "w3", 3) == "reporter"  # w3 lies about w0, one of its sources now
     assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources][0] == "w0"
     plan = diss.plan_version(4, ORIGIN, peers(4))
     assert plan.origin_children == ["w0"]  # w0 still relays the next version

@@ -1,5 +1,6 @@
 """The coordinator's broadcast planning: a relay tree per version over live workers, late
-joiners pointed at holders, reported peers never used as a source again."""
+joiners pointed at holders, reported peers avoided, and only reports from workers that were
+sent to the peer counting, for a bounded number of versions."""
 
 from __future__ import annotations
 
@@ -30,13 +31,53 @@ def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     live = peers(2, version=3) + [Peer("late", "http://10.0.0.9:80", 1e9, 1e9, -1)]
     assert [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources][-1] == "origin"
     assert {s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources} >= {"w0"}
-    assert diss.report("w0", "w1") == "reporter"  # one report: only the reporter avoids w0
+    assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources] == ["w0", "origin"]
+    assert diss.report("w0", "w1", 3) == "reporter"  # one report: only the reporter avoids w0
     assert "w0" not in [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources]
     assert "w0" in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
-    assert diss.report("w0", "w1") == "reporter"  # the same reporter again is still one
-    assert diss.report("w0", "late") == "everyone"  # a second, different reporter: no one uses it
+    assert diss.report("w0", "w1", 3) == "reporter"  # the same reporter again is still one
+    assert diss.report("w0", "late", 3) == "everyone"  # a second, different reporter: no one uses it
     assert "w0" not in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
-    assert diss.report("w1", "w1") == "none"  # reporting oneself means nothing
+    assert diss.report("w1", "w1", 3) == "none"  # reporting oneself means nothing
+
+
+def test_a_report_counts_only_from_a_worker_sent_to_that_peer_for_that_version():
+    """Two ids that were never children of a relay once dropped it for everyone."""
+    diss = Dissemination(BroadcastConfig(max_sources=2), learner_upload_bps=1e9)
+    diss.plan_version(3, ORIGIN, peers(4))  # a chain w0 -> w1 -> w2 -> w3, each with the origin to fall back on
+    given = {w: [s.peer_id for s in diss.assignment(w, 3, ORIGIN, peers(4)).sources] for w in ("w1", "w3")}
+    assert given["w1"] == ["w0", "origin"] and "w0" not in given["w3"]
+    # w3 and a registered id that never asked for version 3 report w0: neither was sent there
+    assert diss.report("w0", "w3", 3) == "none" and diss.report("w0", "w2", 3) == "none"
+    assert diss.report("w0", "w1", 2) == "none"  # its real parent, but for a version it was not assigned
+    assert diss.report("w0", "w1", 10**9) == "none"  # a made-up version has no assignment either
+    assert diss.suspects == set() and diss.reporters == {}
+    assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources] == ["w0", "origin"]
+    assert [s.peer_id for s in diss.assignment("w3", 3, ORIGIN, peers(4)).sources] == given["w3"]
+    assert diss.plan_version(4, ORIGIN, peers(4)).origin_children == ["w0"]  # w0 still relays the next version
+
+
+def test_reports_from_real_children_drop_a_relay_and_expire():
+    config = BroadcastConfig(max_sources=2, report_lifetime_versions=3)
+    diss = Dissemination(config, learner_upload_bps=1e9)
+    star = [Peer("hub", "http://10.0.0.1:80", 1e10, 1e9, -1)] + \
+           [Peer(f"c{i}", f"http://10.0.0.{i + 2}:80", 1e6, 1e9, -1) for i in range(2)]
+    plan = diss.plan_version(5, ORIGIN, star)
+    assert {a.worker_id: a.sources[0].peer_id for a in plan.assignments} == {"hub": "origin", "c0": "hub", "c1": "hub"}
+    for child in ("c0", "c1"):
+        assert diss.assignment(child, 5, ORIGIN, star).sources[0].peer_id == "hub"
+    assert diss.report("hub", "c0", 5) == "reporter" and diss.report("hub", "c1", 5) == "everyone"
+    assert diss.suspects == {"hub"}
+    for version in (6, 7):  # the report for version 5 counts for versions 5, 6 and 7
+        later = diss.plan_version(version, ORIGIN, [Peer(p.worker_id, p.relay_address, p.upload_bps, p.download_bps,
+                                                          version - 1) for p in star])
+        assert all("hub" not in [s.peer_id for s in a.sources] for a in later.assignments), version
+    assert diss.report("hub", "c0", 5) == "everyone"  # within its window a report still counts
+    expired = diss.plan_version(8, ORIGIN, star)
+    assert diss.suspects == set() and diss.reporters == {}  # version 8: the reports for version 5 are gone
+    assert {a.worker_id: a.sources[0].peer_id for a in expired.assignments}["c0"] == "hub"
+    assert diss.report("hub", "c0", 5) == "none"  # too old to count now
+    assert all(version > 5 for versions in diss.assigned.values() for version in versions)  # bounded record
 
 
 
@@ -59,6 +100,27 @@ def test_state_hands_assignments_in_heartbeats_and_takes_bad_peer_reports(tmp_pa
     state.bad_peer(BadPeerRequest(report=report))
     assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == ["origin"]
     assert state.heartbeat(Heartbeat(worker_id="w0", version=0)).assignment is None  # it holds the newest
+    assert [e.avoided_by for e in state.events if e.kind == "bad_peer"] == ["reporter"]
+
+
+def test_a_report_from_a_worker_never_sent_to_the_peer_is_recorded_as_changing_nothing(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock())
+    for i in range(3):
+        state.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
+    publish(state, 0)
+    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
+        ["w0", "origin"]
+    for liar in ("w2", "w0"):  # w2 never asked for version 0; w0, w1's parent, never had w1 as a source
+        report = BadPeerReport(version=0, reporter_id=liar, peer_id="w0" if liar == "w2" else "w1", url="",
+                               chunk_index=0, reason="corrupt_chunk")
+        state.bad_peer(BadPeerRequest(report=report))
+    events = [e for e in state.events if e.kind == "bad_peer"]
+    assert [(e.reporter_id, e.took_effect, e.avoided_by) for e in events] == [("w2", False, "none"),
+                                                                             ("w0", False, "none")]
+    assert state.versions.dissemination.suspects == set()
+    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
+        ["w0", "origin"]
+    assert "w0" in [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w2", version=-1)).assignment.sources]
 
 
 

@@ -129,12 +129,17 @@ def test_check_passes_for_a_reachable_worker(state):
 
 
 def test_check_tells_a_worker_peers_cannot_reach_that_it_would_be_a_leaf(state):
-    # it advertises an address where its relay does not listen, as a worker behind NAT does
-    checks = _checks(state, WorkerConfig(relay_advertise_host="127.0.0.2"))
+    # its relay listens on 127.0.0.2 but it advertises 127.0.0.1 (the address it calls from), where
+    # nothing answers: what a worker behind NAT or a firewall sees
+    checks = _checks(state, WorkerConfig(relay_host="127.0.0.2", relay_advertise_host="127.0.0.1"))
     status, detail = checks["relay"]
     assert status == "failed"
-    assert "cannot reach this worker's relay at http://127.0.0.2:" in detail
+    assert "cannot reach this worker's relay at http://127.0.0.1:" in detail
     assert "only be a broadcast leaf" in detail and "accepts_incoming=false" in detail
+    # an address other than the one it calls from is not probed at all (the probe is no port scanner)
+    other = _checks(state, WorkerConfig(relay_advertise_host="127.0.0.2"))["relay"]
+    assert other[0] == "failed" and "would not probe http://127.0.0.2:" in other[1]
+    assert "only dials back the caller's own address" in other[1] and "relay_advertise_host" in other[1]
     leaf = _checks(state, WorkerConfig(accepts_incoming=False))["relay"]
     assert leaf == ("ok", "accepts_incoming=false: a broadcast leaf, nothing to probe")
 

@@ -190,10 +190,12 @@ class RelayServer:
     # ---- handlers --------------------------------------------------------------------------
 
     async def _handle_status(self, request: web.Request) -> web.Response:
-        self._authorize(request)
+        if not self._authorized(request):  # the coordinator's probe: that a relay listens, nothing more
+            return web.json_response({"relay": wire.RELAY_MARK})
         incoming = self._incoming
         return web.json_response(
             {
+                "relay": wire.RELAY_MARK,
                 "held_version": self.held_version,
                 "incoming_version": incoming.version if incoming else None,
                 "incoming_verified_chunks": incoming.verified_chunks if incoming else 0,
@@ -272,11 +274,12 @@ class RelayServer:
         self._sent_total_bytes += nbytes
 
     def _authorize(self, request: web.Request) -> None:
-        if not self._auth_token:
-            return
-        expected = f"Bearer {self._auth_token}"
-        if not hmac.compare_digest(request.headers.get("Authorization", ""), expected):
+        if not self._authorized(request):
             raise web.HTTPUnauthorized(text="missing or wrong bearer token")
+
+    def _authorized(self, request: web.Request) -> bool:
+        expected = f"Bearer {self._auth_token}"
+        return not self._auth_token or hmac.compare_digest(request.headers.get("Authorization", ""), expected)
 
 
 class _Stream:

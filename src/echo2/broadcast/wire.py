@@ -19,6 +19,9 @@ import struct
 
 CHUNKS_PATH = "/v1/broadcast/chunks"
 STATUS_PATH = "/v1/broadcast/status"
+RELAY_MARK = "echo2"
+"""The status route's `relay` field, also in its answer to a caller without the token: how the
+coordinator's probe, which presents no credential, knows an echo2 relay answered."""
 PEER_HEADER = "X-Echo2-Peer"
 """Requesting worker's id; used for per-child byte accounting only, never for authorization."""
 CONTENT_TYPE = "application/x-echo2-chunks"

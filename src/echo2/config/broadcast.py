@@ -81,8 +81,16 @@ class BroadcastConfig(Frozen):
     same time, but a parent's control loop may be a few heartbeats behind."""
     reporters_to_suspect: int = Field(2, ge=1)
     """Different workers that must report a relay for bad bytes before no one is sent to it
-    again (a reporter itself is never sent to a relay it reported). One lying worker cannot cut
-    an honest relay off; with 1, any single report does (a fleet you control)."""
+    (a reporter itself is not sent to a relay it reported). A report counts only from a worker
+    the coordinator gave that relay as a source for that version, so ids that never pulled from
+    it cannot drop it. One lying worker cannot cut an honest relay off; with 1, any single
+    report does (a fleet you control)."""
+    report_lifetime_versions: int = Field(8, ge=1)
+    """A bad-peer report counts for this many versions from the one it was made for (a report
+    for version v, until version v + 8 is published); then the relay is a source again. A relay
+    that still sends bad bytes is reported again by its children, which costs them a fail-over
+    once in that many versions; a relay that once sent bad bytes (a flipped bit, a lie about it)
+    is not cut off for the rest of the run."""
     report_timeout_s: float = Field(5.0, gt=0)
     """Bound on the bad-peer report callback (a control request to the coordinator; a loaded box
     answers within a second or two). A report that fails is logged and counted, never fatal."""

@@ -4,10 +4,16 @@ they accept connections); late joiners get the fastest holders of the version. W
 versions (broadcast.deltas) it also keeps the forms the learner's origin still serves (in the
 store too, across a coordinator restart) and gives each worker the next fetch on the
 fewest-bytes way from the version it holds to the newest (echo2.broadcast.catchup), asking the
-learner for an anchor when that way is too long. A worker that
-reports a source for sending bad bytes is never sent to it again; the source is dropped for
-everyone once `broadcast.reporters_to_suspect` different workers have reported it, so one lying
-worker cannot cut an honest relay off."""
+learner for an anchor when that way is too long.
+
+Bad-peer reports come from untrusted workers, so one counts only when the coordinator gave the
+reported peer to the reporter as a source for that version (a bounded record of what each
+worker was assigned, for the versions a report can still count for), and only for
+`broadcast.report_lifetime_versions` versions from the one it was made for. A counted report
+keeps the reporter away from the peer; `broadcast.reporters_to_suspect` different reporters drop
+it for everyone. So ids that never pulled from a relay cannot drop it, one lying child cannot
+cut an honest relay off, and no report outlives its window. The learner's origin is never
+dropped."""
 
 from __future__ import annotations
 
@@ -39,10 +45,12 @@ class Dissemination:
         self.config = config
         self.learner_upload_bps = learner_upload_bps
         self.plan: BroadcastPlan | None = None
-        self.suspects: set[str] = set()
-        """Dropped as a source for everyone."""
-        self.reporters: dict[str, set[str]] = {}
-        """peer id -> the workers that reported it (each avoids it from then on)."""
+        self.newest = -1
+        """The newest version planned or published: what reports and assignments expire against."""
+        self.reporters: dict[str, dict[str, int]] = {}
+        """peer id -> the workers whose report of it counts, each with the version it was for."""
+        self.assigned: dict[str, dict[int, set[str]]] = {}
+        """worker id -> version -> the peer ids it was given as sources: whom it can report."""
         self.offers: dict[tuple[int, Form], tuple[VersionInfo, ServedForm]] = {}
         """The forms the learner's origin serves (the same rule as its relay: catchup.retained)."""
         self.full_bytes = 0
@@ -66,6 +74,7 @@ class Dissemination:
             self.anchor_wanted = False  # the anchor asked for is out
         self._drop_unserved()
         self.full_bytes, self.tree_form = primary.loaded_bytes, primary.form
+        self._advance(info.version)
 
     def restore(self, stored: list[VersionInfo]) -> None:
         """After a coordinator restart, the forms the origin served before it (the store keeps
@@ -105,6 +114,7 @@ class Dissemination:
 
     def plan_version(self, version: int, origin_url: str, peers: list[Peer]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
+        self._advance(version)
         self.plan = plan_broadcast(version, self._origin(origin_url), [self._info(p) for p in peers], self.config)
         return self.plan
 
@@ -113,6 +123,14 @@ class Dissemination:
         """Where `worker_id` pulls `version` from: its place in the plan, or, for a worker that
         joined after the plan was made (or fetches a form the tree does not carry: `in_plan`
         False), any holder of the version (the learner last)."""
+        assignment = self._placed(worker_id, version, origin_url, peers, in_plan=in_plan)
+        if self._live(version):  # whom it may report; kept only while a report for it can count
+            given = self.assigned.setdefault(worker_id, {}).setdefault(version, set())
+            given.update(s.peer_id for s in assignment.sources)  # bounded by the live workers
+        return assignment
+
+    def _placed(self, worker_id: str, version: int, origin_url: str, peers: list[Peer], *,
+                in_plan: bool) -> Assignment:
         if in_plan and self.plan is not None and self.plan.version == version:
             try:
                 return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
@@ -125,28 +143,57 @@ class Dissemination:
         return late_joiner_assignment(version, self._info(joiner), holders, origin=self._origin(origin_url),
                                       config=self.config)
 
-    def report(self, peer_id: str, reporter_id: str) -> str:
-        """A worker caught `peer_id` sending bad bytes. The reporter is never sent to it again;
-        everyone stops using it once reporters_to_suspect different workers said so. The
-        learner's origin is never dropped (a worker's report cannot cut everyone off from the one
-        source every version starts at). Returns the effect: "none", "reporter" or "everyone"."""
-        if peer_id == ORIGIN_ID or peer_id == reporter_id:
+    def report(self, peer_id: str, reporter_id: str, version: int) -> str:
+        """`reporter_id` caught `peer_id` sending bad bytes of `version`. It counts only when the
+        peer was among the reporter's sources for that version and the version is within
+        report_lifetime_versions of the newest; then the reporter is not sent to the peer while
+        the report counts, and no one is once reporters_to_suspect different workers' reports
+        count. The learner's origin is never dropped (a worker's report cannot cut everyone off
+        from the one source every version starts at). Returns the effect: "none" (changed
+        nothing), "reporter" or "everyone"."""
+        if peer_id == ORIGIN_ID or peer_id == reporter_id or not self._live(version):
             return "none"
-        reporters = self.reporters.setdefault(peer_id, set())
-        reporters.add(reporter_id)
-        if len(reporters) >= self.config.reporters_to_suspect:
-            self.suspects.add(peer_id)
-            return "everyone"
-        return "reporter"
+        if peer_id not in self.assigned.get(reporter_id, {}).get(version, ()):
+            return "none"  # never sent there for that version: nothing it says of the peer counts
+        reporters = self.reporters.setdefault(peer_id, {})
+        reporters[reporter_id] = max(version, reporters.get(reporter_id, version))
+        return "everyone" if self._suspected(peer_id) else "reporter"
+
+    @property
+    def suspects(self) -> set[str]:
+        """The peers no one is sent to now."""
+        return {peer_id for peer_id in self.reporters if self._suspected(peer_id)}
 
     def forget(self, worker_id: str) -> None:
-        """A worker gone for good: its reports and the reports against it go too."""
+        """A worker gone for good: its reports, the reports against it and its assignments go too."""
         self.reporters.pop(worker_id, None)
+        self.assigned.pop(worker_id, None)
         for reporters in self.reporters.values():
-            reporters.discard(worker_id)
+            reporters.pop(worker_id, None)
+
+    def _live(self, version: int) -> bool:
+        """A report for `version` still counts (and what was assigned for it is still kept)."""
+        return version > self.newest - self.config.report_lifetime_versions
+
+    def _advance(self, version: int) -> None:
+        """A new newest version: the reports and assignments that no longer count are dropped."""
+        self.newest = max(self.newest, version)
+        for reporters in self.reporters.values():
+            for reporter_id in [r for r, v in reporters.items() if not self._live(v)]:
+                del reporters[reporter_id]
+        self.reporters = {peer_id: reporters for peer_id, reporters in self.reporters.items() if reporters}
+        for versions in self.assigned.values():
+            for old in [v for v in versions if not self._live(v)]:
+                del versions[old]
+        self.assigned = {worker_id: versions for worker_id, versions in self.assigned.items() if versions}
+
+    def _suspected(self, peer_id: str) -> bool:
+        counted = self.reporters.get(peer_id, {})
+        return sum(1 for version in counted.values() if self._live(version)) >= self.config.reporters_to_suspect
 
     def _avoided(self, peer_id: str, for_worker: str) -> bool:
-        return peer_id in self.suspects or for_worker in self.reporters.get(peer_id, ())
+        mine = self.reporters.get(peer_id, {}).get(for_worker)
+        return self._suspected(peer_id) or (mine is not None and self._live(mine))
 
     def _without_suspects(self, assignment: Assignment, origin_url: str, worker_id: str) -> Assignment:
         sources = [s for s in assignment.sources if not self._avoided(s.peer_id, worker_id)]
@@ -161,7 +208,7 @@ class Dissemination:
         return OriginInfo(url=url, upload_bytes_per_s=bytes_per_s(self.learner_upload_bps))
 
     def _info(self, peer: Peer) -> PeerInfo:
-        reachable = bool(peer.relay_address) and peer.worker_id not in self.suspects
+        reachable = bool(peer.relay_address) and not self._suspected(peer.worker_id)
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
                         upload_bytes_per_s=bytes_per_s(peer.upload_bps), download_bytes_per_s=bytes_per_s(peer.download_bps),
                         reachable=reachable)

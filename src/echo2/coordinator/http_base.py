@@ -53,7 +53,6 @@ LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
 HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)
-JOIN_TOKEN_KEY = web.AppKey("join_token", str)  # the relay probe presents it, as peers do
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
 
@@ -86,14 +85,20 @@ _OVERSIZED = frozenset({"string_too_long", "too_long"})
 
 
 def validation_error(path: str, exc: ValidationError) -> web.Response:
-    """400 for a malformed body; 422 when a field is over its size cap, naming the field."""
+    """400 for a malformed body; 422 when a field is over its size cap or breaks its character
+    rule, naming the field."""
     errors = exc.errors()
     oversized = [e for e in errors if e["type"] in _OVERSIZED]
-    first = (oversized or errors)[0]
+    # a field's cap is checked before its pattern, so a value shown here is never over its cap
+    mismatched = [e for e in errors if e["type"] == "string_pattern_mismatch"]
+    first = (oversized or mismatched or errors)[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
     if oversized:
         return error_reply(422, f"refused {path} request: {where} is over its cap ({len(first['input'])} long): "
                            f"{first['msg']}")
+    if mismatched:
+        return error_reply(422, f"refused {path} request: {where}={first['input']!r} has characters its rule does not "
+                           f"allow ({first['msg']}); send letters, digits and the punctuation the pattern names")
     return error_reply(400, f"malformed {path} request: {where}: {first['msg']} ({exc.error_count()} error(s))")
 
 

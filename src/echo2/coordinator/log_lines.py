@@ -1,13 +1,35 @@
 """What the coordinator tells its operator on the console: one plain line for each event that
 changes who works on the run (workers joining, leaving, lost), for each version published and
 for each change of the active set. Built from the same event records metrics.jsonl gets, so
-the two never disagree; per-lease and per-batch events stay in the metrics only."""
+the two never disagree; per-lease and per-batch events stay in the metrics only.
+
+Most of what a line says comes from untrusted workers (ids, engines, relay addresses, reports):
+every interpolated value goes through `_shown`, which escapes control characters, so a worker
+cannot end a line and forge the next one, or send terminal escape sequences to the console."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 log = logging.getLogger("echo2.coordinator")
+
+# C0 controls (newline, carriage return, ESC...), DEL, C1 controls (some terminals read 0x9b as
+# ESC [) and the Unicode line and paragraph separators (a line break to some log viewers)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def _shown(value: object) -> str:
+    """`value` as text fit for one console line: control characters escaped (as repr does)."""
+    return _CONTROL.sub(_escape, str(value))
 
 
 def log_event(event: dict) -> None:
@@ -18,23 +40,50 @@ def log_event(event: dict) -> None:
 
 
 def describe(event: dict) -> tuple[int, str] | None:
+    e = _Shown(event)
     kind = event.get("kind")
     if kind == "worker_registered":
-        relay = event.get("relay_address") or "none: a broadcast leaf"
-        return logging.INFO, (f"worker {event['worker_id']} joined from {event.get('source') or '?'} "
-                              f"(engine {event['engine']}, ${event['price_per_hour']:g}/h, relay {relay})")
+        relay = e.get("relay_address") or "none: a broadcast leaf"
+        return logging.INFO, (f"worker {e['worker_id']} joined from {e.get('source') or '?'} "
+                              f"(engine {e['engine']}, ${event['price_per_hour']:g}/h, relay {relay})")
     if kind == "worker_left":
-        return logging.INFO, f"worker {event['worker_id']} left ({event['leases_requeued']} leases back in the queue)"
+        return logging.INFO, f"worker {e['worker_id']} left ({e['leases_requeued']} leases back in the queue)"
     if kind == "worker_lost":
-        return logging.WARNING, (f"worker {event['worker_id']} lost: silent past coordinator.worker_timeout_s "
-                                 f"({event['leases_requeued']} leases back in the queue)")
+        return logging.WARNING, (f"worker {e['worker_id']} lost: silent past coordinator.worker_timeout_s "
+                                 f"({e['leases_requeued']} leases back in the queue)")
     if kind == "version_published":
-        return logging.INFO, (f"version {event['version']} published: broadcast {event['broadcast_mode']}, first hop "
-                              f"{', '.join(event['first_hop']) or 'none'}, depth {event['max_depth']}")
+        return logging.INFO, (f"version {e['version']} published: broadcast {e['broadcast_mode']}, first hop "
+                              f"{e.joined('first_hop')}, depth {e['max_depth']}")
     if kind == "activation" and event.get("changed"):
-        active = ", ".join(event["active"]) or "none"
-        trigger = f" after {event['trigger']}" if event.get("trigger") else ""
-        return logging.INFO, f"active workers now {active}{trigger}: {event['reason']}"
+        trigger = f" after {e['trigger']}" if event.get("trigger") else ""
+        return logging.INFO, f"active workers now {e.joined('active')}{trigger}: {e['reason']}"
     if kind == "bad_peer":
-        return logging.WARNING, f"bad peer reported: {event.get('peer_id')} by {event.get('reporter_id')}"
+        return logging.WARNING, _bad_peer_line(e, event.get("avoided_by"))
     return None
+
+
+def _bad_peer_line(e: _Shown, avoided_by: object) -> str:
+    said = f"bad peer reported: {e.get('peer_id')} by {e.get('reporter_id')} (version {e.get('version')})"
+    if avoided_by == "everyone":
+        return f"{said}: no one is sent to it now"
+    if avoided_by == "reporter":
+        return f"{said}: the reporter is not sent to it again"
+    return f"{said}: no effect ({e.get('peer_id')} is the origin, the reporter itself or not among its sources)"
+
+
+class _Shown:
+    """An event's fields as `_shown` text (None stays None, so `or` defaults still work)."""
+
+    def __init__(self, event: dict) -> None:
+        self.event = event
+
+    def __getitem__(self, key: str) -> str:
+        return _shown(self.event[key])
+
+    def get(self, key: str) -> str | None:
+        value = self.event.get(key)
+        return None if value is None or value == "" else _shown(value)
+
+    def joined(self, key: str) -> str:
+        """A list field, comma-separated ("none" when empty)."""
+        return ", ".join(_shown(item) for item in self.event[key]) or "none"

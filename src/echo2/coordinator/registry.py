@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from echo2.coordinator.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.dissemination import Peer
 from echo2.coordinator.errors import RequestError
+from echo2.coordinator.probe import check_relay_address
 from echo2.protocol.messages import RegisterRequest
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -88,6 +89,7 @@ class Registry:
         if old is not None and old.alive:
             raise RequestError(409, f"worker {worker_id!r} is live; a restarted worker may register again once the "
                                     f"coordinator has timed it out (worker_timeout_s={self.worker_timeout_s})")
+        _check_relay_address(req.relay_address)
         if old is not None:
             self.credentials.pop(old.credential_digest, None)
         credential, digest = new_worker_credential()
@@ -143,3 +145,13 @@ class Registry:
 
     def alive_versions(self) -> dict[str, int]:
         return {w.worker_id: w.version for w in self.workers.values() if w.alive}
+
+
+def _check_relay_address(address: str) -> None:
+    """A registration's relay address is what peers are sent to and what the console shows: a
+    well-formed http(s)://HOST:PORT, or empty for a broadcast leaf."""
+    problem = check_relay_address(address) if address else None
+    if problem:
+        raise RequestError(422, f"refused registration: relay_address: {problem}; fix: advertise the relay as "
+                                "http://HOST:PORT (relay_advertise_host, relay_port), or send an empty "
+                                "relay_address to join as a broadcast leaf (accepts_incoming=false)")

@@ -19,7 +19,6 @@ from echo2.coordinator.history import RunHistory
 from echo2.coordinator.http_base import (
     CHANGED_KEY,
     HISTORY_KEY,
-    JOIN_TOKEN_KEY,
     LIMIT_KEY,
     METRICS_KEY,
     ROOM_KEY,
@@ -42,7 +41,7 @@ from echo2.coordinator.long_polls import (
     handle_heartbeat,
     handle_lease,
 )
-from echo2.coordinator.probe import check_relay_address, probe_relay
+from echo2.coordinator.probe import check_relay_address, own_address, probe_relay
 from echo2.coordinator.prometheus import add_metrics_route
 from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.view import snapshot, stats_event
@@ -183,14 +182,16 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_probe(request: web.Request) -> web.Response:
-    """Dial a worker's relay address back (echo2.coordinator.probe). Rate-limited with the
-    registrations: each probe makes the coordinator open a connection."""
+    """Dial a worker's relay address back, at the caller's own address only
+    (echo2.coordinator.probe). Rate-limited with the registrations: each probe makes the
+    coordinator resolve a name and open a connection."""
     req = await parse_body(request, ProbeRequest)
     problem = check_relay_address(req.relay_address)
     if problem:
         raise RequestError(422, problem)
     request.app[STATE_KEY].take_join_token(request.remote or "")
-    reachable, detail = await probe_relay(req.relay_address, request.app[JOIN_TOKEN_KEY], request.app[TLS_KEY])
+    dial = await own_address(req.relay_address, request.remote or "")
+    reachable, detail = await probe_relay(req.relay_address, request.app[TLS_KEY], dial=dial)
     return typed_reply(ProbeResponse(reachable=reachable, detail=detail))
 
 
@@ -227,7 +228,6 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     )
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
     app[LIMIT_KEY] = max_request_bytes
-    app[JOIN_TOKEN_KEY] = secrets.join
     app[TLS_KEY] = tls_config or TLSConfig()
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()

@@ -97,9 +97,12 @@ class WorkerDesk:
                                  learner_public_key=self.versions.public_key_hex)
 
     def bad_peer(self, req: BadPeerRequest) -> None:
-        """A worker caught a source sending bytes that fail verification: never use it again."""
+        """A worker caught a source sending bytes that fail verification: it avoids the source, and
+        with enough reporters everyone does, if the coordinator sent it there (dissemination.report);
+        a report that changes nothing is recorded as such (took_effect False)."""
         self.registry.live(req.report.reporter_id)
-        effect = self.versions.dissemination.report(req.report.peer_id, req.report.reporter_id)
+        said = req.report
+        effect = self.versions.dissemination.report(said.peer_id, said.reporter_id, said.version)
         report = req.report.model_dump(exclude={"kind"})
         self.events.append(ev.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
 

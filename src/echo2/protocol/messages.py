@@ -70,7 +70,9 @@ class VersionInfo(BaseModel):
 class RegisterRequest(Message):
     kind: Literal["register"] = "register"
     worker_id: str = Field("", max_length=128, pattern=r"^[A-Za-z0-9_.:-]*$")
-    engine: str = Field(max_length=32)
+    # a character rule, not only a cap: the engine is shown on the coordinator's console, where a
+    # newline in it once forged log lines
+    engine: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.:+-]+$")
     price_per_hour: float = Field(0.0, ge=0)
     relay_address: str = Field("", max_length=256)
     """Where peers can pull weights from this worker; empty: not reachable (a broadcast leaf)."""

@@ -4,7 +4,8 @@ join its run. One line per check, ok or failed, with the fix:
 - reach:    the coordinator answers at the URL given;
 - protocol: it speaks this worker's echo2 protocol;
 - auth:     it accepts this worker's join token;
-- relay:    it can dial this worker's relay address back (else the worker is a broadcast leaf).
+- relay:    it can dial this worker's relay address back (else the worker is a broadcast leaf);
+            the coordinator dials only the address this machine calls it from.
 
 A check that depends on a failed one is reported as skipped."""
 
@@ -27,7 +28,8 @@ from echo2.rollout.weights import WeightReceiver
 
 CHECK_TIMEOUT_S = 10.0
 """One check's request: a coordinator answers in milliseconds; the relay probe itself waits up
-to coordinator.probe.PROBE_TIMEOUT_S (5 s) for an address that never answers."""
+to coordinator.probe.RESOLVE_TIMEOUT_S (3 s) for a name to resolve and PROBE_TIMEOUT_S (5 s) for
+an address that never answers."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,9 @@ async def _relay(session: aiohttp.ClientSession, cfg: WorkerConfig, url: str, *,
         text = await call(session, "POST", url + "/v1/probe", ProbeRequest(relay_address=address),
                           timeout_s=CHECK_TIMEOUT_S, token=token)
         reply = ProbeResponse.model_validate_json(text)
-    except (TransientError, RefusedError, ValueError) as exc:
+    except RefusedError as exc:  # e.g. 403: the address is not the one this machine calls from
+        return Check("relay", "failed", f"the coordinator would not probe {address}: {exc.message}")
+    except (TransientError, ValueError) as exc:
         return Check("relay", "failed", f"could not have {address} probed: {exc}")
     finally:
         await receiver.stop()
