@@ -1,6 +1,6 @@
 """What the coordinator tells its operator on the console: one plain line for each event that
-changes who works on the run (workers joining, leaving, lost), for each version published and
-for each change of the active set. Built from the same event records metrics.jsonl gets, so
+changes who works on the run (workers joining, leaving, lost), for each version published,
+for each change of the active set, and for scoring cut off or the coordinator stalling. Built from the same event records metrics.jsonl gets, so
 the two never disagree; per-lease and per-batch events stay in the metrics only."""
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ def describe(event: dict) -> tuple[int, str] | None:
         active = ", ".join(event["active"]) or "none"
         trigger = f" after {event['trigger']}" if event.get("trigger") else ""
         return logging.INFO, f"active workers now {active}{trigger}: {event['reason']}"
+    if kind == "scoring_over_budget":
+        refused = "; its submissions are refused for a while" if event["refused"] else ""
+        return logging.WARNING, (f"worker {event['worker_id']}'s {event['what']} completion {event['completion']} "
+                                 f"scored 0: {event['reason']} (strike {event['strikes']}{refused})")
+    if kind == "coordinator_stalled":
+        return logging.WARNING, (f"the coordinator stalled for {event['stall_s']:.1f} s; {event['workers_excused']} "
+                                 "workers' timeouts extended by as much")
     if kind == "bad_peer":
         return logging.WARNING, f"bad peer reported: {event.get('peer_id')} by {event.get('reporter_id')}"
     return None
