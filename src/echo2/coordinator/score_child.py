@@ -3,7 +3,8 @@
 "module:function", called with `kwargs`), builds and warms its scorer, answers
 {"ready": <pid>}, then scores one job per line of stdin (echo2.coordinator.score_jobs), one
 JSON line of reply each: {"value": x}, {"mismatch": why} or {"error": what}. It exits at the
-end of stdin; the pool kills it when a job runs past its budget.
+end of stdin, and on Linux when the coordinator dies; the pool kills it when a job runs past its
+budget.
 
 Everything on the pipe is JSON written by the coordinator's own code: nothing is unpickled."""
 
@@ -35,7 +36,22 @@ def reply_to(scorer, line: str) -> dict:
     return {"value": outcome}
 
 
+def die_with_the_coordinator() -> None:
+    """On Linux, be killed when the coordinator dies, even in the middle of a job (at the end of
+    stdin is not soon enough for a process stuck in sympy); elsewhere, the end of stdin only."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before we asked
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_the_coordinator()
     # the coordinator stops its children itself (by pid); Ctrl-C in its terminal is for it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # replies go to a copy of stdout; whatever a library prints lands on stderr, not in the protocol
