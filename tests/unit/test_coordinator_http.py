@@ -26,10 +26,11 @@ OPERATOR = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
-async def _serve(state, max_request_bytes: int = 64 << 10, metrics_path=None):
+async def _serve(state, max_request_bytes: int = 64 << 10, metrics_path=None, scoring=None):
+    """`scoring`: a ScoringPool (None: submissions scored inline)."""
     secrets = Secrets(join=TOKEN, learner=LEARNER_TOKEN, operator=OPERATOR_TOKEN)
     app = build_app(state, MetricsWriter(metrics_path, "coordinator"), secrets,
-                    max_request_bytes=max_request_bytes)
+                    max_request_bytes=max_request_bytes, scoring=scoring)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

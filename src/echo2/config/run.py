@@ -25,6 +25,7 @@ from echo2.config.base import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.evaluation import EvaluationConfig
 from echo2.config.report import ReportConfig
+from echo2.config.scoring import ScoringConfig
 from echo2.config.task import AdditionConfig, TaskConfig
 from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
@@ -212,6 +213,8 @@ class CoordinatorConfig(Frozen):
     """Most prompts one worker may hold leased at once; 0: one learner step's worth
     (grpo.prompts_per_step). A worker that claims to be fast cannot lease the whole staleness
     window and starve the others."""
+    scoring: ScoringConfig = ScoringConfig()
+    """Where and how long rewards are computed (echo2.config.scoring)."""
 
     @model_validator(mode="after")
     def _timeouts_consistent(self) -> CoordinatorConfig:

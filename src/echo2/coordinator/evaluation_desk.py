@@ -1,13 +1,18 @@
 """The coordinator's side of evaluation leases (`echo2.coordinator.evaluations` holds the rules):
 it renders the held-out prompts, checks and scores what workers return with the task (the
-check `echo2 eval` makes), keeps what is due and what is done in the store across restarts, and
-phrases the events metrics.jsonl records."""
+check `echo2 eval` makes; on the server's path in the scoring pool, off the event loop), keeps
+what is due and what is done in the store across restarts, and phrases the events
+metrics.jsonl records."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from echo2.coordinator import events as ev
 from echo2.coordinator.errors import RequestError
 from echo2.coordinator.evaluations import Evaluations, Running
+from echo2.coordinator.score_jobs import Outcome, Scoring, eval_jobs, inline_outcomes
+from echo2.coordinator.score_limits import ScoringLimits
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.store import Store
 from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult, LeaseResponse
@@ -16,10 +21,10 @@ STORE_KEY = "evaluations"
 
 
 class EvaluationDesk:
-    def __init__(self, scorer: Scorer, store: Store, events: list[ev.Event], *, eval_every: int, final_version: int,
-                 problems_per_lease: int, max_new_tokens: int) -> None:
+    def __init__(self, scorer: Scorer, store: Store, events: list[ev.Event], *, limits: ScoringLimits, eval_every: int,
+                 final_version: int, problems_per_lease: int, max_new_tokens: int) -> None:
         """`events`: the coordinator's (shared): this desk's events go there."""
-        self.scorer, self.store = scorer, store
+        self.scorer, self.store, self.limits = scorer, store, limits
         saved = store.get_meta(STORE_KEY, {})
         problems = len(scorer.eval_problems)
         self.board = Evaluations(eval_every=eval_every, final_version=final_version, problems=problems,
@@ -86,29 +91,51 @@ class EvaluationDesk:
             return None
         return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version)
 
-    def submit_checked(self, req: EvalSubmission, now: float) -> EvalAck:
-        """A worker's greedy completions for its evaluation lease, scored here (never trained);
-        refused (RequestError) when the lease is not its or the completions do not fit it."""
-        ack, problem = self.submit(req, now)
-        if ack is None:
-            raise RequestError(409 if "not held" in problem else 422, problem)
-        return ack
+    def submit(self, req: EvalSubmission, now: Callable[[], float]) -> EvalAck:
+        """A worker's greedy completions for its evaluation lease, scored here and now (tests;
+        the server scores off its event loop, `submit_scored`)."""
+        running, start = self.check(req)
+        outcomes = inline_outcomes(self.scorer, eval_jobs(start, req.completions))
+        return self.apply(req, running, start, outcomes, now=now())
 
-    def submit(self, req: EvalSubmission, now: float) -> tuple[EvalAck | None, str]:
-        """(the reply, "") or (None, why the submission is refused: the worker's fault)."""
+    async def submit_scored(self, req: EvalSubmission, scoring: Scoring, now: Callable[[], float]) -> EvalAck:
+        """The server's path: checked, scored by `scoring` (the pool) off the event loop, applied."""
+        running, start = self.check(req)
+        with self.limits.scoring(req.worker_id):
+            outcomes = await scoring.score(eval_jobs(start, req.completions),
+                                           give_up_after=self.limits.strikes_left(req.worker_id))
+        return self.apply(req, running, start, outcomes, now=now())
+
+    def check(self, req: EvalSubmission) -> tuple[Running, int]:
+        """The evaluation this submission answers and the index of its first problem; refused
+        (RequestError) having changed nothing when the lease is not the worker's (409), the
+        completions do not fit it (422) or the scoring limits say no (429)."""
         running = self.board.lease_of(req.worker_id, req.lease_id)
         if running is None:
-            return None, f"evaluation lease {req.lease_id!r} is not held by {req.worker_id!r} (expired or never leased)"
+            raise RequestError(409, self._not_held(req))
         problem = self._check(req, running)
         if problem:
-            return None, problem
-        start = len(running.correct)
-        correct = [self.scorer.eval_correct(start + i, ids) for i, ids in enumerate(req.completions)]
+            raise RequestError(422, problem)
+        self.limits.admit(req.worker_id)
+        return running, len(running.correct)
+
+    def apply(self, req: EvalSubmission, running: Running, start: int, outcomes: list[Outcome], *,
+              now: float) -> EvalAck:
+        """A checked submission's scores, recorded (a completion cut off over its budget is wrong
+        and counts against the worker). The lease is checked again: it may have expired while
+        the completions were scored (409, nothing recorded)."""
+        correct = [value >= 1.0 for value in self.limits.values(req.worker_id, "evaluation", req.lease_id, outcomes)]
+        if self.board.lease_of(req.worker_id, req.lease_id) is not running or len(running.correct) != start:
+            raise RequestError(409, self._not_held(req))
         finished = self.board.record(running, correct, req.gen_time_s, now)
         if finished is not None:
             self._save()
             self.events.append(ev.EvaluationDone(step=finished.version, **finished.__dict__, eval_s=finished.gen_s))
-        return EvalAck(accepted=True, done=finished is not None), ""
+        return EvalAck(accepted=True, done=finished is not None)
+
+    @staticmethod
+    def _not_held(req: EvalSubmission) -> str:
+        return f"evaluation lease {req.lease_id!r} is not held by {req.worker_id!r} (expired or never leased)"
 
     def _check(self, req: EvalSubmission, running: Running) -> str:
         expected = min(self.board.per_lease, self.board.problems - len(running.correct))

@@ -81,6 +81,17 @@ class Activation(Event):
 
 
 @dataclass(frozen=True)
+class CoordinatorStalled(Event):
+    """The coordinator's event loop did not run for `stall_s` (a step of its own that blocked):
+    no worker is taken for silent over that time (each live worker's last sign of life moves
+    forward by it)."""
+
+    kind: ClassVar[str] = "coordinator_stalled"
+    stall_s: float
+    workers_excused: int
+
+
+@dataclass(frozen=True)
 class CoordinatorStats(Event):
     """The run's gauges, once per control period (metric sinks, end-of-run plots)."""
 
@@ -133,6 +144,28 @@ class ReplayRefused(Event):
     lease_id: str
     prompt_index: int
     reason: str
+
+
+@dataclass(frozen=True)
+class ScoringOverBudget(Event):
+    """A completion whose scoring ran past coordinator.scoring.timeout_s (or whose scoring
+    process died, or that was not run: its submission had used up its worker's strikes): it
+    scored 0, its process was killed and replaced, and it counts against its worker (`strikes`
+    of coordinator.scoring.strikes within its strike_window_s; `refused`: the worker's
+    submissions are refused with 429 from now on, for a while)."""
+
+    kind: ClassVar[str] = "scoring_over_budget"
+    worker_id: str
+    what: str
+    """"rollout" or "evaluation"."""
+    lease_id: str
+    completion: int
+    """Its index in the submission."""
+    reason: str
+    pid: int
+    """The scoring process killed for it (0: none)."""
+    strikes: int
+    refused: bool
 
 
 @dataclass(frozen=True)

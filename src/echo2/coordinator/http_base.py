@@ -15,6 +15,7 @@ from echo2.config.tls import TLSConfig
 from echo2.coordinator.errors import RequestError
 from echo2.coordinator.history import RunHistory
 from echo2.coordinator.log_lines import log_event
+from echo2.coordinator.score_jobs import Scoring
 from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
 from echo2.report.metrics import MetricsWriter
@@ -53,6 +54,7 @@ LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
 HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)
+SCORING_KEY = web.AppKey("scoring", Scoring)  # where submissions are scored: the pool, off the event loop
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
 

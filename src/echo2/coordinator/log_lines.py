@@ -1,7 +1,8 @@
 """What the coordinator tells its operator on the console: one plain line for each event that
-changes who works on the run (workers joining, leaving, lost), for each version published and
-for each change of the active set. Built from the same event records metrics.jsonl gets, so
-the two never disagree; per-lease and per-batch events stay in the metrics only.
+changes who works on the run (workers joining, leaving, lost), for each version published, for
+each change of the active set, and for scoring cut off or the coordinator stalling. Built from
+the same event records metrics.jsonl gets, so the two never disagree; per-lease and per-batch
+events stay in the metrics only.
 
 Most of what a line says comes from untrusted workers (ids, engines, relay addresses, reports):
 every interpolated value goes through `_shown`, which escapes control characters, so a worker
@@ -57,6 +58,13 @@ def describe(event: dict) -> tuple[int, str] | None:
     if kind == "activation" and event.get("changed"):
         trigger = f" after {e['trigger']}" if event.get("trigger") else ""
         return logging.INFO, f"active workers now {e.joined('active')}{trigger}: {e['reason']}"
+    if kind == "scoring_over_budget":
+        refused = "; its submissions are refused for a while" if event["refused"] else ""
+        return logging.WARNING, (f"worker {e['worker_id']}'s {e['what']} completion {e['completion']} "
+                                 f"scored 0: {e['reason']} (strike {e['strikes']}{refused})")
+    if kind == "coordinator_stalled":
+        return logging.WARNING, (f"the coordinator stalled for {event['stall_s']:.1f} s; {e['workers_excused']} "
+                                 "workers' timeouts extended by as much")
     if kind == "bad_peer":
         return logging.WARNING, _bad_peer_line(e, event.get("avoided_by"))
     return None

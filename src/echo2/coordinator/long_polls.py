@@ -13,6 +13,7 @@ from aiohttp import web
 from echo2.coordinator.http_base import (
     CHANGED_KEY,
     ROOM_KEY,
+    SCORING_KEY,
     STATE_KEY,
     float_query,
     int_query,
@@ -75,7 +76,9 @@ def _waits_for_room(reply: LeaseResponse) -> bool:
 
 
 async def handle_evaluation(request: web.Request) -> web.Response:
-    return typed_reply(request.app[STATE_KEY].submit_evaluation(await worker_body(request, EvalSubmission)))
+    """Scored off the event loop (the scoring pool), like rollouts."""
+    req = await worker_body(request, EvalSubmission)
+    return typed_reply(await request.app[STATE_KEY].submit_evaluation_scored(req, request.app[SCORING_KEY]))
 
 
 async def handle_evaluation_result(request: web.Request) -> web.Response:

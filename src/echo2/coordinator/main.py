@@ -1,5 +1,6 @@
 """Start the coordinator service for a run: state restored from the run dir's SQLite store,
-HTTP on the configured address, the bound URL written to `<run_dir>/coordinator.json`."""
+its scoring processes, HTTP on the configured address, the bound URL written to
+`<run_dir>/coordinator.json`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from aiohttp import web
 
 from echo2.config.run import RunConfig
 from echo2.coordinator.credentials import coordinator_secrets
-from echo2.coordinator.scoring import make_scorer
+from echo2.coordinator.score_pool import ScoringPool
+from echo2.coordinator.scoring import make_scorer, scorer_recipe
 from echo2.coordinator.server import build_app
 from echo2.coordinator.settings import resolve
 from echo2.coordinator.state import CoordinatorState
@@ -41,11 +43,15 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     task.check()  # loads and validates the task's data before the first lease needs it
     scorer = make_scorer(task, cfg.base_model_path, cfg.sampling.max_new_tokens)
     state = CoordinatorState(resolve(cfg, multi_turn=task.kind == "episode"), store, scorer)
+    # submissions are scored in processes that build the same scorer from the config (off the
+    # event loop, killed when over budget); `scorer` here renders prompts and checks token ids
+    scoring = ScoringPool(scorer_recipe(cfg.task, cfg.seed, cfg.base_model_path, cfg.sampling.max_new_tokens),
+                          processes=cfg.coordinator.scoring.processes, timeout_s=cfg.coordinator.scoring.timeout_s)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)
     secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))
     app = build_app(state, metrics, secrets, max_request_bytes=cfg.coordinator.max_request_bytes,
-                    tls_config=cfg.tls)
+                    tls_config=cfg.tls, scoring=scoring)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, cfg.coordinator.host, cfg.coordinator.port, ssl_context=context)

@@ -120,6 +120,16 @@ class Registry:
         record.last_seen = self.clock()
         return record
 
+    def excuse(self, stall_s: float) -> int:
+        """The coordinator did not run for `stall_s`: no live worker counts that time as silence
+        (its last sign of life moves forward by it, never past now). Returns how many."""
+        now, excused = self.clock(), 0
+        for record in self.workers.values():
+            if record.alive:
+                record.last_seen = min(now, record.last_seen + stall_s)
+                excused += 1
+        return excused
+
     def silent(self, now: float) -> list[str]:
         """Live workers silent past worker_timeout_s, now marked gone."""
         lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > self.worker_timeout_s]

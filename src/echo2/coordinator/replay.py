@@ -46,8 +46,16 @@ class EpisodeScorer:
         rewards = []
         for index, completion in enumerate(completions):
             try:
-                played = replay(self._episode(prompt_index), completion.token_ids, completion.segments)
+                rewards.append(self.reward_of(prompt_index, completion.token_ids, completion.segments))
             except ReplayMismatch as exc:
                 raise ReplayMismatch(f"rollout.completions[{index}] does not replay: {exc}") from None
-            rewards.append(played.reward)
         return rewards
+
+    def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int]) -> float:
+        """One episode's reward from its replay; ReplayMismatch when it does not reproduce."""
+        return replay(self._episode(prompt_index), token_ids, segments).reward
+
+    def warm(self) -> None:
+        """Load what the first replay would (a scoring process does this before it takes work)."""
+        self.task.check()
+        self._episode(0)

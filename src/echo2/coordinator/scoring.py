@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from echo2.config.task import TaskConfig
+from pydantic import TypeAdapter
+
+from echo2.config.task import TaskConfig, TaskConfigBase
 from echo2.envs.transcript import chat_tokenizer, model_vocab_size, tokenizer_file
 from echo2.protocol.messages import RolloutCompletion
+from echo2.tasks import make_task
 from echo2.tasks.base import Problem, TaskAdapter, render_prompt
 
 
@@ -40,9 +43,17 @@ class Scorer:
         return None
 
     def rewards(self, prompt_index: int, completions: list[RolloutCompletion]) -> list[float]:
-        problem = self.problem(prompt_index)
-        return [self.task.reward(problem, self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
-                for c in completions]
+        return [self.reward_of(prompt_index, c.token_ids, c.segments) for c in completions]
+
+    def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int]) -> float:
+        """One completion's reward (`segments`: none, single-turn)."""
+        return self.task.reward(self.problem(prompt_index), self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def warm(self) -> None:
+        """Load what the first reward would (the task's data, the grader's imports): a scoring
+        process does this before it takes work, so no completion's budget pays for it."""
+        self.task.check()
+        self.task.reward(self.problem(0), "\\boxed{\\frac{1}{2}} 1/2")
 
     # ---- held-out evaluation (evaluation leases) ----
     @cached_property
@@ -67,3 +78,18 @@ def make_scorer(task, model_source: str, max_action_tokens: int):
 
         return EpisodeScorer(task, model_source, max_action_tokens)
     return Scorer(task, model_source)
+
+
+def scorer_recipe(task_cfg: TaskConfigBase, seed: int, model_source: str, max_action_tokens: int) -> dict:
+    """How a scoring process builds the coordinator's scorer itself (echo2.coordinator.score_child):
+    plain JSON, nothing pickled; the process calls `factory` with `kwargs`."""
+    return {"factory": f"{__name__}:scorer_from_recipe",
+            "kwargs": {"task": task_cfg.model_dump(mode="json"), "seed": seed, "model_source": model_source,
+                       "max_action_tokens": max_action_tokens}}
+
+
+def scorer_from_recipe(*, task: dict, seed: int, model_source: str, max_action_tokens: int):
+    """The scorer `scorer_recipe` describes, its task's data loaded."""
+    adapter = make_task(TypeAdapter(TaskConfig).validate_python(task), seed)
+    adapter.check()
+    return make_scorer(adapter, model_source, max_action_tokens)

@@ -1,6 +1,8 @@
 """The coordinator's HTTP face (aiohttp): authentication, error mapping, one-line handlers over
-the state machine (the long polls are in `long_polls`, what routes share in `http_base`), and
-the periodic sweep of silent workers and overdue leases."""
+the state machine (the long polls are in `long_polls`, what routes share in `http_base`),
+submissions scored off the event loop (the scoring pool, `build_app(scoring=...)`), and the
+periodic sweep of silent workers and overdue leases (which excuses the coordinator's own
+stalls)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from echo2.coordinator.http_base import (
     LIMIT_KEY,
     METRICS_KEY,
     ROOM_KEY,
+    SCORING_KEY,
     STATE_KEY,
     TLS_KEY,
     WORKER_KEY,
@@ -43,6 +46,7 @@ from echo2.coordinator.long_polls import (
 )
 from echo2.coordinator.probe import check_relay_address, own_address, probe_relay
 from echo2.coordinator.prometheus import add_metrics_route
+from echo2.coordinator.score_jobs import InlineScoring, Scoring
 from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.view import snapshot, stats_event
 from echo2.protocol.learner_api import (
@@ -69,6 +73,8 @@ from echo2.report.metrics import MetricsWriter
 # how often silent workers and overdue leases are looked for; well under worker_timeout_s so a
 # dead worker's prompts return within about one timeout
 SWEEP_INTERVAL_S = 0.25
+STALL_S = 0.5
+"""A sweep woken this much later than asked means the event loop was blocked (by us)."""
 _TOKEN_HINTS = {
     JOIN: "the run's join token (coordinator.auth_token / $ECHO2_AUTH_TOKEN)",
     LEARNER: "the learner token ($ECHO2_LEARNER_TOKEN or <run_dir>/keys/learner.token)",
@@ -141,7 +147,10 @@ async def handle_bad_peer(request: web.Request) -> web.Response:
 
 
 async def handle_rollout(request: web.Request) -> web.Response:
-    reply = request.app[STATE_KEY].submit(await worker_body(request, RolloutSubmission))
+    """Checked, scored off the event loop (heartbeats and everything else are answered
+    meanwhile), then applied whole (the state's submit_scored)."""
+    req = await worker_body(request, RolloutSubmission)
+    reply = await request.app[STATE_KEY].submit_scored(req, request.app[SCORING_KEY])
     if reply.accepted:
         async with request.app[CHANGED_KEY]:
             request.app[CHANGED_KEY].notify_all()
@@ -200,13 +209,25 @@ async def _housekeeping(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     next_control = loop.time()
     while True:
+        slept_from = loop.time()
         await asyncio.sleep(SWEEP_INTERVAL_S)
+        # woken late: the loop itself was blocked, and the heartbeats that came meanwhile are
+        # still unread; the coordinator's own stall must not evict the workers that sent them
+        stall_s = loop.time() - slept_from - SWEEP_INTERVAL_S
+        if stall_s > STALL_S:
+            state.excuse_stall(stall_s)
         state.sweep()
         if loop.time() >= next_control:
             state.control()
             state.events.append(stats_event(state))
             next_control = loop.time() + state.settings.activation.control_period_s
         write_events(app)
+
+
+async def _run_scoring(app: web.Application):
+    await app[SCORING_KEY].start()
+    yield
+    await app[SCORING_KEY].stop()  # after the requests in flight: every scoring process killed and reaped
 
 
 async def _run_housekeeping(app: web.Application):
@@ -221,8 +242,11 @@ async def _run_housekeeping(app: web.Application):
 
 
 def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
-              *, max_request_bytes: int, tls_config: TLSConfig | None = None) -> web.Application:
-    """`tls_config`: the CA the relay probe checks https:// relays against."""
+              *, max_request_bytes: int, tls_config: TLSConfig | None = None,
+              scoring: Scoring | None = None) -> web.Application:
+    """`tls_config`: the CA the relay probe checks https:// relays against. `scoring`: where
+    submissions are scored, started and stopped with the app (the coordinator's ScoringPool;
+    None: inline, on the event loop, for tests)."""
     app = web.Application(
         client_max_size=max_request_bytes, middlewares=[error_middleware, make_auth_middleware(secrets, state)]
     )
@@ -231,6 +255,8 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[TLS_KEY] = tls_config or TLSConfig()
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()
+    app[SCORING_KEY] = scoring or InlineScoring(state.scorer)
+    app.cleanup_ctx.append(_run_scoring)
     app.cleanup_ctx.append(_run_housekeeping)
     app.on_shutdown.append(answer_long_polls_now)
     add_dashboard_routes(app, state, history, secrets.operator)

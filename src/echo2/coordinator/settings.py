@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import ActivationConfig, LoraConfig, RunConfig
+from echo2.config.scoring import ScoringConfig
 from echo2.protocol.messages import SamplingParams
 
 
@@ -39,6 +40,9 @@ class Settings:
     eval_problems_per_lease: int
     fresh_leases: bool
     """train.fresh_leases: lease only as far ahead as keeps the learner from waiting."""
+    scoring: ScoringConfig
+    """coordinator.scoring: the scoring pool's size and budget, and when a worker whose
+    completions run over budget is refused."""
 
 
 def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
@@ -67,4 +71,5 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         final_version=cfg.train.steps,
         eval_problems_per_lease=cfg.evaluation.problems_per_lease,
         fresh_leases=cfg.train.fresh_leases,
+        scoring=cfg.coordinator.scoring,
     )

@@ -1,14 +1,18 @@
 """The coordinator's state machine, free of HTTP: a facade over its parts, which it builds and
 wires to one shared list of events. Every public method either applies a whole change
-(persisted before it returns) or raises `RequestError` having changed nothing.
+(persisted before it returns) or raises `RequestError` having changed nothing. The server's
+submissions (`submit_scored`, `submit_evaluation_scored`) await their scoring in between: they
+are checked, scored while other requests run, then applied in one step that checks the lease
+again (and refuses, changing nothing, if it expired meanwhile); only the scoring's cost is
+kept either way (over-budget strikes, echo2.coordinator.score_limits).
 
 The parts, each owning its data: `registry` (workers, credentials, the join bucket),
 `leases_book` (the prompt queue, cursor and live leases), `groups` (the policy core's data plane
 over stored groups: admission, stale drops, batches, rejections, compaction), `versions`
 (publish checks, the pinned learner key, dissemination), the activation `controller`, the
-rollout `audit` and the `evaluation` desk. The transactions that span them: what workers ask
-(`worker_desk.py`), a rollout from its lease to the buffer (`rollouts.py`) and what the
-learner asks (`learner_desk.py`). `view.py` reads the parts for snapshots and gauges.
+rollout `audit`, the `evaluation` desk and the scoring `limits`. The transactions that span
+them: what workers ask (`worker_desk.py`), a rollout from its lease to the buffer
+(`rollouts.py`) and what the learner asks (`learner_desk.py`). `view.py` reads the parts for snapshots and gauges.
 
 Lifecycle of a prompt: queued -> leased to one worker -> (expired: queued again) ->
 submitted as a group -> buffered -> trained in exactly one step's batch, or dropped as stale.
@@ -28,6 +32,8 @@ from echo2.coordinator.learner_desk import LearnerDesk
 from echo2.coordinator.leases import Lease, LeaseBook
 from echo2.coordinator.registry import Registry, WorkerRecord
 from echo2.coordinator.rollouts import RolloutIntake
+from echo2.coordinator.score_jobs import Scoring
+from echo2.coordinator.score_limits import ScoringLimits
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.settings import Settings
 from echo2.coordinator.store import Store
@@ -57,19 +63,22 @@ class CoordinatorState:
         self.groups = GroupBook(store, self.counters, max_staleness=s.max_staleness, groups_per_step=s.groups_per_step,
                                 max_leases_per_worker=s.max_leases_per_worker, fresh_leases=s.fresh_leases,
                                 current_version=self.versions.current)
+        self.limits = ScoringLimits(strikes=s.scoring.strikes, window_s=s.scoring.strike_window_s, events=self.events,
+                                    clock=clock)
         self.evaluation = self._evaluation_desk() if s.eval_on_workers else None
         parts = dict(registry=self.registry, leases_book=self.leases_book, groups=self.groups, versions=self.versions,
                      controller=self.controller, evaluation=self.evaluation, store=store, events=self.events,
                      clock=clock)
         self.intake = RolloutIntake(registry=self.registry, leases=self.leases_book, groups=self.groups,
                                     versions=self.versions, controller=self.controller, scorer=scorer,
-                                    sampling=s.sampling, store=store, events=self.events, clock=clock)
+                                    sampling=s.sampling, store=store, limits=self.limits, events=self.events,
+                                    clock=clock)
         self.worker_desk = WorkerDesk(**parts, settings=s, scorer=scorer, counters=self.counters)
         self.learner_desk = LearnerDesk(**parts, audit=self.audit, worker_desk=self.worker_desk)
 
     def _evaluation_desk(self) -> EvaluationDesk:
         s = self.settings
-        desk = EvaluationDesk(self.scorer, self.store, self.events, eval_every=s.eval_every,
+        desk = EvaluationDesk(self.scorer, self.store, self.events, limits=self.limits, eval_every=s.eval_every,
                               final_version=s.final_version, problems_per_lease=s.eval_problems_per_lease,
                               max_new_tokens=s.sampling.max_new_tokens)
         if self.latest is not None:
@@ -144,19 +153,31 @@ class CoordinatorState:
     def sweep(self) -> None:
         self.worker_desk.sweep()
 
+    def excuse_stall(self, stall_s: float) -> None:
+        self.worker_desk.excuse_stall(stall_s)
+
     def control(self, trigger: str = "") -> None:
         self.worker_desk.control(trigger)
 
-    # ---- rollouts and evaluations ----
+    # ---- rollouts and evaluations (scored inline here; the server's *_scored, off its loop) ----
     def submit(self, req: m.RolloutSubmission) -> m.SubmitResponse:
         return self.intake.submit(req)
 
+    async def submit_scored(self, req: m.RolloutSubmission, scoring: Scoring) -> m.SubmitResponse:
+        return await self.intake.submit_scored(req, scoring)
+
     def submit_evaluation(self, req: m.EvalSubmission) -> m.EvalAck:
         """A worker's greedy completions for its evaluation lease, scored here (never trained)."""
+        return self._evaluation_for(req).submit(req, self.clock)
+
+    async def submit_evaluation_scored(self, req: m.EvalSubmission, scoring: Scoring) -> m.EvalAck:
+        return await self._evaluation_for(req).submit_scored(req, scoring, self.clock)
+
+    def _evaluation_for(self, req: m.EvalSubmission) -> EvaluationDesk:
         self.registry.live(req.worker_id)
         if self.evaluation is None:
             raise RequestError(409, "this run evaluates on the learner ([evaluation] where); no evaluation leases")
-        return self.evaluation.submit_checked(req, self.clock())
+        return self.evaluation
 
     def evaluation_result(self, version: int) -> m.EvaluationResult:
         if self.evaluation is None:

@@ -153,6 +153,12 @@ class WorkerDesk:
         self.events += [ev.LeaseRequeued(worker_id=lease.worker_id, reason=reason, prompt_index=lease.prompt_index)
                         for lease in leases]
 
+    def excuse_stall(self, stall_s: float) -> None:
+        """The coordinator's event loop was blocked for `stall_s`: the heartbeats sent meanwhile
+        are still unread, so no worker is silent for that time."""
+        excused = self.registry.excuse(stall_s)
+        self.events.append(ev.CoordinatorStalled(stall_s=round(stall_s, 3), workers_excused=excused))
+
     def sweep(self) -> None:
         """Expire silent workers (all their leases go back) and leases held too long."""
         now = self.clock()

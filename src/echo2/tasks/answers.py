@@ -21,10 +21,18 @@ MAX_SCAN_CHARS = 100_000
 """Only the last this many characters of a completion are searched for its answer."""
 VERIFY_TIMEOUT_S = 2
 """math-verify's parse and comparison timeouts (seconds, each)."""
+MAX_EXPONENT = 9999
+"""The largest number an exponent or a factorial's argument may hold (2^{2019} is a competition
+answer; 9^{99999}, 99999! and 2^{10!} cost sympy seconds or more)."""
+MAX_POWER_DIGITS = 100_000
+"""A power estimated to have more digits than this (exponent times the answer's longest
+number: (10^150)^{9999} took 1.2 s to compare) is not computed."""
 
 # ASCII digits only: an answer in fullwidth or other scripts' digits is not read as a number
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?", re.ASCII)
 _SIMPLE = re.compile(r"^\s*-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*-?\d+(?:\.\d+)?)?\s*$", re.ASCII)
+_POWER = re.compile(r"\^|\*\*")
+_DIGITS = re.compile(r"\d+", re.ASCII)
 
 
 def last_boxed(text: str) -> str | None:
@@ -97,7 +105,84 @@ def equivalent(reference: str, answer: str | None) -> bool:
     ref_value, value = _as_fraction(reference), _as_fraction(answer)
     if ref_value is not None and value is not None:
         return ref_value == value
+    if costly(answer):
+        return False
     return _math_verify(reference, answer)
+
+
+def costly(answer: str) -> bool:
+    """Whether parsing `answer` could make sympy compute a huge number: a tower of powers (an
+    exponent holding a power or a factorial, or a^b^c: 9^{9^{9}} took 2.5 s), an exponent with a
+    number over MAX_EXPONENT, a power estimated at over MAX_POWER_DIGITS digits, or a factorial
+    of a number over MAX_EXPONENT or of a group holding a power, a factorial or such a number
+    ((9^{99})!). One pass over an answer of at most MAX_ANSWER_CHARS characters;
+    legitimate answers are plain numbers and small expressions (x^2, 2^{1/2}, \\frac{10!}{3!})."""
+    widest = max((len(run) for run in _DIGITS.findall(answer)), default=0)
+    for op in _POWER.finditer(answer):
+        start = _skip_spaces(answer, op.end())
+        end = _operand_end(answer, start)
+        exponent = answer[start:end]
+        if _POWER.search(exponent) or "!" in exponent or _POWER.match(answer, _skip_spaces(answer, end)):
+            return True
+        runs = _DIGITS.findall(exponent)
+        if _too_big(runs) or max(map(int, runs), default=0) * widest > MAX_POWER_DIGITS:
+            return True
+    for bang in re.finditer("!", answer):
+        before = answer[:bang.start()].rstrip()
+        if before.endswith((")", "}")):
+            argument = _group_before(before)
+        else:
+            number = re.search(r"\d+$", before, re.ASCII)
+            argument = number.group() if number else ""
+        if _POWER.search(argument) or "!" in argument or _too_big(_DIGITS.findall(argument)):
+            return True
+    return False
+
+
+def _too_big(numbers: list[str]) -> bool:
+    return any(len(n) > len(str(MAX_EXPONENT)) or int(n) > MAX_EXPONENT for n in numbers)
+
+
+def _group_before(text: str) -> str:
+    """The (...) or {...} group `text` ends with, nesting included."""
+    close = text[-1]
+    opening, depth = "(" if close == ")" else "{", 0
+    for j in range(len(text) - 1, -1, -1):
+        depth += (text[j] == close) - (text[j] == opening)
+        if depth == 0:
+            return text[j:]
+    return text
+
+
+def _skip_spaces(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
+def _operand_end(text: str, i: int) -> int:
+    """Where the operand starting at `i` ends: a {...} or (...) group (nesting included), a
+    \\command with its {...} arguments, a run of digits, or one character."""
+    if i >= len(text):
+        return i
+    first = text[i]
+    if first in "{(":
+        close, depth = "}" if first == "{" else ")", 0
+        for j in range(i, len(text)):
+            depth += (text[j] == first) - (text[j] == close)
+            if depth == 0:
+                return j + 1
+        return len(text)
+    j = i + 1
+    if first == "\\":
+        while j < len(text) and text[j].isalpha():
+            j += 1
+        while j < len(text) and text[j] == "{":
+            j = _operand_end(text, j)
+    elif first.isdigit():
+        while j < len(text) and text[j].isdigit():
+            j += 1
+    return j
 
 
 def _math_verify(reference: str, answer: str) -> bool:

@@ -1,0 +1,27 @@
+"""A scorer for the scoring pool's tests, built inside its processes from a recipe: the
+addition task's, except that a completion starting with "#" never finishes scoring (a busy
+loop, as sympy computing a tower of powers would be)."""
+
+from __future__ import annotations
+
+from echo2.config.task import AdditionConfig
+from echo2.coordinator.scoring import Scorer
+from echo2.tasks import make_task
+
+HANG = "#"
+
+
+class HangingScorer(Scorer):
+    def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int]) -> float:
+        if self.tokenizer.decode(token_ids, skip_special_tokens=True).startswith(HANG):
+            while True:  # the whole point: only a kill ends this
+                pass
+        return super().reward_of(prompt_index, token_ids, segments)
+
+
+def hanging_scorer(*, model_source: str) -> HangingScorer:
+    return HangingScorer(make_task(AdditionConfig(), seed=0), model_source)
+
+
+def hanging_recipe(model_source: str) -> dict:
+    return {"factory": f"{__name__}:hanging_scorer", "kwargs": {"model_source": model_source}}
