@@ -66,12 +66,14 @@ class LearnerDesk:
             self.controller.observe_outcome(group.worker_id, admitted=False)
         if stale:
             self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale]))
-        batch = self.groups.take(step, now_s=self.clock())
+        batch = self.groups.take(step, now_s=self.clock(), producing=self.leases_book.holders())
         if batch is not None:
             hist = Counter(staleness(step, g.version) for g in batch)
+            largest = Counter(g.worker_id for g in batch).most_common(1)[0][1]
             self.events.append(ev.BatchAssigned(
                 step=step, staleness_hist={str(k): v for k, v in sorted(hist.items())}, max_staleness_seen=max(hist),
-                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer), leased=len(self.leases_book.leases),
+                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer),
+                leased=len(self.leases_book.leases), max_worker_share=round(largest / len(batch), 4),
             ))
         return batch
 
