@@ -94,9 +94,13 @@ class LearnerDesk:
         return len(outcome.retired)
 
     def record_audit(self, report: AuditReport) -> list[str]:
-        """The learner's verdicts on a step's groups; quarantines workers whose groups failed
-        `audit_flags_to_quarantine` times. Returns the workers quarantined now."""
+        """The learner's verdicts on a step's groups: each worker's record discounts the rate the
+        controller credits it with, and workers whose groups failed `audit_flags_to_quarantine`
+        times are quarantined. Returns the workers quarantined now."""
         newly = self.audit.record(report)
+        for worker_id in {verdict.worker_id for verdict in report.groups}:  # credit only for checked work
+            stats = self.audit.workers[worker_id]
+            self.controller.observe_audit(worker_id, audited=stats.audited, failed=stats.failed)
         for worker_id, reason in newly.items():
             self._quarantine(worker_id, reason)
         return sorted(newly)
