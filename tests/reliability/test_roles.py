@@ -11,7 +11,7 @@ import stat
 from types import SimpleNamespace
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, make_state, publish, version_info
+from tests.unit.coordinator_helpers import FakeClock, make_state, past_slow_start, publish, version_info
 from tests.unit.test_coordinator_http import AUTH, LEARNER, OPERATOR, _join, _post, run_with_server
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
@@ -60,6 +60,7 @@ def test_the_join_token_alone_cannot_act_as_the_learner_or_operator(state):
 def test_a_worker_speaks_only_for_itself(state):
     async def scenario(session, url):
         victim = await _join(session, url, "victim")
+        past_slow_start(state, "victim")
         await _post(session, url, "/v1/lease", {"worker_id": "victim", "version": 0, "max_tasks": 2}, victim)
         attacker = await _join(session, url, "attacker")
         return {

@@ -16,6 +16,7 @@ from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.settings import Settings, resolve
 from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.store import Store
+from echo2.policy.trust import Standing
 from echo2.protocol.manifest import build_manifest
 from echo2.protocol.messages import (
     LeaseRequest,
@@ -79,6 +80,13 @@ def publish(state: CoordinatorState, version: int) -> None:
 
 def register(state: CoordinatorState, worker_id: str) -> None:
     state.register(RegisterRequest(worker_id=worker_id, engine="hf"))
+
+
+def past_slow_start(state: CoordinatorState, *worker_ids: str) -> None:
+    """Registered workers with the standing of many accepted groups (no deadline samples), so
+    they may hold the per-worker cap at once: for tests about other rules than slow start."""
+    for worker_id in worker_ids:
+        state.groups.plane.trust.standing[worker_id] = Standing(accepted=16)
 
 
 def lease(state: CoordinatorState, worker_id: str, version: int, max_tasks: int = 1):

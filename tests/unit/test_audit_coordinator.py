@@ -15,6 +15,7 @@ from tests.unit.coordinator_helpers import (
     submission,
 )
 
+from echo2.config.run import ActivationConfig
 from echo2.coordinator.state import RequestError
 from echo2.coordinator.view import snapshot
 from echo2.protocol.learner_api import AuditReport, GroupAudit
@@ -39,7 +40,9 @@ def fill(state, worker_id: str, groups: int) -> None:
 
 
 def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny_model_dir, clock):
-    state = make_state(tmp_path, tiny_model_dir, clock, groups_per_step=2)
+    # max_worker_share 1: oldest-first batches may be one worker's (the share cap is test_lease_trust's)
+    state = make_state(tmp_path, tiny_model_dir, clock, groups_per_step=2,
+                       activation=ActivationConfig(max_worker_share=1.0))
     publish(state, 0)
     for w in ("honest", "liar"):
         register(state, w)

@@ -12,6 +12,7 @@ from tests.unit.coordinator_helpers import (
     event_records,
     lease,
     make_state,
+    past_slow_start,
     publish,
     register,
     submission,
@@ -44,6 +45,7 @@ def test_checkpointed_steps_are_deleted_and_the_rest_replays_exactly(tmp_path, t
     clock = FakeClock()
     state = make_state(tmp_path, tiny_model_dir, clock)
     register(state, "a")
+    past_slow_start(state, "a")
     publish(state, 0)
     batches = [_one_step(state, step) for step in range(6)]
     state.checkpointed(4, step=6)  # the learner checkpointed step 4 and asks for step 6
@@ -66,6 +68,7 @@ def test_checkpointed_steps_are_deleted_and_the_rest_replays_exactly(tmp_path, t
     assert revived.groups.durable_step == 4 and revived.steps_taken == 6
     assert revived.take_batch(5) == batches[5]
     register(revived, "a")
+    past_slow_start(revived, "a")
     assert [g.version for g in _one_step(revived, 6)] == [6, 6]  # and the run goes on
     assert revived.counters.trained == 14
 

@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from tests.unit.coordinator_helpers import FakeClock, make_state, publish
+from tests.unit.coordinator_helpers import FakeClock, make_state, past_slow_start, publish
 
 from echo2.coordinator.credentials import Secrets
 from echo2.coordinator.server import build_app
@@ -124,6 +124,7 @@ def test_bad_requests_get_4xx_and_change_nothing(state):
 def test_batch_long_poll_returns_when_the_batch_fills(state):
     async def scenario(session, url):
         w1 = await _join(session, url, "w1")
+        past_slow_start(state, "w1")
         _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2}, w1)
 
         async def submit_later():
@@ -151,6 +152,7 @@ def test_batch_long_poll_returns_when_the_batch_fills(state):
 def test_learner_hands_a_batch_back(state):
     async def scenario(session, url):
         w1 = await _join(session, url, "w1")
+        past_slow_start(state, "w1")
         _, lease = await _post(session, url, "/v1/lease", {"worker_id": "w1", "version": 0, "max_tasks": 2}, w1)
         for task in lease["tasks"]:
             body = {"worker_id": "w1", "lease_id": task["lease_id"], "version": 0, "gen_time_s": 0.1,

@@ -12,6 +12,7 @@ from tests.unit.coordinator_helpers import (
     answer_ids,
     lease,
     make_state,
+    past_slow_start,
     publish,
     register,
     submission,
@@ -40,6 +41,7 @@ def test_no_work_before_a_version_is_published(state):
 
 def test_lease_submit_batch_round_trip(state):
     register(state, "a")
+    past_slow_start(state, "a")
     publish(state, 0)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     assert len(tasks) == 2 and tasks[0].prompt_ids
@@ -66,6 +68,7 @@ def test_rewards_are_computed_by_the_coordinator(state):
 def test_capacity_and_stale_worker_refusal(state):
     register(state, "a")
     register(state, "b")
+    past_slow_start(state, "a", "b")
     publish(state, 0)
     # S = 1, two groups per step, nothing taken: (1 + 0 + 1) x 2 = 4 groups, at most 2 per worker
     assert len(lease(state, "a", 0, max_tasks=10).tasks) == 2
@@ -191,6 +194,7 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
 def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_dir, clock):
     state = make_state(tmp_path, tiny_model_dir, clock)
     register(state, "a")
+    past_slow_start(state, "a")
     publish(state, 0)
     t1, t2 = lease(state, "a", 0, max_tasks=2).tasks
     state.submit(submission(state, "a", t1.lease_id, 0))
@@ -262,6 +266,7 @@ def _check_invariants(state: CoordinatorState, trained: list) -> None:
 def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_model_dir, clock):
     state = make_state(tmp_path, tiny_model_dir, clock)
     register(state, "a")
+    past_slow_start(state, "a")
     publish(state, 0)
     for task in lease(state, "a", 0, max_tasks=2).tasks:
         state.submit(submission(state, "a", task.lease_id, 0))
@@ -287,6 +292,7 @@ def test_one_worker_cannot_lease_the_whole_window(tmp_path, tiny_model_dir, cloc
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=2)
     register(state, "greedy")
     register(state, "honest")
+    past_slow_start(state, "greedy", "honest")  # a new id's allowance is test_lease_trust's
     publish(state, 0)
     assert len(lease(state, "greedy", 0, max_tasks=100).tasks) == 2
     refused = lease(state, "greedy", 0, max_tasks=100)

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, submission
+from tests.unit.coordinator_helpers import FakeClock, lease, make_state, past_slow_start, publish, submission
 
 from echo2.coordinator.credentials import ROUTE_ROLES, Secrets
 from echo2.coordinator.dashboard import SESSION_COOKIE
@@ -35,6 +35,7 @@ def run(tmp_path, tiny_model_dir):
     for worker_id, price in (("w0", 0.5), ("w1", 1.5)):
         state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price,
                                        relay_address=f"http://{worker_id}:1"))
+    past_slow_start(state, "w0", "w1")
     for task in lease(state, "w0", 0, max_tasks=2).tasks:
         clock.now += 1.0
         state.submit(submission(state, "w0", task.lease_id, 0))

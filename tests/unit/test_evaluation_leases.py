@@ -9,7 +9,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish, register
+from tests.unit.coordinator_helpers import (
+    FakeClock,
+    event_records,
+    lease,
+    make_state,
+    past_slow_start,
+    publish,
+    register,
+)
 from tests.unit.test_coordinator_http import LEARNER, _join, _post, run_with_server
 
 from echo2.coordinator.evaluations import Evaluations
@@ -63,6 +71,7 @@ def state(tmp_path, tiny_model_dir):
     publish(state, 0)
     for worker_id in ("w0", "w1"):
         register(state, worker_id)
+    past_slow_start(state, "w0", "w1")
     return state
 
 
@@ -149,6 +158,7 @@ def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(tmp_path, tin
 
     async def scenario(session, url):
         headers = await _join(session, url, "w2")
+        past_slow_start(state, "w2")
         body = {"worker_id": "w2", "version": 0, "max_tasks": 8}
         _, first = await _post(session, url, "/v1/lease", body, headers)
         assert len(first["tasks"]) == 2  # one step's worth: w2's own cap

@@ -14,7 +14,9 @@ from echo2.protocol.messages import LeaveRequest, RegisterRequest
 
 def _state(tmp_path, tiny_model_dir, provider: str):
     clock = FakeClock()
-    state = make_state(tmp_path, tiny_model_dir, clock, activation=ActivationConfig(provider=provider))
+    # max_worker_share 1: one measured worker may cover the demand alone (here: the cheap one)
+    state = make_state(tmp_path, tiny_model_dir, clock,
+                       activation=ActivationConfig(provider=provider, max_worker_share=1.0))
     for worker_id, price in (("cheap", 1.0), ("dear", 5.0)):
         state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
     for beat in range(1, 4):  # both measured at 100 rollouts/s; demand is 4 rollouts/s

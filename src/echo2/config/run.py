@@ -265,6 +265,10 @@ class ActivationConfig(Frozen):
     release_after_s: float = Field(10.0, ge=0.0)
     """With a releasable provider: how long a worker must stay inactive before it is released
     (a short idle spell is cheaper to ride out than a stop and a cold start)."""
+    max_worker_share: float = Field(0.5, gt=0.0, le=1.0)
+    """Most of a batch one worker's groups fill, and of the demand it is credited with while
+    other measured workers are live (policy/trust.py, policy/credit.py; one worker alone is
+    never capped). 1.0 turns both off."""
 
 
 class LearnerConfig(Frozen):

@@ -67,6 +67,12 @@ class SimSettings(Frozen):
     98.3% against 98.9% and 100%) and, with a fuller window, keeps unmeasured workers from the
     leases that would measure them, which the activation rule does not yet allow for (the demo
     lost 9-21 points to it in real runs)."""
+    slow_start: bool = True
+    """Workers lease under the coordinator's slow start (policy/trust.py), as in `echo2 run`: one
+    lease until a group is accepted, then twice as many per accepted group, new workers sharing
+    a quarter of the window. It costs each new worker its first generations at low concurrency
+    (qwen3_8b, 60 steps at S = 4: 88% whole-run utilization against 95%). The planner-vs-simulator
+    check turns it off: the planner's steady-state fleet does not model it."""
     activation: Literal["plan", "online", "all"] = "plan"
     """"plan": rent the fleet `echo2 plan` chooses, and let the coordinator's activation
     controller (policy/controller.py, settings in [activation]) decide online which of those

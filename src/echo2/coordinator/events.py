@@ -177,6 +177,8 @@ class BatchAssigned(Event):
     lease_window_steps: int
     buffered: int
     leased: int
+    max_worker_share: float
+    """The largest share of the batch's groups one worker sent (activation.max_worker_share caps it)."""
 
 
 @dataclass(frozen=True)

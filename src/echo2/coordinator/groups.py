@@ -52,9 +52,14 @@ def _version(group: TrainGroup) -> int:
     return group.version
 
 
+def _worker(group: TrainGroup) -> str:
+    return group.worker_id
+
+
 class GroupBook:
     def __init__(self, store: Store, counters: Counters, *, max_staleness: int, groups_per_step: int,
-                 max_leases_per_worker: int, fresh_leases: bool, current_version: int) -> None:
+                 max_leases_per_worker: int, fresh_leases: bool, current_version: int,
+                 max_worker_share: float) -> None:
         self.store, self.counters = store, counters
         # steps before the learner's newest checkpoint have no batch left (see `compact`)
         self.durable_step: int = store.get_meta("durable_step", 0)
@@ -62,7 +67,7 @@ class GroupBook:
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             buffer=store.groups_in_state(GroupState.BUFFERED), learner_step=store.get_meta("learner_step", 0),
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=current_version,
-            fresh_leases=fresh_leases,
+            fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share,
         )
         self.seq = store.max_seq() + 1
 
@@ -108,10 +113,11 @@ class GroupBook:
                 self.counters.save(self.store)
         return stale
 
-    def take(self, step: int, now_s: float) -> list[TrainGroup] | None:
+    def take(self, step: int, now_s: float, producing: Iterable[str] = ()) -> list[TrainGroup] | None:
         """A new batch for `step`, recorded with its groups marked trained; None while too few
-        admissible groups are buffered."""
-        batch = self.plane.take_batch(step, now_s=now_s)
+        admissible groups are buffered (or, for a while, too few beside one worker's share:
+        `producing`, the workers holding leases, may still send theirs)."""
+        batch = self.plane.take_batch(step, now_s=now_s, producing=producing)
         if batch is None:
             return None
         ids = [g.lease_id for g in batch]

@@ -66,12 +66,14 @@ class LearnerDesk:
             self.controller.observe_outcome(group.worker_id, admitted=False)
         if stale:
             self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale]))
-        batch = self.groups.take(step, now_s=self.clock())
+        batch = self.groups.take(step, now_s=self.clock(), producing=self.leases_book.holders())
         if batch is not None:
             hist = Counter(staleness(step, g.version) for g in batch)
+            largest = Counter(g.worker_id for g in batch).most_common(1)[0][1]
             self.events.append(ev.BatchAssigned(
                 step=step, staleness_hist={str(k): v for k, v in sorted(hist.items())}, max_staleness_seen=max(hist),
-                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer), leased=len(self.leases_book.leases),
+                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer),
+                leased=len(self.leases_book.leases), max_worker_share=round(largest / len(batch), 4),
             ))
         return batch
 
@@ -92,9 +94,13 @@ class LearnerDesk:
         return len(outcome.retired)
 
     def record_audit(self, report: AuditReport) -> list[str]:
-        """The learner's verdicts on a step's groups; quarantines workers whose groups failed
-        `audit_flags_to_quarantine` times. Returns the workers quarantined now."""
+        """The learner's verdicts on a step's groups: each worker's record discounts the rate the
+        controller credits it with, and workers whose groups failed `audit_flags_to_quarantine`
+        times are quarantined. Returns the workers quarantined now."""
         newly = self.audit.record(report)
+        for worker_id in {verdict.worker_id for verdict in report.groups}:  # credit only for checked work
+            stats = self.audit.workers[worker_id]
+            self.controller.observe_audit(worker_id, audited=stats.audited, failed=stats.failed)
         for worker_id, reason in newly.items():
             self._quarantine(worker_id, reason)
         return sorted(newly)

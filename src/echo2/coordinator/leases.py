@@ -4,7 +4,9 @@ also its task's id on the wire and, once submitted, its group's id: one id, thre
 
 Every change is written through to the store (`pending`: prompts out or waiting) inside the
 caller's transaction, so a restarted coordinator queues exactly the prompts that were out.
-A worker's busy time (holding at least one lease) is measured here, on the coordinator's clock."""
+A worker's busy time (holding at least one lease) is measured here, on the coordinator's clock.
+Each lease carries its own deadline (`policy.trust`: it follows the worker's measured
+lease-to-submit time), past which the sweep requeues it."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class Lease:
     prompt_index: int
     version: int
     leased_at: float
+    expires_at: float
+    """When the sweep takes it back unanswered (leased_at + the worker's deadline)."""
 
 
 class LeaseBook:
@@ -47,8 +51,17 @@ class LeaseBook:
         lease = self.leases.get(lease_id)
         return lease if lease is not None and lease.worker_id == worker_id else None
 
-    def issue(self, record: WorkerRecord, version: int, count: int) -> list[Lease]:
-        """`count` new leases for `record` at `version`: queued prompts first, then new ones."""
+    def held_by_new(self, is_new: Callable[[str], bool]) -> int:
+        """Leases held by workers `is_new` says have no group accepted yet."""
+        return sum(1 for lease in self.leases.values() if is_new(lease.worker_id))
+
+    def holders(self) -> set[str]:
+        """Workers holding at least one lease."""
+        return {lease.worker_id for lease in self.leases.values()}
+
+    def issue(self, record: WorkerRecord, version: int, count: int, deadline_s: float) -> list[Lease]:
+        """`count` new leases for `record` at `version`, each answerable for `deadline_s`: queued
+        prompts first, then new ones."""
         leases = []
         with self.store.tx():
             for _ in range(count):
@@ -56,7 +69,8 @@ class LeaseBook:
                     index = self.queue.popleft()
                 else:
                     index, self.cursor = self.cursor, self.cursor + 1
-                lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, self.clock())
+                now = self.clock()
+                lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, now, now + deadline_s)
                 self.leases[lease.lease_id] = lease
                 if record.leases_held == 0:
                     record.busy_since = lease.leased_at
@@ -89,8 +103,8 @@ class LeaseBook:
             self.queue.appendleft(index)
             self.store.set_pending(index, None)
 
-    def overdue(self, now: float, lease_timeout_s: float) -> list[Lease]:
-        return [lease for lease in self.leases.values() if now - lease.leased_at > lease_timeout_s]
+    def overdue(self, now: float) -> list[Lease]:
+        return [lease for lease in self.leases.values() if now > lease.expires_at]
 
     def _ended(self, worker_id: str) -> None:
         record = self.workers.get(worker_id)

@@ -32,7 +32,10 @@ MAX_BATCH_WAIT_S = 30.0
 MAX_LEASE_WAIT_S = 10.0
 # refusals a lease long-poll waits out: room opens when the learner takes a batch, a version
 # is published or leases end; any other refusal is answered at once
-_WAITS_FOR_ROOM = ("window full", "holding")
+_WAITS_FOR_ROOM = ("window full", "holding", "new workers")
+# a batch held back by the share cap (policy/trust.py) forms when its wait ends, which no
+# request announces: a held batch request looks again this often
+BATCH_RECHECK_S = 0.5
 
 
 async def handle_heartbeat(request: web.Request) -> web.Response:
@@ -110,7 +113,7 @@ async def handle_batch(request: web.Request) -> web.Response:
     while groups is None and loop.time() < deadline and not request.app[ROOM_KEY].closed:
         async with changed:
             try:
-                await asyncio.wait_for(changed.wait(), timeout=deadline - loop.time())
+                await asyncio.wait_for(changed.wait(), timeout=min(deadline - loop.time(), BATCH_RECHECK_S))
             except TimeoutError:
                 pass
         groups = state.take_batch(req.step)

@@ -85,6 +85,7 @@ class RolloutIntake:
         self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
         fresh = self.groups.plane.admits(req.version)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
+        self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
         with self.store.tx():
             if fresh:
                 self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,

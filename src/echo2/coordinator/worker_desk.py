@@ -47,6 +47,7 @@ class WorkerDesk:
         record, credential, old = self.registry.admit(req)
         if old is not None:
             self.release_leases(record.worker_id, reason="reregistered")
+        self.groups.plane.trust.forget(record.worker_id)  # earned by a registration, not an id
         self.controller.join(record.worker_id, req.price_per_hour)
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
@@ -119,11 +120,14 @@ class WorkerDesk:
             return evaluation
         if not self.controller.is_active(record.worker_id):
             return self._spare_or_refused(record, req.version, 1.0, "inactive: idle until activated")
-        mine = len(self.leases_book.held_by(record.worker_id))
-        grant = self.groups.plane.grant(req.version, req.max_tasks, leased=len(self.leases_book.leases), held_by_worker=mine)
+        plane = self.groups.plane
+        grant = plane.grant(req.version, req.max_tasks, leased=len(self.leases_book.leases),
+                            held_by_worker=len(self.leases_book.held_by(record.worker_id)), worker_id=record.worker_id,
+                            held_by_new=self.leases_book.held_by_new(plane.trust.is_new))
         if grant.count == 0:
             return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
-        leases = self.leases_book.issue(record, req.version, grant.count)
+        deadline_s = plane.trust.deadline_s(record.worker_id, self.settings.lease_timeout_s)
+        leases = self.leases_book.issue(record, req.version, grant.count, deadline_s)
         tasks = [Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
                       sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index))
                  for lease in leases]
@@ -168,7 +172,7 @@ class WorkerDesk:
             self.counters.workers_lost += 1
             released = self.release_leases(worker_id, reason="worker_timeout")
             self.events.append(ev.WorkerLost(worker_id=worker_id, leases_requeued=released))
-        overdue = self.leases_book.overdue(now, self.settings.lease_timeout_s)
+        overdue = self.leases_book.overdue(now)
         if overdue:
             self.requeue(overdue, reason="lease_timeout")
         if lost:  # a preempted worker: re-plan now, not at the next control period
@@ -177,6 +181,7 @@ class WorkerDesk:
             self.evaluation.sweep(self.registry.alive_versions(), self.settings.lease_timeout_s, now)
         for worker_id in self.registry.forget(now, self.settings.forget_workers_after_s, self.controller.costless):
             self.controller.forget(worker_id)
+            self.groups.plane.trust.forget(worker_id)
             self.versions.dissemination.forget(worker_id)
 
     def control(self, trigger: str = "") -> None:

@@ -8,9 +8,10 @@ the planner's activation rule for the cheapest set covering what the learner con
 hysteresis so the set does not flap. The admitted share is measured rather than predicted from
 the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
 worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
-measured latencies feed the reported S_min. It also integrates cost: a worker bills for every
-second it is rented, active or idle, until its fleet provider releases it (see
-launch/fleet.py), plus the learner.
+measured latencies feed the reported S_min. Only checked work is credited, and no worker is
+credited with all of the demand while other measured workers are live (`policy.credit`). It
+also integrates cost: a worker bills for every second it is rented, active or idle, until its
+fleet provider releases it (see launch/fleet.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
 heartbeats and submissions; it keeps no I/O of its own.
@@ -31,6 +32,7 @@ from echo2.planner import (
     keep_or_switch,
     min_staleness,
 )
+from echo2.policy.credit import audit_credit, capped_offers
 
 # a rate sample needs this much busy time behind it; shorter ones are mostly round-trip noise
 MIN_SAMPLE_BUSY_S = 0.05
@@ -67,6 +69,9 @@ class WorkerView:
     released_s: float = 0.0
     probation_s: float = 0.0
     """Time active while unmeasured: probation slots go to those with the least."""
+    audited: int = 0
+    audit_failed: int = 0
+    """Its groups the rollout audit checked, and failed (`policy.credit.audit_credit`)."""
     cost: float = 0.0
     last_counters: tuple[int, float] = (0, 0.0)
 
@@ -103,6 +108,7 @@ class ActivationController:
             view.admitted = old.admitted
             view.active_s, view.idle_s, view.released_s, view.cost = old.active_s, old.idle_s, old.released_s, old.cost
             view.probation_s = old.probation_s
+            view.audited, view.audit_failed = old.audited, old.audit_failed  # failures stay with the id
         self.workers[worker_id] = view
 
     def vanish(self, worker_id: str) -> None:
@@ -159,6 +165,12 @@ class ActivationController:
         view = self.workers.get(worker_id)
         if view is not None:
             view.admitted.add(1.0 if admitted else 0.0)
+
+    def observe_audit(self, worker_id: str, *, audited: int, failed: int) -> None:
+        """The worker's audit record so far (cumulative: a report seen twice changes nothing)."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.audited, view.audit_failed = audited, failed
 
     def observe_tokens(self, worker_id: str, tokens: int, gen_s: float) -> None:
         view = self.workers.get(worker_id)
@@ -234,23 +246,7 @@ class ActivationController:
         elif not self.cfg.enabled or not math.isfinite(required) or not offers:
             decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
         else:
-            # new sets are sized with headroom; the current one is only replaced when it misses
-            # the bare requirement: noise inside the [R, headroom x R] band changes nothing
-            proposal = activate(offers, required * self.cfg.headroom)
-            slots = self.cfg.probation_slots
-            if not proposal.feasible:
-                # short: every measured worker, and enough unmeasured ones to cover the rest if
-                # they are as fast as the measured average (all of them once was: a fleet of 144
-                # billed for over an hour while a full window let few of them be measured)
-                decision = ControlDecision(set(measured_ids), required,
-                                           f"no measured set covers demand ({proposal.reason}): all measured", False)
-                slots = max(slots, self._unmeasured_to_cover(offers, required * self.cfg.headroom))
-            else:
-                kept = keep_or_switch(current, proposal, offers, required_rps=required,
-                                      margin=self.cfg.margin)
-                decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
-                if kept.switched and self._too_soon_to_save(current, offers, required, now):
-                    decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
+            decision, slots = self._cover(offers, current, required, now)
             if probation:
                 trial = self._probation_trial(probation, slots)
                 decision.active |= trial
@@ -264,6 +260,31 @@ class ActivationController:
         for worker_id, view in self.workers.items():
             view.active = worker_id in decision.active
         return decision
+
+    def _cover(self, offers: list[Offer], current: dict[str, int], required: float,
+               now: float) -> tuple[ControlDecision, int]:
+        """The measured set to run, and the probation slots beside it. Each offer is credited
+        with at most max_worker_share of the demand while two or more measured workers are live
+        (`policy.credit.capped_offers`), so no single worker covers it alone."""
+        target = required * self.cfg.headroom
+        live_measured = sum(1 for o in offers if self.workers[o.id].alive)
+        offers = capped_offers(offers, max_share=self.cfg.max_worker_share, target_rps=target,
+                               live_measured=live_measured)
+        # new sets are sized with headroom; the current one is only replaced when it misses
+        # the bare requirement: noise inside the [R, headroom x R] band changes nothing
+        proposal = activate(offers, target)
+        if not proposal.feasible:
+            # short: every measured worker, and enough unmeasured ones to cover the rest if
+            # they are as fast as the measured average (all of them once was: a fleet of 144
+            # billed for over an hour while a full window let few of them be measured)
+            decision = ControlDecision({o.id for o in offers}, required,
+                                       f"no measured set covers demand ({proposal.reason}): all measured", False)
+            return decision, max(self.cfg.probation_slots, self._unmeasured_to_cover(offers, target))
+        kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
+        decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
+        if kept.switched and self._too_soon_to_save(current, offers, required, now):
+            decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
+        return decision, self.cfg.probation_slots
 
     @staticmethod
     def _unmeasured_to_cover(offers: list[Offer], required_rps: float) -> int:
@@ -301,7 +322,8 @@ class ActivationController:
                 for worker_id, v in sorted(self.workers.items()) if _candidate(v) and self._measured(v)]
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
-        admitted = view.admitted.value if view.admitted.samples else 1.0
+        """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
+        admitted = (view.admitted.value if view.admitted.samples else 1.0) * audit_credit(view.audited, view.audit_failed)
         if math.isnan(rate) or self.step_time_s.samples == 0:
             return rate * admitted
         # workers swap in every version, so each step costs them one swap of generation time

@@ -9,20 +9,25 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
 
 - lease: refused before the first version and while the worker is more than S versions behind;
   otherwise up to `lease_capacity` groups, where outstanding = leased + buffered, and at most
-  `max_leases_per_worker` held by one worker;
+  `max_leases_per_worker` held by one worker; a worker named by its id is held to what it has
+  earned (`policy.trust`: slow start for new ids, whose leases share a quarter of the window);
 - submit: a group is buffered iff it is admissible at the current learner step;
 - advance(t): the learner asks for step t: buffered groups older than S are dropped;
-- take_batch(t): the oldest P buffered groups (submission order) form step t's batch; the
-  learner's wait for it sets how far ahead workers may generate (`policy.window`).
+- take_batch(t): the oldest P buffered groups (submission order) form step t's batch, at most
+  `batch_share_cap` of them one worker's while other workers' groups are buffered or on their
+  way (`policy.trust`); the learner's wait for it sets how far ahead workers may generate
+  (`policy.window`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from echo2.policy.admission import is_admissible, lease_capacity, worker_may_lease
+from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
 
 G = TypeVar("G")
@@ -34,6 +39,7 @@ NO_VERSION_RETRY_S = 0.5
 STALE_RETRY_S = 0.2
 OWN_CAP_RETRY_S = 0.2
 WINDOW_RETRY_S = 0.1
+NEW_POOL_RETRY_S = 0.5  # new workers' leases come back in a generation time, not a batch
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,18 @@ class DataPlane(Generic[G]):
         steps_taken: int = 0,
         current_version: int = -1,
         fresh_leases: bool = False,
+        worker_of: Callable[[G], str] | None = None,
+        max_worker_share: float = 1.0,
     ) -> None:
         """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
-        whole window of S steps."""
+        whole window of S steps. `worker_of` (None: groups carry no worker, no share cap) and
+        `max_worker_share` bound one worker's part of a batch."""
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
         self.max_leases_per_worker = max_leases_per_worker or groups_per_step
+        self.worker_of, self.max_worker_share = worker_of, max_worker_share
+        self.trust = LeaseTrust()
+        """What each worker id earned: its lease allowance and deadline (`policy.trust`)."""
         self.buffer: list[G] = list(buffer)
         """Admitted groups waiting for a batch, oldest submission first."""
         self.learner_step, self.steps_taken, self.current_version = learner_step, steps_taken, current_version
@@ -92,24 +104,41 @@ class DataPlane(Generic[G]):
             return LeaseGrant(0, STALE_RETRY_S, f"weights too stale: load version >= {newest_needed}")
         return None
 
-    def grant(self, worker_version: int, wanted: int, *, leased: int, held_by_worker: int) -> LeaseGrant:
+    def grant(self, worker_version: int, wanted: int, *, leased: int, held_by_worker: int,
+              worker_id: str | None = None, held_by_new: int = 0) -> LeaseGrant:
         """Groups a worker holding `worker_version` and `held_by_worker` leases may take now, with
-        `leased` leases open in all. Counts only: the caller records the leases it hands out."""
+        `leased` leases open in all. Counts only: the caller records the leases it hands out.
+        With `worker_id` the worker gets what it earned (`trust`); `held_by_new`: the leases held
+        by workers with no accepted group (`trust.is_new`), who share a part of the window."""
         refused = self.refusal(worker_version)
         if refused is not None:
             return refused
-        own_room = self.max_leases_per_worker - held_by_worker
+        cap = self.max_leases_per_worker if worker_id is None else self.trust.allowance(worker_id, self.max_leases_per_worker)
+        own_room = cap - held_by_worker
         if own_room <= 0:
-            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases: return some first")
+            earned = "" if cap == self.max_leases_per_worker else f" (allowed {cap} until more of its groups are accepted)"
+            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first")
         room = lease_capacity(max_staleness=self.window.steps, groups_per_step=self.groups_per_step,
                               worker_version=worker_version, steps_taken=self.steps_taken,
                               outstanding_groups=leased + len(self.buffer))
+        if worker_id is not None and room > 0 and self.trust.is_new(worker_id):
+            pool = self.trust.new_pool(self.window_groups())
+            if held_by_new >= pool:
+                return LeaseGrant(0, NEW_POOL_RETRY_S, f"new workers hold their share of the window ({held_by_new} "
+                                                       "leases): wait until one of theirs is accepted")
+            room = min(room, pool - held_by_new)
         count = min(wanted, room, own_room)
         if count <= 0:
             ahead = f" (leasing {self.window.steps} of S={self.max_staleness} steps ahead)" \
                 if self.window.steps < self.max_staleness else ""
             return LeaseGrant(0, WINDOW_RETRY_S, f"window full: waiting for the learner{ahead}")
         return LeaseGrant(count)
+
+    def window_groups(self) -> int:
+        """Groups the lease window holds at the newest version (leased, buffered or waiting)."""
+        return lease_capacity(max_staleness=self.window.steps, groups_per_step=self.groups_per_step,
+                              worker_version=max(0, self.current_version), steps_taken=self.steps_taken,
+                              outstanding_groups=0)
 
     # ---- rollouts ----
     def admits(self, version: int) -> bool:
@@ -147,10 +176,12 @@ class DataPlane(Generic[G]):
             self.buffer = [g for g in self.buffer if is_admissible(step, self.version_of(g), S)]
         return stale
 
-    def take_batch(self, step: int, now_s: float | None = None) -> list[G] | None:
-        """Step `step`'s batch, the oldest P buffered groups, or None while fewer wait. Call
-        `advance(step)` first (its drops are the caller's to record). `now_s`: the caller's
-        clock, from which the learner's wait for each batch is measured (None: not measured)."""
+    def take_batch(self, step: int, now_s: float | None = None, *, producing: Iterable[str] = ()) -> list[G] | None:
+        """Step `step`'s batch, the oldest P buffered groups (within the share cap), or None while
+        fewer wait. Call `advance(step)` first (its drops are the caller's to record). `now_s`: the
+        caller's clock, from which the learner's wait for each batch is measured (None: not
+        measured, and a batch short of its share cap does not wait). `producing`: workers
+        holding leases now, whose groups a batch short of its share cap may wait for."""
         if step != self.learner_step:
             raise ValueError(f"take_batch({step}) before advance({step}): the learner is at step {self.learner_step}")
         if now_s is not None and (self.asked_at is None or self.asked_at[0] != step):
@@ -158,9 +189,38 @@ class DataPlane(Generic[G]):
         need = self.groups_per_step
         if len(self.buffer) < need:
             return None
-        batch, self.buffer = self.buffer[:need], self.buffer[need:]
+        picked = self._pick(need, producing, now_s)
+        if picked is None:
+            return None
+        chosen = set(picked)
+        batch = [g for i, g in enumerate(self.buffer) if i in chosen]
+        self.buffer = [g for i, g in enumerate(self.buffer) if i not in chosen]
         self.steps_taken = max(self.steps_taken, step + 1)
         if now_s is not None and self.asked_at is not None:
             self.window.observe(now_s - self.asked_at[1], self.step_time_s)
             self.asked_at = None
         return batch
+
+    def _pick(self, need: int, producing: Iterable[str], now_s: float | None) -> list[int] | None:
+        """Buffer positions of the batch: oldest first, at most `batch_share_cap` groups of one
+        worker. Short of that, the batch waits (None) while workers not at the cap that already
+        had a group accepted hold leases, for at most `share_wait_s`; then, or when no such
+        worker exists (a one-worker run), the oldest groups over the cap fill it."""
+        cap = batch_share_cap(self.max_worker_share, need)
+        if self.worker_of is None or cap >= need:
+            return list(range(need))
+        counts: Counter[str] = Counter()
+        chosen: list[int] = []
+        over: list[int] = []
+        for i, group in enumerate(self.buffer):
+            worker = self.worker_of(group)
+            (chosen if counts[worker] < cap else over).append(i)
+            counts[worker] += 1
+            if len(chosen) == need:
+                return chosen
+        at_cap = {w for w, n in counts.items() if n >= cap}
+        others = {w for w in producing if w not in at_cap and not self.trust.is_new(w)}
+        waited_s = None if now_s is None or self.asked_at is None else now_s - self.asked_at[1]
+        if others and waited_s is not None and waited_s < share_wait_s(self.step_time_s):
+            return None
+        return sorted(chosen + over[:need - len(chosen)])

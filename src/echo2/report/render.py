@@ -72,6 +72,9 @@ def _metrics_table(summary: dict[str, Any]) -> Table:
     window = summary.get("lease_window_steps_mean")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]) + (
         f"; leased {window:.2f} steps ahead on average" if window is not None else ""))
+    share = summary.get("max_worker_share_in_batch")
+    if share is not None:
+        table.add_row("largest share of a batch from one worker", f"{share:.0%}")
     if summary.get("s_min_measured") is not None:
         table.add_row("S_min from measured latencies", _fmt(summary["s_min_measured"]))
     _add_data_rows(table, summary)

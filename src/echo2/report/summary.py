@@ -121,6 +121,8 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "max_staleness_trained": max(hist) if hist else None,
         # train.fresh_leases: how many steps ahead workers were let generate, beside the staleness
         "lease_window_steps_mean": _mean_window(records),
+        # activation.max_worker_share caps it while other workers deliver (policy/trust.py)
+        "max_worker_share_in_batch": _largest_share(records),
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),
         **_learner_health(records, steps),
         "learner_tokens_per_s": _learner_tokens(steps),
@@ -140,6 +142,12 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
 def _mean_window(records: list[dict]) -> float | None:
     windows = [r["lease_window_steps"] for r in _of(records, "batch_assigned", "coordinator") if "lease_window_steps" in r]
     return round(sum(windows) / len(windows), 2) if windows else None
+
+
+def _largest_share(records: list[dict]) -> float | None:
+    """The largest share of one batch's groups any one worker sent (None: not recorded)."""
+    shares = [r["max_worker_share"] for r in _of(records, "batch_assigned", "coordinator") if "max_worker_share" in r]
+    return max(shares) if shares else None
 
 
 def _learner_tokens(steps: list[dict]) -> dict[str, float] | None:

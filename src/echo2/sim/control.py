@@ -49,7 +49,7 @@ def initial_counts(scenario: ScenarioConfig) -> tuple[dict[str, int], dict]:
 
 
 def worker_id(w: SimWorker) -> str:
-    return f"w{w.index}"
+    return w.id
 
 
 class Controller:

@@ -1,7 +1,9 @@
 """The coordinator's data plane as the simulator runs it: the policy core
 (`echo2.policy.DataPlane`, the object `CoordinatorState` drives) over light bookkeeping: prompts
 are counts and a buffered group is just its version. Only the accounting is the simulator's
-(counters, the staleness histogram, waking refused workers when room opens).
+(counters, the staleness histogram, leases held per worker, waking refused workers when room
+opens). A worker named by its id leases under the coordinator's slow start (`policy.trust`);
+its groups carry no worker here, so the batch share cap is the coordinator's alone.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ def _version(group: int) -> int:
 
 class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
-                 fresh_leases: bool = False) -> None:
+                 fresh_leases: bool = False, *, slow_start: bool = False) -> None:
+        """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start)."""
         self.core: DataPlane[int] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             fresh_leases=fresh_leases,
         )
+        self.slow_start = slow_start
         self.in_leases = 0
+        self.held: Counter[str] = Counter()
+        """Groups leased per worker id (named in `lease`), for the new workers' pool."""
         self.counters = DataCounters()
         self.on_room: Callable[[], None] = lambda: None
         """Called when lease room opens without a version change (drops, requeued leases), so
@@ -55,26 +61,55 @@ class SimDataPlane:
     def may_lease(self, worker_version: int) -> bool:
         return self.core.may_lease(worker_version)
 
-    def lease(self, worker_version: int, wanted: int, held_by_worker: int = 0) -> int:
-        """Groups granted to a worker holding `worker_version` (0: refused or window full)."""
-        granted = self.core.grant(worker_version, wanted, leased=self.in_leases, held_by_worker=held_by_worker).count
+    def registered(self, worker: str) -> None:
+        """A worker (re)registers: it starts over as new, as at the coordinator."""
+        self.core.trust.forget(worker)
+
+    def lease(self, worker_version: int, wanted: int, held_by_worker: int = 0, worker: str | None = None) -> int:
+        """Groups granted to a worker holding `worker_version` (0: refused or window full);
+        `worker`: its id, for slow start (None: no slow start)."""
+        worker = self._tracked(worker)
+        new = sum(n for w, n in self.held.items() if self.core.trust.is_new(w))
+        granted = self.core.grant(worker_version, wanted, leased=self.in_leases, held_by_worker=held_by_worker,
+                                  worker_id=worker, held_by_new=new).count
         self.in_leases += granted
         self.counters.leased += granted
+        if worker is not None:
+            self.held[worker] += granted
         return granted
 
-    def release(self, groups: int) -> None:
+    def release(self, groups: int, worker: str | None = None) -> None:
         """A preempted worker's leases come back (their prompts go to the next lease)."""
-        self.in_leases -= groups
+        self._returned(groups, worker)
         self.counters.requeued += groups
         self.on_room()
 
-    def submit(self, version: int, groups: int) -> int:
-        """Groups of one lease arrive; returns how many were dropped as stale."""
+    def _tracked(self, worker: str | None) -> str | None:
+        return worker if self.slow_start else None
+
+    def _returned(self, groups: int, worker: str | None) -> None:
         self.in_leases -= groups
-        if self.core.admits(version):
+        worker = self._tracked(worker)
+        if worker is not None:
+            self.held[worker] -= groups
+            if self.held[worker] <= 0:
+                del self.held[worker]
+
+    def submit(self, version: int, groups: int, worker: str | None = None, held_s: float = 0.0) -> int:
+        """Groups of one lease arrive, `held_s` after it was leased; returns how many were
+        dropped as stale."""
+        self._returned(groups, worker)
+        worker = self._tracked(worker)
+        admitted = self.core.admits(version)
+        was_new = worker is not None and self.core.trust.is_new(worker)
+        for _ in range(groups if worker is not None else 0):
+            self.core.trust.submitted(worker, held_s, accepted=admitted)
+        if admitted:
             for _ in range(groups):
                 self.core.add(version)
             self.counters.accepted += groups
+            if was_new:
+                self.on_room()  # it left the new workers' pool: a new worker refused for it may lease
             return 0
         self.counters.dropped_stale += groups
         self.on_room()

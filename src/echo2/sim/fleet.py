@@ -5,8 +5,8 @@ worker). A slot leases up to `tasks_per_lease` groups, generates them in n*G*slo
 (so the worker sustains r rollouts/s), submits them, and leases again. A version's bytes arrive
 in the background, pushed by the broadcast (`rounds.Broadcaster`), or, in pull mode (the local
 system), fetched from the learner once a heartbeat tells the worker of it; the worker then swaps
-them in, which stalls its generations for T_load. Spot workers are
-preempted and come back after a while; the coordinator requeues their leases once it notices.
+them in, which stalls its generations for T_load. Spot workers are preempted and come back
+after a while; the coordinator requeues their leases once it notices.
 A rented worker the activation controller made inactive leases nothing but keeps its weights
 current and bills as idle; a released one (not rented) bills nothing and holds no version.
 Every scheduled event carries the worker's `epoch`, bumped on preemption, so events of a
@@ -83,6 +83,10 @@ class SimWorker:
 
     def newest(self) -> int:
         return max(self.version, self.staged, self.incoming)
+
+    @property
+    def id(self) -> str:
+        return f"w{self.index}"  # its worker id at the coordinator (controller, lease trust)
 
 
 def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
@@ -174,6 +178,7 @@ class Fleet:
     def _connect(self, w: SimWorker) -> None:
         """A rented, live worker with no version: registration tells it the newest (pull mode)
         or the broadcast serves it in its next round (push)."""
+        self.data.registered(w.id)
         if self.announce_s > 0:
             self.heartbeat(w, w.epoch, first=True)
         else:
@@ -229,11 +234,10 @@ class Fleet:
         self.waiting.pop(w, None)
         self.polling.pop(w, None)
         if leased:
-            self.loop.after(requeue_after_s, self.data.release, leased)
+            self.loop.after(requeue_after_s, self.data.release, leased, w.id)
 
     def _bill(self, w: SimWorker) -> None:
-        """Close or open the worker's billing interval: billed while rented and up, as active
-        or idle time."""
+        """Close or open the worker's billing interval: billed while rented and up (active or idle)."""
         now = self.loop.now_s
         if w.billed_from_s is not None:
             spent_s = now - w.billed_from_s
@@ -340,7 +344,7 @@ class Fleet:
             return  # otherwise drain: no new work with the old weights while new ones wait
         while len(w.generations) < w.slots:
             held = sum(g.groups for g in w.generations)
-            groups = self.data.lease(w.version, w.tasks_per_lease, held_by_worker=held)
+            groups = self.data.lease(w.version, w.tasks_per_lease, held_by_worker=held, worker=w.id)
             if groups == 0:
                 self._refused(w)
                 return
@@ -384,7 +388,7 @@ class Fleet:
         rollouts = g.groups * self.group_size
         w.rollouts += rollouts
         self.rollouts += rollouts
-        dropped = self.data.submit(g.version, g.groups)
+        dropped = self.data.submit(g.version, g.groups, worker=w.id, held_s=self.loop.now_s - g.started_s)
         self.on_finished(w, g, dropped)
         self.on_submit()
         self.fill(w)

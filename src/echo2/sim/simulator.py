@@ -34,7 +34,8 @@ class Simulator:
 
         # the data plane: the policy core the coordinator drives, over counts
         groups_per_step = work.prompts_per_step
-        data = SimDataPlane(work.max_staleness, groups_per_step, fresh_leases=sim.fresh_leases)
+        data = SimDataPlane(work.max_staleness, groups_per_step, fresh_leases=sim.fresh_leases,
+                            slow_start=sim.slow_start)
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
