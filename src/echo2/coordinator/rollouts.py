@@ -54,7 +54,8 @@ class RolloutIntake:
             if fresh:
                 self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
-                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions))
+                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions,
+                                           sampling_seed=self._seed(record, lease)))
             else:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
@@ -65,6 +66,13 @@ class RolloutIntake:
         self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
         return SubmitResponse(accepted=False, rewards=rewards,
                               reason=f"stale: step {step} - version {req.version} > S")
+
+    def _seed(self, record: WorkerRecord, lease: Lease) -> int | None:
+        """The seed its tokens were drawn with, for the audit to check: seeded workers on
+        single-turn tasks only."""
+        if record.sampler != "seeded" or self.scorer.episode_seed(lease.prompt_index) is not None:
+            return None
+        return self.leases.seed_of(lease.lease_id)
 
     def _rewards(self, lease: Lease, req: RolloutSubmission) -> list[float]:
         """Computed here, never taken from the worker; a multi-turn transcript that its seed and
