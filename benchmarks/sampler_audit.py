@@ -40,7 +40,7 @@ from echo2.models.weights import model_payload, payload_tensors  # noqa: E402
 from echo2.protocol.messages import RolloutCompletion, TrainGroup  # noqa: E402
 from echo2.rollout.engine import GenRequest  # noqa: E402
 
-MARGINS = (0.01, 0.02, 0.05, 0.1, 0.2)
+MARGINS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 CONFIGS = (("hf-fp32", "float32", torch.float32), ("hf-bf16", "bfloat16", torch.bfloat16))
 
 
@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per generate call")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/sampler_audit.json"))
+    parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
+                        help="tiny: the 1M-parameter character model (fast: thousands of groups)")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/sampler_audit[_tiny].json")
     return parser.parse_args(argv)
 
 
@@ -113,22 +115,42 @@ def run_config(name, wire_name, wire, *, source, masters, rows, args, pad_id) ->
             "seconds": round(time.perf_counter() - started, 1)}
 
 
+def model_source(args) -> tuple[str, list[list[int]] | None]:
+    """The model's directory, and the tiny model's prompts (SmolLM2's come from its chat template)."""
+    if args.model == "smollm2":
+        return str(fetch("smollm2-135m-instruct", str(ROOT / "runs/.cache"), log=lambda line: None).hf_dir), None
+    import tempfile
+
+    from echo2.config.run import ModelConfig
+    from echo2.models.tiny import save_tiny
+
+    out = Path(tempfile.mkdtemp(prefix="sampler-audit-"))
+    save_tiny(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), out, seed=0)
+    tokenizer = load_tokenizer(str(out))
+    rows = [tokenizer.encode(f"{a}+{b}=", add_special_tokens=False) for a in range(4) for b in range(4)]
+    return str(out), rows[: args.prompts]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(0)
-    source = str(fetch("smollm2-135m-instruct", str(ROOT / "runs/.cache"), log=lambda line: None).hf_dir)
+    source, rows = model_source(args)
     masters, tokenizer = load_model(source), load_tokenizer(source)
     trained_like(masters)
-    rows = prompts(tokenizer, args.prompts)
+    rows = rows or prompts(tokenizer, args.prompts)
     results = [run_config(name, wire_name, wire, source=source, masters=masters, rows=rows, args=args,
                           pad_id=tokenizer.pad_token_id) for name, wire_name, wire in CONFIGS]
     for row in results:
         print(json.dumps(row), flush=True)
     audit = AuditConfig()
-    out = {"model": "SmolLM2-135M-Instruct (dequantized Q4_1 GGUF), weights moved ~1e-3 relative",
+    model = ("SmolLM2-135M-Instruct (dequantized Q4_1 GGUF)" if args.model == "smollm2" else
+             "the tiny character model (untrained, 1-layer Qwen3)")
+    out = {"model": model + ", weights moved ~1e-3 relative", "new_tokens": args.new_tokens,
+           "group_size": args.group_size,
            "default_margin": audit.sampler_margin, "recompute_fraction": audit.recompute_fraction,
            "flags_to_quarantine": audit.flags_to_quarantine, "runs": results}
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    default = f"benchmarks/results/sampler_audit{'' if args.model == 'smollm2' else '_tiny'}.json"
+    Path(args.out or ROOT / default).write_text(json.dumps(out, indent=2))
     return 0
 
 

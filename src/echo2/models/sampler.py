@@ -55,7 +55,7 @@ def gumbel_noise(seed: int, samples_N: torch.Tensor, positions_N: torch.Tensor, 
     return -torch.log(-torch.log(uniform))
 
 
-def perturbed(logits_NV: torch.Tensor, temperature: float, seed: int, samples_N: torch.Tensor,
+def perturbed(logits_NV: torch.Tensor, temperature: float, seed: int, *, samples_N: torch.Tensor,
               positions_N: torch.Tensor) -> torch.Tensor:
     """logits / T + Gumbel noise, float64: the sampler's token is its argmax."""
     if temperature <= 0:
@@ -64,10 +64,10 @@ def perturbed(logits_NV: torch.Tensor, temperature: float, seed: int, samples_N:
     return logits_NV.double() / temperature + noise
 
 
-def choose(logits_NV: torch.Tensor, temperature: float, seed: int, samples_N: torch.Tensor,
+def choose(logits_NV: torch.Tensor, temperature: float, seed: int, *, samples_N: torch.Tensor,
            positions_N: torch.Tensor) -> torch.Tensor:
     """The tokens the seeded sampler draws at each (sample, position)."""
-    return perturbed(logits_NV, temperature, seed, samples_N, positions_N).argmax(dim=-1)
+    return perturbed(logits_NV, temperature, seed, samples_N=samples_N, positions_N=positions_N).argmax(dim=-1)
 
 
 def shortfall(logits_NV: torch.Tensor, tokens_N: torch.Tensor, temperature: float, seed: int, *,
@@ -75,5 +75,5 @@ def shortfall(logits_NV: torch.Tensor, tokens_N: torch.Tensor, temperature: floa
     """(N,) how far each token's perturbed score falls below the best one (0: the sampler's own
     choice). An honest engine's tokens fall short only by its numeric differences from the
     logits this is computed with, and only at near-ties."""
-    scores = perturbed(logits_NV, temperature, seed, samples_N, positions_N)
+    scores = perturbed(logits_NV, temperature, seed, samples_N=samples_N, positions_N=positions_N)
     return scores.max(dim=-1).values - scores.gather(-1, tokens_N.long()[:, None]).squeeze(-1)

@@ -32,8 +32,8 @@ class SeededSampler:
         out = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
         for seed in set(self.seeds_R):  # rows of one lease share its seed
             rows = torch.tensor([r for r, s in enumerate(self.seeds_R) if s == seed], device=scores.device)
-            out[rows] = perturbed(scores[rows], self.temperature, seed, self.samples_R[rows],
-                                  positions[rows]).float()
+            out[rows] = perturbed(scores[rows], self.temperature, seed, samples_N=self.samples_R[rows],
+                                  positions_N=positions[rows]).float()
         return out
 
 
