@@ -27,6 +27,8 @@ def _vllm_run(tmp_path: Path, name: str, **sections):
         warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
         sampling={"max_new_tokens": 6, "group_size": 8},
         workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
+        # vLLM samples freely: its log-probs are what the audit checks
+        audit={"require_seeded_sampler": False, **sections.pop("audit", {})},
         **sections,
     )
     config = write_config(tmp_path / f"{name}.toml", cfg)

@@ -34,6 +34,21 @@ class AuditConfig(Frozen):
     cost memory. None: train.max_staleness + 1, the current version and every admissible older
     one. Fewer leaves the oldest admissible groups unaudited (with S = 2 in the demo, most
     trained groups are two versions old)."""
+    require_seeded_sampler: bool = True
+    """Workers must draw tokens with the seeded sampler (the HF engine does; vLLM samples freely):
+    then the audit checks that every token of a recomputed group is the one the lease's seed
+    picks, which catches a worker that chooses its tokens and reports their true log-probs.
+    Off: free-sampling workers may join, and their groups are checked by log-probs only."""
+    sampler_margin: float = Field(0.5, gt=0)
+    """How far (in perturbed-score units: logits / T plus Gumbel noise) a token may fall short of
+    the seeded sampler's choice and still count as its choice: an honest engine differs from the
+    learner's logits only by numerics, so only near-ties fall short, by about those numerics.
+    Measured on SmolLM2-135M (benchmarks/results/sampler_audit.json): 0 with the HF engine in
+    fp32, up to 0.23 for an engine computing in bf16; a token chosen by the worker instead falls
+    short by the Gumbel gap, typically a nat or more."""
+    max_sampler_violations: int = Field(0, ge=0)
+    """Tokens of a recomputed group allowed to fall short by more than sampler_margin before the
+    group fails the audit."""
     flags_to_quarantine: int = Field(2, ge=1)
     """Failed groups after which the coordinator quarantines a worker: its buffered groups are
     dropped, its leases and submissions refused, and its id can never register again. A failed

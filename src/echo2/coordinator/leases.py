@@ -1,6 +1,8 @@
 """Prompts handed out: the queue of prompts to lease again (expired, requeued or redone, oldest
-work first), the cursor into the task's prompt stream, and the live leases. A lease's id is
-also its task's id on the wire and, once submitted, its group's id: one id, three roles.
+work first), the cursor into the task's prompt stream, and the live leases. A lease's id
+(`lease_id`) names it on every message, and names its group once submitted. Each lease has a
+sampler seed (`seed_of`), keyed by a secret the store keeps, so no worker can choose or predict
+it and a restarted coordinator derives the same one.
 
 Every change is written through to the store (`pending`: prompts out or waiting) inside the
 caller's transaction, so a restarted coordinator queues exactly the prompts that were out.
@@ -10,6 +12,9 @@ lease-to-submit time), past which the sweep requeues it."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -22,7 +27,7 @@ from echo2.coordinator.store import Store
 @dataclass
 class Lease:
     lease_id: str
-    """= the task id the worker sees = the group id its submission becomes."""
+    """Names the lease on every message, and the group its submission becomes."""
     worker_id: str
     prompt_index: int
     version: int
@@ -37,11 +42,25 @@ class LeaseBook:
         self.store, self.workers, self.clock = store, workers, clock
         self.leases: dict[str, Lease] = {}
         self.cursor: int = store.get_meta("cursor", 0)
+        self.seed_key = bytes.fromhex(self._seed_key_hex(store))
         # prompts that were leased when we stopped go back to the queue: their leases died with us
         self.queue: deque[int] = deque(store.pending_prompts())
         with store.tx():
             for index in self.queue:
                 store.set_pending(index, None)
+
+    @staticmethod
+    def _seed_key_hex(store: Store) -> str:
+        key = store.get_meta("sampler_seed_key")
+        if key is None:
+            key = secrets.token_hex(32)
+            store.set_meta("sampler_seed_key", key)
+        return key
+
+    def seed_of(self, lease_id: str) -> int:
+        """The seeded sampler's 32-bit seed for this lease (models/sampler.py)."""
+        digest = hmac.new(self.seed_key, lease_id.encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:4], "big")
 
     def held_by(self, worker_id: str) -> list[Lease]:
         return [lease for lease in self.leases.values() if lease.worker_id == worker_id]

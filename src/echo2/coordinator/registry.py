@@ -48,6 +48,8 @@ class WorkerRecord:
     """What its heartbeats say (reported beside the measurement, never used to decide)."""
     claimed_bytes_relayed: int = 0
     claimed_dissemination_s: float | None = None
+    sampler: str = "seeded"
+    """How it says its engine draws tokens ("seeded" or "free", RegisterRequest.sampler)."""
     """Its heartbeats' weight bytes relayed to peers and last publish-to-loaded time (shown on
     the dashboard and /metrics; nothing is decided on them)."""
 
@@ -94,7 +96,8 @@ class Registry:
             self.credentials.pop(old.credential_digest, None)
         credential, digest = new_worker_credential()
         record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock(),
-                              upload_bps=req.upload_bps, download_bps=req.download_bps, credential_digest=digest)
+                              upload_bps=req.upload_bps, download_bps=req.download_bps, credential_digest=digest,
+                              sampler=req.sampler)
         if old is not None:
             record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
         self.workers[worker_id] = record

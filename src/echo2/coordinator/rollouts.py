@@ -90,7 +90,8 @@ class RolloutIntake:
             if fresh:
                 self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
-                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions))
+                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions,
+                                           sampling_seed=self._seed(record, lease)))
             else:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
@@ -117,6 +118,13 @@ class RolloutIntake:
         if self.scorer.max_episode_tokens is not None:  # what verifying the episodes cost us
             self.events.append(ev.EpisodesReplayed(worker_id=req.worker_id, episodes=len(rewards), replay_s=scoring_s))
         return rewards
+
+    def _seed(self, record: WorkerRecord, lease: Lease) -> int | None:
+        """The seed its tokens were drawn with, for the audit to check: seeded workers on
+        single-turn tasks only."""
+        if record.sampler != "seeded" or self.scorer.episode_seed(lease.prompt_index) is not None:
+            return None
+        return self.leases.seed_of(lease.lease_id)
 
     def _measure(self, record: WorkerRecord) -> None:
         """Throughput as the coordinator sees it: validated rollouts per second of holding

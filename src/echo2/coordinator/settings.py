@@ -30,6 +30,7 @@ class Settings:
     forget_workers_after_s: float
     registrations_per_minute: float
     audit_flags_to_quarantine: int
+    require_seeded_sampler: bool
     lora: LoraConfig | None
     """grpo.lora when the run trains adapters: told to workers at registration."""
     eval_on_workers: bool
@@ -65,6 +66,7 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         forget_workers_after_s=cfg.coordinator.forget_workers_after_s,
         registrations_per_minute=cfg.coordinator.registrations_per_minute,
         audit_flags_to_quarantine=cfg.audit.flags_to_quarantine,
+        require_seeded_sampler=cfg.audit.require_seeded_sampler,
         lora=cfg.grpo.lora,
         eval_on_workers=cfg.evaluation.on_workers(multi_turn=multi_turn),
         eval_every=cfg.train.eval_every,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from echo2.coordinator import events as ev
+from echo2.coordinator.errors import RequestError
 from echo2.coordinator.evaluation_desk import EvaluationDesk
 from echo2.coordinator.groups import Counters, GroupBook
 from echo2.coordinator.leases import Lease, LeaseBook
@@ -44,6 +45,11 @@ class WorkerDesk:
         worker must carry; only an evicted or departed worker's id can register again (its old
         credential and leases are void). `source`, the caller's address, is rate-limited."""
         self.registry.take_join_token(source)
+        if self.settings.require_seeded_sampler and req.sampler != "seeded":
+            raise RequestError(422, f"sampler {req.sampler!r}: this run audits every worker's tokens against the "
+                                    "seeded sampler (audit.require_seeded_sampler = true), which the hf engine "
+                                    "uses; run this worker with engine = 'hf', or set audit.require_seeded_sampler "
+                                    "= false on the run (free-sampling workers are then audited by log-probs only)")
         record, credential, old = self.registry.admit(req)
         if old is not None:
             self.release_leases(record.worker_id, reason="reregistered")
@@ -128,10 +134,14 @@ class WorkerDesk:
             return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
         deadline_s = plane.trust.deadline_s(record.worker_id, self.settings.lease_timeout_s)
         leases = self.leases_book.issue(record, req.version, grant.count, deadline_s)
-        tasks = [Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
-                      sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index))
-                 for lease in leases]
+        tasks = [self._task(lease) for lease in leases]
         return LeaseResponse(tasks=tasks)
+
+    def _task(self, lease: Lease) -> Task:
+        episode_seed = self.scorer.episode_seed(lease.prompt_index)
+        return Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
+                    sampling=self.settings.sampling, episode_seed=episode_seed,
+                    sampling_seed=self.leases_book.seed_of(lease.lease_id) if episode_seed is None else None)
 
     def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
         if self.evaluation is None:

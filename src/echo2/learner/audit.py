@@ -12,9 +12,12 @@ charge honest workers the bf16 rounding: 0.05-0.10 nats per token on SmolLM2-135
 1e-5 under the wire version. A group whose
 mean |difference| per token exceeds `audit.max_mean_abs_logprob_diff` fails: fabricated
 log-probs, tokens from another model or version, or tokens edited after sampling all show up
-there. What the audit cannot see: a worker that samples honestly from the right version and then
-chooses which groups to return (it still never chooses the rewards, which the coordinator
-computes).
+there. A worker that draws with the seeded sampler (every HF worker) has the chosen groups'
+tokens checked too (`sampler_audit.py`): each must be the token its lease's seed picks under the
+claimed version, so choosing tokens and reporting their true log-probs fails. What the audit
+cannot see: a worker that samples honestly from the right version and then chooses which groups
+to return (it still never chooses the rewards, which the coordinator computes), and tokens of
+free-sampling workers (vLLM) beyond their log-probs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from echo2.learner.batching import Samples, flatten
 from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
+from echo2.learner.sampler_audit import group_shortfalls, violations
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit
 from echo2.protocol.messages import TrainGroup
@@ -137,6 +141,8 @@ class Auditor:
         # from version t - S)
         capacity = max_staleness + 1 if cfg.cached_versions is None else cfg.cached_versions
         self.cache = VersionCache(capacity if cfg.enabled else 0)
+        # this step's sampler checks: lease id -> tokens short of the seeded sampler's choice
+        self.sampler_checked: dict[str, int] = {}
 
     @property
     def tolerance(self) -> float | None:
@@ -159,17 +165,36 @@ class Auditor:
         training: a failure skips the step before anything is applied)."""
         if not self.cfg.enabled:
             return []
+        self.sampler_checked = {}
         by_version: dict[int, list[TrainGroup]] = {}
+        verdicts = []
         for group in groups:
-            if self.needs_recompute(group, step) and chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
+            if not chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
+                continue
+            if self.needs_recompute(group, step):
                 if group.version in self.cache.payloads:
                     by_version.setdefault(group.version, []).append(group)
-        verdicts = []
+            elif group.sampling_seed is not None:  # its log-probs are checked inside the step
+                self.sampler_checked[group.lease_id] = self._sampler_violations(
+                    model, None, group, temperature=temperature, pad_id=pad_id, precision=precision)
+                if self.sampler_checked[group.lease_id] > self.cfg.max_sampler_violations:  # known before the step
+                    verdicts.append(self._verdict(group, 0.0, recomputed=False))
         for version, members in sorted(by_version.items()):
-            diffs = recompute_mean_abs_diff(model, self.cache.get(version), members, grpo=grpo,
+            state = self.cache.get(version)
+            diffs = recompute_mean_abs_diff(model, state, members, grpo=grpo,
                                             temperature=temperature, pad_id=pad_id, precision=precision)
+            for group in members:
+                if group.sampling_seed is not None:
+                    self.sampler_checked[group.lease_id] = self._sampler_violations(
+                        model, state, group, temperature=temperature, pad_id=pad_id, precision=precision)
             verdicts += [self._verdict(g, d, recomputed=True) for g, d in zip(members, diffs, strict=True)]
         return verdicts
+
+    def _sampler_violations(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, group: TrainGroup,
+                            *, temperature: float, pad_id: int, precision: Precision) -> int:
+        shortfalls = group_shortfalls(model, state, group, temperature=temperature, pad_id=pad_id,
+                                      precision=precision)
+        return violations(shortfalls, self.cfg.sampler_margin)
 
     def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:
         """Verdicts on the groups generated at the learner's current version, from the mean
@@ -180,9 +205,13 @@ class Auditor:
         return [self._verdict(g, d, recomputed=False) for g, d in zip(groups, diffs, strict=True) if g.version == step]
 
     def _verdict(self, group: TrainGroup, diff: float, recomputed: bool) -> GroupAudit:
+        """Failed when its log-probs are off by more than the tolerance, or more of its tokens
+        than allowed are not the seeded sampler's choice (`sampler_checked` this step)."""
+        sampler = self.sampler_checked.get(group.lease_id)
+        failed = diff > self.cfg.max_mean_abs_logprob_diff or (sampler or 0) > self.cfg.max_sampler_violations
         return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version,
                           tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,
-                          recomputed=recomputed, failed=diff > self.cfg.max_mean_abs_logprob_diff)
+                          recomputed=recomputed, sampler_violations=sampler, failed=failed)
 
 
 def audit_summary(verdicts: list[GroupAudit]) -> dict:
@@ -198,4 +227,6 @@ def audit_summary(verdicts: list[GroupAudit]) -> dict:
             w["max_passed_diff"] = max(w["max_passed_diff"], v.mean_abs_logprob_diff)
     return {"groups_audited": len(verdicts), "groups_recomputed": sum(v.recomputed for v in verdicts),
             "groups_failed": sum(v.failed for v in verdicts), "by_worker": by_worker,
+            "groups_sampler_checked": sum(v.sampler_violations is not None for v in verdicts),
+            "sampler_violations": sum(v.sampler_violations or 0 for v in verdicts),
             "failed_lease_ids": [v.lease_id for v in verdicts if v.failed]}

@@ -180,9 +180,9 @@ class Learner:
                                                   pad_id=self.tokenizer.pad_token_id,
                                                   precision=self.precision) if self.io else []
         failed = [v for v in verdicts if v.failed]
-        reason = (f"rollout audit: {len(failed)} group(s) recomputed under the versions they claim differ by more "
-                  f"than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token "
-                  f"(workers {sorted({v.worker_id for v in failed})})") if failed else ""
+        reason = (f"rollout audit: {len(failed)} group(s) checked under the versions they claim have log-probs off "
+                  f"by more than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token or tokens the seeded "
+                  f"sampler would not have drawn (workers {sorted({v.worker_id for v in failed})})") if failed else ""
         if self.ranks.sharded:  # every rank skips, or none does
             reason = self.ranks.broadcast_json(reason)
         if reason:

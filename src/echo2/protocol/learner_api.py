@@ -64,6 +64,10 @@ class GroupAudit(BaseModel):
     recomputed: bool
     """True: recomputed under the published version it claims (the wire payload); False: checked
     by the learner's own step at its current version (a wire equal to the learner's weights)."""
+    sampler_violations: int | None = Field(None, ge=0)
+    """Tokens that fall short of the seeded sampler's choice by more than audit.sampler_margin
+    under the claimed version; None: not checked (a free-sampling worker, a multi-turn group, or
+    a group the keyed hash did not pick)."""
     failed: bool
 
 

@@ -81,6 +81,11 @@ class RegisterRequest(Message):
     """Declared link speeds (bits/s) the broadcast planner builds the relay tree from."""
     release: str = Field("", max_length=64)
     """The worker's echo2 release, named (with the protocol) when its protocol is refused."""
+    sampler: Literal["seeded", "free"] = "seeded"
+    """How its engine draws tokens: "seeded", the seeded sampler (`models/sampler.py`) with each
+    lease's seed, which the learner's audit checks token by token; "free", the engine's own
+    sampling (vLLM), audited by log-probs only and refused unless audit.require_seeded_sampler
+    is off."""
 
 
 class RegisterResponse(Message):
@@ -185,6 +190,9 @@ class Task(BaseModel):
     episode_seed: int | None = None
     """Multi-turn tasks: the seed the episodes of this group start from (the coordinator replays
     them from it); None for single-turn tasks."""
+    sampling_seed: int | None = None
+    """Single-turn tasks: the seed the seeded sampler draws this group's tokens with (chosen by
+    the coordinator, checked by the learner's audit); None for multi-turn tasks."""
 
 
 class EvalTask(BaseModel):
@@ -289,6 +297,9 @@ class TrainGroup(BaseModel):
     worker_id: str
     rewards: list[float]
     completions: list[RolloutCompletion]
+    sampling_seed: int | None = None
+    """The lease's sampler seed when its worker draws with the seeded sampler (the audit checks
+    its tokens against it); None: a free-sampling worker or a multi-turn group."""
 
 
 class OkResponse(Message):

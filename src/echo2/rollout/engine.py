@@ -17,6 +17,9 @@ class GenRequest:
     """Completions to sample for this prompt (the GRPO group size)."""
     temperature: float
     max_new_tokens: int
+    seed: int | None = None
+    """The lease's sampler seed: an engine with `seeded = True` draws with the seeded sampler
+    (models/sampler.py: sample i of the request is sample index i); None: its own sampling."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class Completion:
 
 
 class Engine(ABC):
+    seeded = False
+    """Draws with the seeded sampler when a request carries a seed (the audit checks it)."""
+
     @abstractmethod
     def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         """One list of `n` completions per request, in request order. Blocking."""

@@ -63,7 +63,7 @@ def sample_groups(engine: Engine, episodes: EpisodePlayer | None, tasks: list[Ta
     """Blocking: G completions per leased task, or G episodes per task for a multi-turn task."""
     if episodes is not None:
         return [[completion(e) for e in group] for group in episodes.play(tasks)]
-    requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature, t.sampling.max_new_tokens)
-                for t in tasks]
+    requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature, t.sampling.max_new_tokens,
+                           seed=t.sampling_seed) for t in tasks]
     return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in group]
             for group in engine.generate(requests)]

@@ -4,6 +4,7 @@ processed scores, i.e. exactly the distribution each token was sampled from."""
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessorList
 
 from echo2.config.run import LoraConfig
 from echo2.models.device import resolve_device, resolve_dtype
@@ -14,7 +15,31 @@ from echo2.models.weights import load_into
 from echo2.rollout.engine import Completion, Engine, GenRequest
 
 
+class SeededSampler:
+    """A logits processor for HF generate: at each step, logits / T plus the seeded sampler's
+    Gumbel noise (models/sampler.py), whose argmax greedy decoding then takes: an exact draw
+    from softmax(logits / T) that the learner can recompute."""
+
+    def __init__(self, *, temperature: float, prompt_width: int, seeds_R: list[int], samples_R: torch.Tensor) -> None:
+        self.temperature, self.width = temperature, prompt_width
+        self.seeds_R, self.samples_R = seeds_R, samples_R
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from echo2.models.sampler import perturbed
+
+        position = input_ids.shape[1] - self.width
+        positions = torch.full_like(self.samples_R, position)
+        out = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
+        for seed in set(self.seeds_R):  # rows of one lease share its seed
+            rows = torch.tensor([r for r, s in enumerate(self.seeds_R) if s == seed], device=scores.device)
+            out[rows] = perturbed(scores[rows], self.temperature, seed, samples_N=self.samples_R[rows],
+                                  positions_N=positions[rows]).float()
+        return out
+
+
 class HFEngine(Engine):
+    seeded = True
+
     def __init__(self, model, tokenizer) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -61,16 +86,18 @@ class HFEngine(Engine):
             return []
         # one generate call per (temperature, max_new_tokens) setting; a lease normally has one
         out: list[list[Completion]] = [[] for _ in requests]
-        by_setting: dict[tuple[float, int], list[int]] = {}
+        by_setting: dict[tuple[float, int, bool], list[int]] = {}
         for index, req in enumerate(requests):
-            by_setting.setdefault((req.temperature, req.max_new_tokens), []).append(index)
-        for (temperature, max_new), indices in by_setting.items():
-            flat = iter(self._sample([requests[i] for i in indices], temperature, max_new))
+            seeded = req.seed is not None and req.temperature > 0
+            by_setting.setdefault((req.temperature, req.max_new_tokens, seeded), []).append(index)
+        for (temperature, max_new, seeded), indices in by_setting.items():
+            flat = iter(self._sample([requests[i] for i in indices], temperature, max_new, seeded=seeded))
             for i in indices:
                 out[i] = [next(flat) for _ in range(requests[i].n)]
         return out
 
-    def _sample(self, requests: list[GenRequest], temperature: float, max_new: int) -> list[Completion]:
+    def _sample(self, requests: list[GenRequest], temperature: float, max_new: int, *,
+                seeded: bool) -> list[Completion]:
         """The n completions of each request; each prompt computed once when the model allows it
         (its cache expanded to its n rows: 4x faster on SmolLM2-135M with 45-token prompts)."""
         prompts = [req.prompt_ids for req in requests]
@@ -81,22 +108,20 @@ class HFEngine(Engine):
         rows_R = torch.repeat_interleave(torch.arange(len(prompts), device=self.device),
                                          torch.tensor([req.n for req in requests], device=self.device))
         extra = self._prompt_cache(ids, mask, rows_R) if width > 1 and supports_shared_prefix(self.model) else {}
-        gen = self.model.generate(
-            input_ids=ids[rows_R],
-            attention_mask=mask[rows_R],
-            do_sample=True,
-            temperature=temperature,
-            top_k=0,  # no truncation: the learner scores tokens under the full softmax
-            top_p=1.0,
-            max_new_tokens=max_new,
-            pad_token_id=pad,
-            eos_token_id=eos,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **extra,
-        )
+        if seeded:  # greedy over the seeded sampler's perturbed scores; log-probs from the raw logits
+            first_row = torch.cumsum(torch.tensor([0] + [req.n for req in requests[:-1]], device=self.device), 0)
+            samples_R = torch.arange(len(rows_R), device=self.device) - first_row[rows_R]
+            seeds_R = [requests[r].seed for r in rows_R.tolist()]
+            sampler = SeededSampler(temperature=temperature, prompt_width=width, seeds_R=seeds_R, samples_R=samples_R)
+            sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler]), "output_logits": True}
+        else:  # no truncation: the learner scores tokens under the full softmax
+            sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "output_scores": True}
+        gen = self.model.generate(input_ids=ids[rows_R], attention_mask=mask[rows_R], max_new_tokens=max_new,
+                                  pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
+                                  **sampling, **extra)
         new_ids = gen.sequences[:, width:]
-        logp_NT = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in gen.scores], dim=1)
+        steps = [s.float() / temperature for s in gen.logits] if seeded else [s.float() for s in gen.scores]
+        logp_NT = torch.stack([torch.log_softmax(s, dim=-1) for s in steps], dim=1)
         token_logp = logp_NT.gather(-1, new_ids[..., None]).squeeze(-1)
         completions = []
         for row, row_logp in zip(new_ids.tolist(), token_logp.tolist(), strict=True):

@@ -193,7 +193,8 @@ class Worker:
         cfg = self.cfg
         req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
-                              download_bps=cfg.bandwidth_bps, release=RELEASE)
+                              download_bps=cfg.bandwidth_bps, release=RELEASE,
+                              sampler="seeded" if cfg.engine == "hf" else "free")
         try:
             reg = registration_reply(await self._join(req))
         except RefusedError as exc:
