@@ -166,7 +166,7 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     # the first idling decision runs the cheapest set that covers demand at the rates measured
     # then (the workers are equally fast in principle, but two shared cores make them differ);
     # estimates list measured workers only: any other active one is on probation beside them
-    estimates = first["estimates_rps"]
+    estimates = _credited(first["estimates_rps"], first["required_rps"])
     chosen = [w for w in first["active"] if w in estimates]
     assert covers(sum(estimates[w] for w in chosen), first["required_rps"]), first
     assert _price(chosen, prices) == _cheapest_cover(estimates, prices, first["required_rps"]), first
@@ -174,12 +174,12 @@ def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     before = [r for r in decisions if r["time"] < lost["time"]][-1]
     replan = next(r for r in decisions if r["trigger"] == f"lost {cheapest}")  # at once, not next period
     assert replan["time"] - lost["time"] < 0.1 and cheapest not in replan["active"], replan
-    estimates = replan["estimates_rps"]
+    estimates = _credited(replan["estimates_rps"], replan["required_rps"])
     survivors = {w for w in before["active"] if w in estimates} - {cheapest}  # measured ones
     idle = set(estimates) - set(before["active"])
     if not estimates:  # nobody left measured: run everyone
         assert set(replan["active"]) == set(before["active"]) - {cheapest} | idle, replan
-    elif sum(estimates[w] for w in survivors) < replan["required_rps"] and idle:
+    elif not covers(sum(estimates[w] for w in survivors), replan["required_rps"]) and idle:
         assert set(replan["active"]) - set(before["active"]), ("short of demand, yet no replacement", before, replan)
     else:  # the survivors still cover demand: a new set only if it costs less than they do
         measured = sorted(w for w in replan["active"] if w in estimates)
@@ -194,6 +194,14 @@ def _lost(run_dir, worker_id: str) -> dict | None:
 
 def _price(workers: list[str], prices: list[float]) -> float:
     return sum(prices[int(w[1:])] for w in workers)
+
+
+def _credited(estimates: dict[str, float], required: float, max_share: float = 0.5) -> dict[str, float]:
+    """The rates the controller credits (policy.credit.capped_offers, activation.max_worker_share
+    at its default, headroom 1 here): with two or more measured workers none above the share."""
+    if len(estimates) < 2:
+        return estimates
+    return {w: min(rate, max_share * required) for w, rate in estimates.items()}
 
 
 def _cheapest_cover(estimates: dict[str, float], prices: list[float], required: float) -> float:

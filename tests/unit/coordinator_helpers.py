@@ -10,7 +10,8 @@ import numpy as np
 from safetensors.numpy import save
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
-from echo2.config.run import ActivationConfig, RunConfig
+from echo2.config.activation import ActivationConfig
+from echo2.config.run import RunConfig
 from echo2.config.task import AdditionConfig
 from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.settings import Settings, resolve

@@ -15,7 +15,7 @@ from tests.unit.coordinator_helpers import (
     submission,
 )
 
-from echo2.config.run import ActivationConfig
+from echo2.config.activation import ActivationConfig
 from echo2.coordinator.state import RequestError
 from echo2.coordinator.view import snapshot
 from echo2.protocol.learner_api import AuditReport, GroupAudit

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish, submission
 
-from echo2.config.run import ActivationConfig
+from echo2.config.activation import ActivationConfig
 from echo2.policy.controller import ActivationController
 from echo2.policy.credit import audit_credit
 from echo2.protocol.learner_api import AuditReport, GroupAudit

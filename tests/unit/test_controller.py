@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from echo2.config.run import ActivationConfig
+from echo2.config.activation import ActivationConfig
 from echo2.policy.controller import ActivationController
 
 PRICES = {"cheap1": 1.0, "cheap2": 1.0, "dear1": 5.0, "dear2": 5.0}

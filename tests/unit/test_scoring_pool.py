@@ -22,6 +22,7 @@ from tests.unit.coordinator_helpers import (
     event_records,
     lease,
     make_state,
+    past_slow_start,
     publish,
     register,
     submission,
@@ -159,6 +160,7 @@ def test_a_worker_has_one_submission_scored_at_a_time(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
     publish(state, 0)
     register(state, "a")
+    past_slow_start(state, "a")
     first, second = lease(state, "a", 0, max_tasks=2).tasks
 
     async def main():
@@ -182,6 +184,7 @@ def test_a_worker_whose_completions_keep_running_over_budget_is_refused_for_a_wh
                        scoring=ScoringConfig(strikes=3, strike_window_s=60.0))
     publish(state, 0)
     register(state, "a")
+    past_slow_start(state, "a")
     tasks = lease(state, "a", 0, max_tasks=3).tasks
     cut = OverBudget(reason="over budget", pid=4321)
 

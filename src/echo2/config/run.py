@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from echo2.config.activation import ActivationConfig
 from echo2.config.audit import AuditConfig
 from echo2.config.base import (
     DEVICE_FIELD,
@@ -224,51 +225,6 @@ class CoordinatorConfig(Frozen):
                 f"({self.heartbeat_interval_s}) or live workers get evicted between heartbeats"
             )
         return self
-
-
-class ActivationConfig(Frozen):
-    """The coordinator's online cost-aware activation controller (ECHO2.md section 6)."""
-
-    enabled: bool = True
-    """False: every registered worker stays active (cost is still accounted)."""
-    control_period_s: float = Field(2.0, gt=0)
-    """How often the activation set is re-decided; a worker lost re-decides at once."""
-    headroom: float = Field(1.15, ge=1.0, le=10.0)
-    """New sets are sized for headroom x R_required (estimates are noisy and a short fleet idles
-    the most expensive machine, the learner); a running set is replaced only when it falls below
-    R_required itself, so noise inside that band changes nothing."""
-    margin: float = Field(0.1, ge=0.0, lt=1.0)
-    """Hysteresis: switch to a cheaper set only if it saves more than this fraction."""
-    ewma_alpha: float = Field(0.2, gt=0.0, le=1.0)
-    """Weight of the newest sample in the throughput and step-time estimates."""
-    scale_down_after_s: float = Field(10.0, ge=0.0)
-    """A cheaper, smaller set replaces the current one only this long after the last change;
-    a shortfall is fixed at once (scale up fast, down slowly: no flapping on noisy rates)."""
-    min_samples: int = Field(3, ge=1)
-    """Rate samples (each at least one lease long) before a worker's measured rate is trusted;
-    until then it is on probation and counts for nothing toward covering demand."""
-    probation_slots: int = Field(4, ge=0)
-    """Unmeasured workers active at once beside a measured set that covers demand, so they can
-    prove themselves; those that have spent the least time on probation go first. Unbounded
-    probation kept a hundred workers active and billed in a simulated 144-worker fleet, since a
-    full lease window left most of them no work to be measured by. When the measured workers
-    fall short, every worker runs."""
-    probation_timeout_s: float = Field(120.0, gt=0)
-    """A worker keeps its probation slot this long (time active, unmeasured) before it goes to
-    the back of the queue: long enough to load the current version and generate min_samples
-    leases, so honest workers are measured, while one that never leases gives its slot up."""
-    provider: Literal["static", "local"] = "static"
-    """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
-    ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the
-    launcher stops a worker process idle for release_after_s (it bills nothing while released)
-    and starts it again when the controller chooses it; its rejoin time is recorded."""
-    release_after_s: float = Field(10.0, ge=0.0)
-    """With a releasable provider: how long a worker must stay inactive before it is released
-    (a short idle spell is cheaper to ride out than a stop and a cold start)."""
-    max_worker_share: float = Field(0.5, gt=0.0, le=1.0)
-    """Most of a batch one worker's groups fill, and of the demand it is credited with while
-    other measured workers are live (policy/trust.py, policy/credit.py; one worker alone is
-    never capped). 1.0 turns both off."""
 
 
 class LearnerConfig(Frozen):

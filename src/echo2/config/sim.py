@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from echo2.config.activation import ActivationConfig
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
 from echo2.config.catalog import (
     LearnerClass,
@@ -29,7 +30,6 @@ from echo2.config.catalog import (
     WorkerClass,
     Workload,
 )
-from echo2.config.run import ActivationConfig
 
 _PLAN_WORKER_FIELDS = frozenset(WorkerClass.model_fields)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from echo2.config.activation import ActivationConfig
 from echo2.config.broadcast import BroadcastConfig
-from echo2.config.run import ActivationConfig, LoraConfig, RunConfig
+from echo2.config.run import LoraConfig, RunConfig
 from echo2.config.scoring import ScoringConfig
 from echo2.protocol.messages import SamplingParams
 

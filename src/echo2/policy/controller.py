@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from echo2.config.run import ActivationConfig
+from echo2.config.activation import ActivationConfig
 from echo2.planner import (
     Offer,
     activate,
