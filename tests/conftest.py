@@ -98,7 +98,9 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
         # `echo2 run`) otherwise leaves the coordinator answering a gone learner's 20 s poll
         # past the launcher's 10 s grace: killed, without its final record, 12 s per stop
         "train": {"steps": 6, "checkpoint_every": 3, "eval_every": 3, "batch_wait_s": 2.0},
-        "coordinator": {"auth_token": "test-token-0123456789"},
+        # one scoring process: a tiny task's rewards take microseconds, and each process is a
+        # Python start-up on a 2-core box
+        "coordinator": {"auth_token": "test-token-0123456789", "scoring": {"processes": 1}},
         "workers": {"count": 2},
         # the launcher's TensorBoard sink imports torch before it starts the coordinator, and
         # the end-of-run plots import matplotlib after the learner is done: about 12 s of every
