@@ -1,13 +1,20 @@
 """A hostile rollout worker for reliability tests and the chaos benchmark: the real `echo2
-worker`, except that its engine swaps every sampled token for a random one and keeps the
-log-probs of the tokens it really sampled, as a worker steering training towards text of its
-choosing would. Run it as `python -m tests.reliability.lying_worker --coordinator URL ...` (the
-arguments of `echo2 worker`)."""
+worker`, except that its engine lies about its tokens, as a worker steering training towards
+text of its choosing would. Two lies (`ECHO2_LIE`):
+- "random" (the default): every sampled token swapped for a random one, the log-probs of the
+  tokens it really sampled kept: the log-prob comparison catches it;
+- "choose": the tokens it likes best (greedy completions), with their true log-probs under the
+  version it holds: the log-prob comparison cannot tell, the seeded sampler's check can.
+Run it as `python -m tests.reliability.lying_worker --coordinator URL ...` (the arguments of
+`echo2 worker`)."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+
+import torch
 
 import echo2.rollout.worker as worker_module
 from echo2.cli import main
@@ -30,9 +37,24 @@ class LyingEngine:
                             + c.token_ids[-1:], logprobs=c.logprobs) for c in group] for group in groups]
 
 
+class ChoosingEngine(LyingEngine):
+    def generate(self, requests):
+        return [[self._chosen(req) for _ in range(req.n)] for req in requests]
+
+    @torch.no_grad()
+    def _chosen(self, req) -> Completion:
+        ids = self.engine.greedy([req.prompt_ids], req.max_new_tokens)[0]
+        model = self.engine.model
+        logits = model(torch.tensor([req.prompt_ids + ids], device=model.device)).logits[0].float()
+        logp = torch.log_softmax(logits / req.temperature, dim=-1)
+        start = len(req.prompt_ids) - 1
+        return Completion(token_ids=ids, logprobs=[float(logp[start + j, t]) for j, t in enumerate(ids)])
+
+
 def _lying_make_engine(cfg, source, lora=None):
     engine = _real_make_engine(cfg, source, lora)
-    return LyingEngine(engine, engine.model.config.vocab_size)
+    lie = ChoosingEngine if os.environ.get("ECHO2_LIE", "random") == "choose" else LyingEngine
+    return lie(engine, engine.model.config.vocab_size)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """A worker returning tokens it did not sample joins a real `echo2 run`: the rollout audit
 catches it within a few groups, the coordinator quarantines it and the worker exits saying why,
-none of its failed groups is trained, and the run completes with every step trained once."""
+none of its failed groups is trained, and the run completes with every step trained once. The
+liar chooses its tokens (greedy) and reports their true log-probs under the version it holds:
+only the seeded sampler's check can see it (the random-token lie, which the log-prob comparison
+catches, is in tests/unit/test_rollout_audit.py and benchmarks/chaos.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
         liar = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.lying_worker", "--coordinator", url, "--metrics", str(metrics),
              "--set", "worker_id=liar"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN})
+            env={**os.environ, "ECHO2_AUTH_TOKEN": TOKEN, "ECHO2_LIE": "choose"})
         log.close()
         try:
             assert liar.wait(timeout=240) == 1  # cut off by the coordinator: non-zero, with the reason
