@@ -1,16 +1,19 @@
 """Chaos: a real `echo2 run` while faults are injected on a schedule, next to a clean run of the
 same config. Faults: a worker SIGKILLed, another SIGKILLed just as a version starts to spread
 (its relay dies mid-broadcast), a relay that corrupts every chunk it serves, a worker returning
-tokens it never sampled, and a flood of bad requests from another address. Prints JSON:
+tokens it never sampled (the liar: random tokens, caught by the log-prob comparison), a worker
+choosing its tokens and reporting their true log-probs (the chooser: caught by the seeded
+sampler's check), and a flood of bad requests from another address. Prints JSON:
 
 - faults injected, and whether the run survived them (every step trained, exit 0);
 - bad requests sent, rejected, and any accepted (must be 0) or answered with a 5xx (0);
 - rollouts lost (prompts handed out that were neither trained, dropped as stale, nor still
   queued or buffered at the end: must be 0) and duplicates (prompts trained twice: 0);
 - the largest staleness trained (<= S);
-- the rollout audit: when the liar was quarantined, how many of its groups reached a batch and
-  how many were trained, and the honest groups audited and failed (the false-positive count);
-- held-out accuracy of the chaos run against the clean one.
+- the rollout audit: when the liar and the chooser were quarantined, how many of their groups
+  reached a batch and how many were trained, and the honest groups audited and failed (the
+  false-positive count);
+- held-out accuracy of the chaos run against the clean one (goal: within 3 points).
 
     .venv/bin/python benchmarks/chaos.py [--config configs/demo.toml] [--steps 100] [--out FILE]
 """
@@ -38,9 +41,15 @@ from tests.reliability.flood import flood  # noqa: E402
 TOKEN = "chaos-join-token-0123456789"
 
 
-def _start(args: list[str], log: Path, module: str = "echo2") -> subprocess.Popen:
+HOSTILE = (("liar", "tests.reliability.lying_worker", {}),
+           ("chooser", "tests.reliability.lying_worker", {"ECHO2_LIE": "choose"}),
+           ("corrupter", "tests.reliability.corrupting_worker", {}))
+LIARS = ("liar", "chooser")
+
+
+def _start(args: list[str], log: Path, module: str = "echo2", env_extra: dict | None = None) -> subprocess.Popen:
     handle = open(log, "ab")
-    env = {**os.environ, "ECHO2_AUTH_TOKEN": TOKEN}
+    env = {**os.environ, "ECHO2_AUTH_TOKEN": TOKEN, **(env_extra or {})}
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
     handle.close()
@@ -88,12 +97,11 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
     try:
         url = wait_for(lambda: coordinator_url(run_dir), 600, "the coordinator", alive=run)
         metrics = str(run_dir / "metrics.jsonl")
-        for name, module in (("liar", "tests.reliability.lying_worker"),
-                             ("corrupter", "tests.reliability.corrupting_worker")):
+        for name, module, env in HOSTILE:
             # the adversary modules are `echo2 worker` themselves: they take its arguments
             hostile.append(_start(["--coordinator", url, "--metrics", metrics, "--set", f"worker_id={name}"],
-                                  logs / f"{run_dir.name}-{name}.log", module=module))
-        faults["lying_worker"] = faults["corrupting_relay"] = 1
+                                  logs / f"{run_dir.name}-{name}.log", module=module, env_extra=env))
+        faults["lying_worker"] = faults["token_choosing_worker"] = faults["corrupting_relay"] = 1
         flooder = Flood(url, duration_s=24 * 3600)  # stopped when the run ends
         flooder.start()
         wait_for(lambda: (run_dir / "pids.json").is_file(), 600, "the workers to start", alive=run)
@@ -112,35 +120,38 @@ def chaos_run(config: str, run_dir: Path, steps: int) -> dict:
         if code != 0:
             raise RuntimeError(f"the chaos run failed: see {logs / (run_dir.name + '.log')}")
         faults["request_flood"] = 1
-        liar, corrupter = hostile
-        liar_code = liar.poll()  # quarantined workers exit by themselves
+        liar, chooser, corrupter = hostile
+        codes = {"liar": liar.poll(), "chooser": chooser.poll()}  # quarantined workers exit by themselves
         _stop(corrupter)  # kept out of the broadcast, but its rollouts are honest: it runs to the end
-        return {"faults": faults, "flood": flooder.result, "liar_exit_code": liar_code}
+        return {"faults": faults, "flood": flooder.result, "liar_exit_codes": codes}
     finally:
         for proc in [run, *hostile]:
             _stop(proc)
 
 
 def audit_outcome(run_dir: Path) -> dict:
-    quarantined = records(run_dir, "worker_quarantined")
-    cut_at = quarantined[0]["time"] if quarantined else float("inf")
     audits = records(run_dir, "audit")
-    liar = [a["by_worker"]["liar"] for a in audits if "liar" in a["by_worker"]]
-    honest = [s for a in audits for w, s in a["by_worker"].items() if w != "liar"]
+    honest = [s for a in audits for w, s in a["by_worker"].items() if w not in LIARS]
+    out = {name: _liar_outcome(run_dir, audits, name) for name in LIARS}
+    return {**out,
+            "honest_groups_audited": sum(s["audited"] for s in honest),
+            "honest_groups_failed": sum(s["failed"] for s in honest),
+            "honest_max_mean_abs_logprob_diff": max((s["max_passed_diff"] for s in honest), default=None),
+            "corrupt_relay_reports": sum(1 for r in records(run_dir, "bad_peer") if r.get("peer_id") == "corrupter"
+                                         and r.get("role") == "coordinator")}
+
+
+def _liar_outcome(run_dir: Path, audits: list[dict], name: str) -> dict:
+    quarantined = [q for q in records(run_dir, "worker_quarantined") if q["worker_id"] == name]
+    cut_at = quarantined[0]["time"] if quarantined else float("inf")
+    mine = [a["by_worker"][name] for a in audits if name in a["by_worker"]]
     trained = records(run_dir, "train_step")
-    assigned = [r for r in records(run_dir, "batch_assigned") if r["time"] <= cut_at]
-    return {
-        "liar_quarantined": bool(quarantined), "quarantine_reason": quarantined[0]["reason"] if quarantined else None,
-        "liar_groups_audited_before_quarantine": sum(s["audited"] for s in liar),
-        "liar_groups_failed": sum(s["failed"] for s in liar),
-        "liar_groups_trained": sum(r["groups_by_worker"].get("liar", 0) for r in trained),
-        "batches_assigned_before_quarantine": len(assigned),
-        "honest_groups_audited": sum(s["audited"] for s in honest),
-        "honest_groups_failed": sum(s["failed"] for s in honest),
-        "honest_max_mean_abs_logprob_diff": max((s["max_passed_diff"] for s in honest), default=None),
-        "corrupt_relay_reports": sum(1 for r in records(run_dir, "bad_peer") if r.get("peer_id") == "corrupter"
-                                     and r.get("role") == "coordinator"),
-    }
+    return {"quarantined": bool(quarantined), "reason": quarantined[0]["reason"] if quarantined else None,
+            "groups_audited_before_quarantine": sum(s["audited"] for s in mine),
+            "groups_failed": sum(s["failed"] for s in mine),
+            "groups_trained": sum(r["groups_by_worker"].get(name, 0) for r in trained),
+            "batches_assigned_before_quarantine": len([r for r in records(run_dir, "batch_assigned")
+                                                       if r["time"] <= cut_at])}
 
 
 def main() -> int:
@@ -164,7 +175,7 @@ def main() -> int:
         "benchmark": "chaos", "config": args.config, "steps": args.steps, "run_dirs": str(base),
         "faults_injected": injected["faults"],
         "survived": books["steps_trained"] == args.steps,
-        "liar_exit_code": injected["liar_exit_code"],
+        "liar_exit_codes": injected["liar_exit_codes"],
         "bad_requests": injected["flood"],
         **books,
         "audit": audit_outcome(base / "chaos"),
@@ -178,7 +189,9 @@ def main() -> int:
                           and books["max_staleness"] <= max_staleness
                           and result["bad_requests"].get("accepted", 0) == 0
                           and result["bad_requests"].get("server_errors", 0) == 0
-                          and result["audit"]["liar_quarantined"] and result["audit"]["honest_groups_failed"] == 0)
+                          and all(result["audit"][name]["quarantined"] for name in LIARS)
+                          and result["audit"]["honest_groups_failed"] == 0
+                          and abs(result["accuracy_after_chaos"] - result["accuracy_after_clean"]) <= 0.03)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0 if result["goal_met"] else 1
