@@ -10,9 +10,10 @@ sampler's check), and a flood of bad requests from another address. Prints JSON:
 - rollouts lost (prompts handed out that were neither trained, dropped as stale, nor still
   queued or buffered at the end: must be 0) and duplicates (prompts trained twice: 0);
 - the largest staleness trained (<= S);
-- the rollout audit: when the liar and the chooser were quarantined, how many of their groups
-  reached a batch and how many were trained, and the honest groups audited and failed (the
-  false-positive count);
+- the rollout audit: whether the liar and the chooser were quarantined (or, credited nothing
+  once their groups failed, idled by the controller before a second failure), how many of their
+  groups reached a batch and how many were trained (goal: each quarantined or none of its
+  groups trained), and the honest groups audited and failed (the false-positive count);
 - held-out accuracy of the chaos run against the clean one (goal: within 3 points).
 
     .venv/bin/python benchmarks/chaos.py [--config configs/demo.toml] [--steps 100] [--out FILE]
@@ -146,10 +147,14 @@ def _liar_outcome(run_dir: Path, audits: list[dict], name: str) -> dict:
     cut_at = quarantined[0]["time"] if quarantined else float("inf")
     mine = [a["by_worker"][name] for a in audits if name in a["by_worker"]]
     trained = records(run_dir, "train_step")
+    trained_groups = sum(r["groups_by_worker"].get(name, 0) for r in trained)
+    # a worker whose audited groups failed is also credited nothing (policy.credit) and idled by
+    # the controller: it may then never reach flags_to_quarantine, and none of its groups trains
     return {"quarantined": bool(quarantined), "reason": quarantined[0]["reason"] if quarantined else None,
+            "neutralised": bool(quarantined) or trained_groups == 0,
             "groups_audited_before_quarantine": sum(s["audited"] for s in mine),
             "groups_failed": sum(s["failed"] for s in mine),
-            "groups_trained": sum(r["groups_by_worker"].get(name, 0) for r in trained),
+            "groups_trained": trained_groups,
             "batches_assigned_before_quarantine": len([r for r in records(run_dir, "batch_assigned")
                                                        if r["time"] <= cut_at])}
 
@@ -189,7 +194,7 @@ def main() -> int:
                           and books["max_staleness"] <= max_staleness
                           and result["bad_requests"].get("accepted", 0) == 0
                           and result["bad_requests"].get("server_errors", 0) == 0
-                          and all(result["audit"][name]["quarantined"] for name in LIARS)
+                          and all(result["audit"][name]["neutralised"] for name in LIARS)
                           and result["audit"]["honest_groups_failed"] == 0
                           and abs(result["accuracy_after_chaos"] - result["accuracy_after_clean"]) <= 0.03)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
