@@ -30,8 +30,8 @@ test: install
 
 # The system tier (marker `system`): whole deployments: hosts and shaped links in network
 # namespaces (root), the dashboard in a headless browser (Debian's chromium and chromedriver),
-# a run whose learner is sharded over torchrun ranks beside a one-rank run. One at a time: each
-# uses the whole machine.
+# the local fleet provider stopping and starting workers, a run whose learner is sharded over
+# torchrun ranks beside a one-rank run. One at a time: each uses the whole machine.
 test-system: install
 	$(PY) -m pytest -q -m system tests/integration
 

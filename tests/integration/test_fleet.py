@@ -16,14 +16,16 @@ from tests.integration.runs import OPERATOR_TOKEN, processes, records, wait_for,
 from echo2.report.metrics import iter_metrics
 from echo2.report.summary import summarize
 
-pytestmark = pytest.mark.integration
+# the system tier (make test-system): it needs the machine to itself (its waits for the acquired
+# worker's groups once ran out beside other tests)
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 
 def _launcher(run_dir, kind: str) -> list[dict]:
     return [r for r in records(run_dir, kind) if r["role"] == "launcher"]
 
 
-@pytest.mark.exclusive  # its waits (90 s for the acquired worker's groups) once ran out under load
+@pytest.mark.exclusive  # alone also where the system tier is run under xdist
 def test_released_worker_exits_and_an_acquired_one_rejoins_and_trains(tmp_path):
     cfg = small_run_config(
         tmp_path / "fleet", train={"steps": 2000, "max_staleness": 2},  # stopped by the test once seen
