@@ -79,6 +79,23 @@ def test_the_hf_engine_draws_with_the_seed_and_the_learner_recomputes_its_choice
         assert float(shortfalls.max()) < 1e-4  # the same weights: the learner picks every token it drew
 
 
+def test_a_request_continues_the_samplers_indices_where_it_says(engine):
+    """A later turn of an episode is one completion at sample `first_sample`, its first token at
+    position `first_position`: the tokens are the sampler's choices at those indices."""
+    prompt = _prompts(engine)[0]
+    [[done]] = engine.generate([GenRequest(prompt, 1, 1.0, 5, seed=42, first_sample=3, first_position=7)])
+    ids = torch.tensor([prompt + done.token_ids])
+    with torch.no_grad():
+        logits = engine.model(ids).logits[0, len(prompt) - 1: -1].float()
+    k = len(done.token_ids)
+    expected = choose(logits, 1.0, 42, samples_N=torch.full((k,), 3), positions_N=torch.arange(7, 7 + k))
+    assert done.token_ids == expected.tolist()
+    # the fourth completion of a group is the one request asking for sample 3 alone
+    [group] = engine.generate([GenRequest(prompt, 4, 1.0, 5, seed=42)])
+    [[alone]] = engine.generate([GenRequest(prompt, 1, 1.0, 5, seed=42, first_sample=3)])
+    assert group[3].token_ids == alone.token_ids and group[0].token_ids != alone.token_ids
+
+
 def _chosen_tokens(engine, group: TrainGroup, pad_id: int) -> TrainGroup:
     """What a token-choosing worker returns: its own tokens (greedy here, the likeliest), with
     their true log-probs under the version, so the log-prob audit cannot tell."""

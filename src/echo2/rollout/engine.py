@@ -19,7 +19,14 @@ class GenRequest:
     max_new_tokens: int
     seed: int | None = None
     """The lease's sampler seed: an engine with `seeded = True` draws with the seeded sampler
-    (models/sampler.py: sample i of the request is sample index i); None: its own sampling."""
+    (models/sampler.py: sample i of the request is sample index first_sample + i, its k-th new
+    token is at position first_position + k); None: its own sampling."""
+    first_sample: int = 0
+    """The sampler's sample index of this request's first completion (a multi-turn episode asks
+    for one completion per turn: its index in the group)."""
+    first_position: int = 0
+    """The sampler's position of the first new token (a later turn of an episode continues its
+    completion: the tokens before it, model's and environment's)."""
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ class SeededSampler:
     Gumbel noise (models/sampler.py), whose argmax greedy decoding then takes: an exact draw
     from softmax(logits / T) that the learner can recompute."""
 
-    def __init__(self, *, temperature: float, prompt_width: int, seeds_R: list[int], samples_R: torch.Tensor) -> None:
+    def __init__(self, *, temperature: float, prompt_width: int, seeds_R: list[int], samples_R: torch.Tensor,
+                 first_positions_R: torch.Tensor) -> None:
         self.temperature, self.width = temperature, prompt_width
-        self.seeds_R, self.samples_R = seeds_R, samples_R
+        self.seeds_R, self.samples_R, self.first_positions_R = seeds_R, samples_R, first_positions_R
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         from echo2.models.sampler import perturbed
 
-        position = input_ids.shape[1] - self.width
-        positions = torch.full_like(self.samples_R, position)
+        positions = self.first_positions_R + (input_ids.shape[1] - self.width)
         out = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
         for seed in set(self.seeds_R):  # rows of one lease share its seed
             rows = torch.tensor([r for r, s in enumerate(self.seeds_R) if s == seed], device=scores.device)
@@ -110,9 +110,12 @@ class HFEngine(Engine):
         extra = self._prompt_cache(ids, mask, rows_R) if width > 1 and supports_shared_prefix(self.model) else {}
         if seeded:  # greedy over the seeded sampler's perturbed scores; log-probs from the raw logits
             first_row = torch.cumsum(torch.tensor([0] + [req.n for req in requests[:-1]], device=self.device), 0)
-            samples_R = torch.arange(len(rows_R), device=self.device) - first_row[rows_R]
+            first_sample = torch.tensor([req.first_sample for req in requests], device=self.device)
+            first_position = torch.tensor([req.first_position for req in requests], device=self.device)
+            samples_R = torch.arange(len(rows_R), device=self.device) - first_row[rows_R] + first_sample[rows_R]
             seeds_R = [requests[r].seed for r in rows_R.tolist()]
-            sampler = SeededSampler(temperature=temperature, prompt_width=width, seeds_R=seeds_R, samples_R=samples_R)
+            sampler = SeededSampler(temperature=temperature, prompt_width=width, seeds_R=seeds_R, samples_R=samples_R,
+                                    first_positions_R=first_position[rows_R])
             sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler]), "output_logits": True}
         else:  # no truncation: the learner scores tokens under the full softmax
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "output_scores": True}
