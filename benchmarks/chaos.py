@@ -3,7 +3,9 @@ same config. Faults: a worker SIGKILLed, another SIGKILLed just as a version sta
 (its relay dies mid-broadcast), a relay that corrupts every chunk it serves, a worker returning
 tokens it never sampled (the liar: random tokens, caught by the log-prob comparison), a worker
 choosing its tokens and reporting their true log-probs (the chooser: caught by the seeded
-sampler's check), and a flood of bad requests from another address. Prints JSON:
+sampler's check), and a flood of bad requests from another address. Then a second run, the
+slow-answer scenario (chaos_slow.py): a worker sending answers math-verify takes seconds over, on
+the same problems as a math-verify task. Prints JSON:
 
 - faults injected, and whether the run survived them (every step trained, exit 0);
 - bad requests sent, rejected, and any accepted (must be 0) or answered with a 5xx (0);
@@ -14,7 +16,9 @@ sampler's check), and a flood of bad requests from another address. Prints JSON:
   once their groups failed, idled by the controller before a second failure), how many of their
   groups reached a batch and how many were trained (goal: each quarantined or none of its
   groups trained), and the honest groups audited and failed (the false-positive count);
-- held-out accuracy of the chaos run against the clean one (goal: within 3 points).
+- held-out accuracy of the chaos run against the clean one (goal: within 3 points);
+- `slow_answers`: the slow-answer run's outcome (chaos_slow.py: its completions cut off, no
+  honest worker lost, the coordinator answering within 1 s throughout, nothing lost).
 
     .venv/bin/python benchmarks/chaos.py [--config configs/demo.toml] [--steps 100] [--out FILE]
 """
@@ -34,7 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the adversaries live with the reliability tests
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from chaos_slow import slow_answer_run  # noqa: E402
 from tests.integration.runs import coordinator_url, last_step, records, wait_for  # noqa: E402
 from tests.reliability.accounting import accounting  # noqa: E402
 from tests.reliability.flood import flood  # noqa: E402
@@ -163,6 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "configs/demo.toml"))
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--slow-steps", type=int, default=40, help="steps of the slow-answer run")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/chaos_cpu.json"))
     args = parser.parse_args()
     from echo2.config.run import load_run_config
@@ -190,7 +197,9 @@ def main() -> int:
         "learner_wall_s_chaos": chaos_summary["learner_wall_s"], "learner_wall_s_clean": clean["learner_wall_s"],
         "clean_run_s": clean_s,
     }
-    result["goal_met"] = (result["survived"] and books["rollouts_lost"] == 0 and books["duplicates"] == 0
+    result["slow_answers"] = slow_answer_run(args.config, base, args.slow_steps, start=_start, stop=_stop,
+                                             token=TOKEN)
+    result["goal_met"] = (result["slow_answers"]["goal_met"] and result["survived"] and books["rollouts_lost"] == 0 and books["duplicates"] == 0
                           and books["max_staleness"] <= max_staleness
                           and result["bad_requests"].get("accepted", 0) == 0
                           and result["bad_requests"].get("server_errors", 0) == 0

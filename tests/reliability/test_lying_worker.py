@@ -43,7 +43,8 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
             if liar.poll() is None:
                 os.killpg(liar.pid, signal.SIGKILL)
                 liar.wait(timeout=10)
-    assert "quarantined: rollout audit" in (tmp_path / "liar.log").read_text()
+    said = (tmp_path / "liar.log").read_text()
+    assert "quarantined: rollout audit" in said and "not the seeded sampler's choice" in said
 
     quarantined = records(cfg.run_path, "worker_quarantined")
     assert [q["worker_id"] for q in quarantined] == ["liar"]

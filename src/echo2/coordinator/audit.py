@@ -43,10 +43,7 @@ class AuditLedger:
             stats.failed += 1
             stats.max_failed_diff = max(stats.max_failed_diff, verdict.mean_abs_logprob_diff)
             if stats.failed >= self.flags_to_quarantine and verdict.worker_id not in self.quarantined:
-                how = "recomputed under" if verdict.recomputed else "at"
-                reason = (f"rollout audit: {stats.failed} of its groups failed (the latest {how} version "
-                          f"{verdict.version}: tokens differ from that version's log-probs by "
-                          f"{verdict.mean_abs_logprob_diff:.3g} nats per token)")
+                reason = f"rollout audit: {stats.failed} of its groups failed (the latest {_why(verdict)})"
                 self.quarantined[verdict.worker_id] = reason
                 newly[verdict.worker_id] = reason
         return newly
@@ -54,3 +51,14 @@ class AuditLedger:
     def snapshot(self) -> dict:
         return {"workers": {w: asdict(s) for w, s in sorted(self.workers.items())},
                 "quarantined": dict(self.quarantined)}
+
+
+def _why(verdict) -> str:
+    """Which check the latest failed group failed: the seeded sampler's (tokens it did not draw
+    with the lease's seed) or the log-prob comparison."""
+    how = "recomputed under" if verdict.recomputed else "at"
+    if verdict.sampler_violations:
+        return (f"{how} version {verdict.version}: {verdict.sampler_violations} of its tokens are not the seeded "
+                "sampler's choice for the lease's seed")
+    return (f"{how} version {verdict.version}: tokens differ from that version's log-probs by "
+            f"{verdict.mean_abs_logprob_diff:.3g} nats per token")
