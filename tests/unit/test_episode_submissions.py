@@ -1,6 +1,7 @@
 """The coordinator and multi-turn episodes: leases carry the episode seed, registration the task,
 rewards come from the coordinator's replay, and a worker whose actions do not reproduce the
-transcript it submitted is refused (so is one claiming a reward it did not earn)."""
+transcript it submitted is refused (so is one claiming a reward it did not earn). Each lease
+carries a sampler seed too, kept with the group for the learner's audit of the actions."""
 
 from __future__ import annotations
 
@@ -67,6 +68,31 @@ def test_an_honest_group_is_scored_by_replay(state):
     assert group.prompt_ids == task.prompt_ids and group.completions[0].segments == episodes[0].segments
     replayed = [e for e in event_records(state) if e["kind"] == "episodes_replayed"]
     assert replayed[-1]["episodes"] == SAMPLING.group_size and replayed[-1]["replay_s"] > 0
+
+
+def test_an_episode_lease_carries_a_sampler_seed_its_group_keeps(state):
+    """The worker draws every action with it; the learner's audit checks them against it."""
+    task = lease(state, "a", 0).tasks[0]
+    assert task.episode_seed is not None and task.sampling_seed == state.leases_book.seed_of(task.lease_id)
+    assert submit(state, task, wire(play_lease(state, task))).accepted
+    assert TrainGroup.model_validate(state.buffer[-1]).sampling_seed == task.sampling_seed
+    following = lease(state, "a", 0).tasks[0]
+    assert following.sampling_seed == state.leases_book.seed_of(following.lease_id) != task.sampling_seed
+
+
+def test_a_free_sampling_workers_episodes_carry_no_seed(tmp_path, tiny_model_dir):
+    """Audited by log-probs only (audit.require_seeded_sampler = false lets it in), as for
+    single-turn groups."""
+    cfg = load_run_config(None, ["task.name=poker", "task.game=leduc", "task.opponent=calling_station"])
+    scorer = make_scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir), SAMPLING.max_new_tokens)
+    lenient = make_state(tmp_path, tiny_model_dir, FakeClock(), sampling=SAMPLING, scorer=scorer,
+                         require_seeded_sampler=False)
+    lenient.register(RegisterRequest(worker_id="v", engine="vllm", sampler="free"))
+    publish(lenient, 0)
+    task = lease(lenient, "v", 0).tasks[0]
+    reply = lenient.submit(RolloutSubmission(worker_id="v", lease_id=task.lease_id, version=0, gen_time_s=0.1,
+                                             completions=wire(play_lease(lenient, task))))
+    assert reply.accepted and TrainGroup.model_validate(lenient.buffer[-1]).sampling_seed is None
 
 
 def test_a_transcript_its_actions_do_not_reproduce_is_refused(state):

@@ -1,6 +1,8 @@
 """A real worker (HF engine, tiny model) playing poker episodes against a coordinator over
 loopback HTTP: it learns the task from its registration, plays G episodes per lease from the
-lease's seed, and the coordinator accepts the transcripts after replaying every one of them."""
+lease's episode seed, drawing every action with the lease's sampler seed, and the coordinator
+accepts the transcripts after replaying every one of them; the learner's sampler audit finds
+every action the seed's choice."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from echo2.coordinator.scoring import make_scorer
 from echo2.envs.episode import replay
 from echo2.learner.batching import loss_mask
 from echo2.learner.io import LearnerIO
-from echo2.models.loading import load_model
+from echo2.learner.sampler_audit import group_shortfalls
+from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import model_payload
 from echo2.protocol.messages import SamplingParams
 from echo2.report.metrics import MetricsWriter
@@ -57,9 +60,13 @@ def test_a_worker_plays_episodes_the_coordinator_replays(tmp_path, tiny_model_di
     assert worker.episodes is not None and worker.stats["dropped"] == 0
     assert len(batch) == 2
     codec = state.scorer.codec
+    pad = load_tokenizer(str(tiny_model_dir)).pad_token_id
     for group in batch:
         seed = task.train_seed(group.prompt_index)
         assert len(group.completions) == 3
+        assert group.sampling_seed == state.leases_book.seed_of(group.lease_id)
+        shortfalls = group_shortfalls(model, None, group, temperature=1.0, pad_id=pad)
+        assert len(shortfalls) == sum(sum(loss_mask(c)) for c in group.completions) and float(shortfalls.max()) < 1e-4
         for completion, reward in zip(group.completions, group.rewards, strict=True):
             assert completion.segments and sum(completion.segments) == len(completion.token_ids)
             # the tiny untrained model writes anything: most hands end at once, illegally

@@ -2,7 +2,8 @@
 a pure function of (seed, sample, position, token) any device recomputes, a draw is an exact
 sample of softmax(logits / T), the HF engine draws with it and the learner recomputes its choice
 exactly, a worker that chooses its tokens (with their true log-probs) fails the audit, and the
-coordinator hands every single-turn lease a seed it keeps with the group."""
+coordinator hands every lease a seed it keeps with the group (multi-turn episodes:
+test_episode_sampler.py and test_episode_submissions.py)."""
 
 from __future__ import annotations
 

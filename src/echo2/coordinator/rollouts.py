@@ -120,11 +120,9 @@ class RolloutIntake:
         return rewards
 
     def _seed(self, record: WorkerRecord, lease: Lease) -> int | None:
-        """The seed its tokens were drawn with, for the audit to check: seeded workers on
-        single-turn tasks only."""
-        if record.sampler != "seeded" or self.scorer.episode_seed(lease.prompt_index) is not None:
-            return None
-        return self.leases.seed_of(lease.lease_id)
+        """The seed its tokens were drawn with, for the audit to check: seeded workers only (a
+        multi-turn group's actions are drawn with it too, turn after turn)."""
+        return self.leases.seed_of(lease.lease_id) if record.sampler == "seeded" else None
 
     def _measure(self, record: WorkerRecord) -> None:
         """Throughput as the coordinator sees it: validated rollouts per second of holding

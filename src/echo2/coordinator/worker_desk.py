@@ -138,10 +138,9 @@ class WorkerDesk:
         return LeaseResponse(tasks=tasks)
 
     def _task(self, lease: Lease) -> Task:
-        episode_seed = self.scorer.episode_seed(lease.prompt_index)
         return Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
-                    sampling=self.settings.sampling, episode_seed=episode_seed,
-                    sampling_seed=self.leases_book.seed_of(lease.lease_id) if episode_seed is None else None)
+                    sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index),
+                    sampling_seed=self.leases_book.seed_of(lease.lease_id))
 
     def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
         if self.evaluation is None:

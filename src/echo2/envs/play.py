@@ -12,11 +12,20 @@ Action = tuple[list[int], list[float]]
 """An action's token ids (up to and including the end-of-sequence token) and their log-probs."""
 Generate = Callable[[list[tuple[list[int], int]]], list[Action]]
 """(context ids, most tokens of the action) for each live episode -> its action."""
+Policy = Callable[[list[int]], list[Action]]
+"""The indices (into the episodes played) of the live episodes -> each one's action."""
 
 
 def play(episodes: Sequence[Episode], generate: Generate) -> None:
     """Run every episode to its end."""
-    while live := [e for e in episodes if not e.finished]:
-        actions = generate([(e.context_ids(), e.action_budget()) for e in live])
-        for episode, (token_ids, logprobs) in zip(live, actions, strict=True):
-            episode.act(token_ids, logprobs)
+    play_turns(episodes, lambda live: generate([(episodes[i].context_ids(), episodes[i].action_budget())
+                                                for i in live]))
+
+
+def play_turns(episodes: Sequence[Episode], policy: Policy) -> None:
+    """Run every episode to its end, telling `policy` which episodes act: a caller that keeps
+    something per episode beside the list (a worker: each one's sampler seed and sample index)
+    finds it by the index."""
+    while live := [i for i, e in enumerate(episodes) if not e.finished]:
+        for index, (token_ids, logprobs) in zip(live, policy(live), strict=True):
+            episodes[index].act(token_ids, logprobs)

@@ -191,8 +191,10 @@ class Task(BaseModel):
     """Multi-turn tasks: the seed the episodes of this group start from (the coordinator replays
     them from it); None for single-turn tasks."""
     sampling_seed: int | None = None
-    """Single-turn tasks: the seed the seeded sampler draws this group's tokens with (chosen by
-    the coordinator, checked by the learner's audit); None for multi-turn tasks."""
+    """The seed the seeded sampler draws this group's tokens with (chosen by the coordinator,
+    checked by the learner's audit). Multi-turn tasks too: episode j is the sampler's sample j,
+    each action's tokens at their positions in the transcript. None: draw freely (a coordinator
+    that seeds no leases)."""
 
 
 class EvalTask(BaseModel):
@@ -299,7 +301,8 @@ class TrainGroup(BaseModel):
     completions: list[RolloutCompletion]
     sampling_seed: int | None = None
     """The lease's sampler seed when its worker draws with the seeded sampler (the audit checks
-    its tokens against it); None: a free-sampling worker or a multi-turn group."""
+    its tokens against it: a multi-turn group's actions only, not the environment's answers);
+    None: a free-sampling worker."""
 
 
 class OkResponse(Message):

@@ -1,12 +1,17 @@
-"""Multi-turn rollouts on a worker: each leased group is G episodes from the lease's seed, played
-turn by turn with the engine (every live episode's next action in one batch), each transcript
-rendered through the model's chat template exactly as the coordinator will replay it."""
+"""Multi-turn rollouts on a worker: each leased group is G episodes from the lease's episode
+seed, played turn by turn with the engine (every live episode's next action in one batch), each
+transcript rendered through the model's chat template exactly as the coordinator will replay it.
+
+Every turn draws with the lease's sampler seed as one continuing completion: episode j of the
+group is the sampler's sample j, and an action's first token sits at the position its
+transcript has reached (the model's and the environment's tokens before it), which is the
+token's index in the completion the learner's audit recomputes."""
 
 from __future__ import annotations
 
 from echo2.config.task import TaskConfig
 from echo2.envs.episode import Episode
-from echo2.envs.play import play
+from echo2.envs.play import play_turns
 from echo2.envs.task import EnvTask
 from echo2.envs.transcript import Codec
 from echo2.protocol.messages import RolloutCompletion, Task
@@ -36,12 +41,17 @@ class EpisodePlayer:
         prompt this worker renders is not the coordinator's (another tokenizer or template)."""
         groups = [self._start(t) for t in tasks]
         temperature = tasks[0].sampling.temperature
+        episodes = [e for group in groups for e in group]
+        # each episode's sampler seat, beside it: the lease's seed and the episode's index in its group
+        seats = [(t.sampling_seed, j) for t, group in zip(tasks, groups, strict=True) for j in range(len(group))]
 
-        def generate(batch: list[tuple[list[int], int]]):
-            out = self.engine.generate([GenRequest(ids, 1, temperature, max_new) for ids, max_new in batch])
-            return [(c[0].token_ids, c[0].logprobs) for c in out]
+        def policy(live: list[int]):
+            requests = [GenRequest(episodes[i].context_ids(), 1, temperature, episodes[i].action_budget(),
+                                   seed=seats[i][0], first_sample=seats[i][1],
+                                   first_position=len(episodes[i].token_ids)) for i in live]
+            return [(c[0].token_ids, c[0].logprobs) for c in self.engine.generate(requests)]
 
-        play([e for group in groups for e in group], generate)
+        play_turns(episodes, policy)
         return groups
 
     def _start(self, task: Task) -> list[Episode]:
