@@ -96,3 +96,20 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
     stats = snapshot(state)["audit"]["workers"]["a"]
     assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0}
     assert not state.audit.quarantined and len(lease(state, "a", 0).tasks) == 1
+
+
+def test_the_quarantine_reason_names_the_check_that_failed():
+    from echo2.coordinator.audit import AuditLedger
+
+    def failing(lease_id: str, sampler: int | None, diff: float) -> GroupAudit:
+        return GroupAudit(lease_id=lease_id, worker_id="w", version=3, tokens=8, mean_abs_logprob_diff=diff,
+                          recomputed=True, failed=True, sampler_violations=sampler)
+
+    chooser, liar = AuditLedger(flags_to_quarantine=2), AuditLedger(flags_to_quarantine=2)
+    assert chooser.record(AuditReport(step=0, groups=[failing("a", 5, 1e-6)])) == {}
+    (why,) = chooser.record(AuditReport(step=1, groups=[failing("b", 3, 1e-6)])).values()
+    assert "recomputed under version 3: 3 of its tokens are not the seeded sampler's choice" in why
+    assert "nats" not in why  # its log-probs were true: saying they differed would mislead
+    liar.record(AuditReport(step=0, groups=[failing("a", 0, 2.5)]))
+    (why,) = liar.record(AuditReport(step=1, groups=[failing("b", None, 2.5)])).values()
+    assert "tokens differ from that version's log-probs by 2.5 nats per token" in why
