@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from audit_honest_diff import engine_for, prompts, trained_like  # noqa: E402
 
 from echo2.config.audit import AuditConfig  # noqa: E402
-from echo2.learner.sampler_audit import group_shortfalls  # noqa: E402
+from echo2.learner.sampler_audit import groups_shortfalls  # noqa: E402
 from echo2.models.embedded import fetch  # noqa: E402
 from echo2.models.loading import load_model, load_tokenizer  # noqa: E402
 from echo2.models.weights import model_payload, payload_tensors  # noqa: E402
@@ -82,8 +82,10 @@ def chosen_groups(engine, rows, args, seed0: int) -> list[TrainGroup]:
 
 
 def worst_shortfalls(masters, payload, groups, pad_id: int) -> list[float]:
+    """Each group's largest shortfall, the groups checked together as the learner checks one
+    version's groups (its default pass layout and budgets)."""
     state = payload_tensors(payload)
-    return [float(group_shortfalls(masters, state, g, temperature=1.0, pad_id=pad_id).max()) for g in groups]
+    return [float(s.max()) for s in groups_shortfalls(masters, state, groups, temperature=1.0, pad_id=pad_id)]
 
 
 def flagged_share(worst: list[float], margin: float) -> float:

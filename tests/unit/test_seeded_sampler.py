@@ -150,3 +150,35 @@ def test_a_free_sampling_worker_is_refused_unless_the_run_allows_it(tmp_path, ti
     task = lease(lenient, "v0", 0).tasks[0]
     lenient.submit(submission(lenient, "v0", task.lease_id, 0))
     assert lenient.take_batch(0)[0].sampling_seed is None  # audited by log-probs only
+
+
+def test_groups_checked_together_get_the_shortfalls_of_a_plain_forward_under_the_claimed_weights(engine):
+    """The batched check (prompts shared, head on the predicting states, chunked) against a plain
+    full forward of each completion under another version's weights, prompts of several
+    lengths, in every layout the learner picks."""
+    from echo2.learner.sampler_audit import groups_shortfalls
+    from echo2.models.sampler import shortfall
+
+    pad = engine.tokenizer.pad_token_id
+    groups = _groups(engine, 500, _prompts(engine), temperature=0.8)
+    torch.manual_seed(0)
+    # tied weights appear once, as in a published version (functional_call ties them again)
+    other = {k: v + 0.05 * torch.randn_like(v) for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    expected = []
+    for group in groups:
+        values = []
+        for sample, c in enumerate(group.completions):
+            ids = torch.tensor([group.prompt_ids + c.token_ids])
+            with torch.no_grad():
+                logits = torch.func.functional_call(engine.model, other, (ids,)).logits[0]
+            predicting = logits[len(group.prompt_ids) - 1: -1].float()
+            k = len(c.token_ids)
+            values.append(shortfall(predicting, torch.tensor(c.token_ids), 0.8, group.sampling_seed,
+                                    samples_N=torch.full((k,), sample), positions_N=torch.arange(k)))
+        expected.append(torch.cat(values))
+    assert any(float(e.max()) > 0.5 for e in expected)  # other weights: some tokens are no longer the choice
+    for share_prompts, chunk_tokens in ((True, 5), (False, 1024)):
+        got = groups_shortfalls(engine.model, other, groups, temperature=0.8, pad_id=pad, share_prompts=share_prompts,
+                                budget_tokens=40, chunk_tokens=chunk_tokens)
+        assert [len(g) for g in got] == [len(e) for e in expected]
+        assert all(torch.allclose(g, e, atol=1e-4) for g, e in zip(got, expected, strict=True))

@@ -37,7 +37,7 @@ from echo2.learner.batching import Samples, flatten
 from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
-from echo2.learner.sampler_audit import group_shortfalls, violations
+from echo2.learner.sampler_audit import groups_shortfalls, violations
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit
 from echo2.protocol.messages import TrainGroup
@@ -168,34 +168,39 @@ class Auditor:
             return []
         self.sampler_checked = {}
         by_version: dict[int, list[TrainGroup]] = {}
-        verdicts = []
+        current: list[TrainGroup] = []  # its log-probs are checked inside the step, its sampler here
         for group in groups:
             if not chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
                 continue
             if self.needs_recompute(group, step):
                 if group.version in self.cache.payloads:
                     by_version.setdefault(group.version, []).append(group)
-            elif group.sampling_seed is not None:  # its log-probs are checked inside the step
-                self.sampler_checked[group.lease_id] = self._sampler_violations(
-                    model, None, group, temperature=temperature, pad_id=pad_id, precision=precision)
-                if self.sampler_checked[group.lease_id] > self.cfg.max_sampler_violations:  # known before the step
-                    verdicts.append(self._verdict(group, 0.0, recomputed=False))
+            elif group.sampling_seed is not None:
+                current.append(group)
+        check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
+        self._check_sampler(model, None, current, **check)
+        # a sampler violation at the current version is known before the step
+        verdicts = [self._verdict(g, 0.0, recomputed=False) for g in current
+                    if self.sampler_checked[g.lease_id] > self.cfg.max_sampler_violations]
         for version, members in sorted(by_version.items()):
             state = self.cache.get(version)
             diffs = recompute_mean_abs_diff(model, state, members, grpo=grpo,
                                             temperature=temperature, pad_id=pad_id, precision=precision)
-            for group in members:
-                if group.sampling_seed is not None:
-                    self.sampler_checked[group.lease_id] = self._sampler_violations(
-                        model, state, group, temperature=temperature, pad_id=pad_id, precision=precision)
+            self._check_sampler(model, state, [g for g in members if g.sampling_seed is not None], **check)
             verdicts += [self._verdict(g, d, recomputed=True) for g, d in zip(members, diffs, strict=True)]
         return verdicts
 
-    def _sampler_violations(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, group: TrainGroup,
-                            *, temperature: float, pad_id: int, precision: Precision) -> int:
-        shortfalls = group_shortfalls(model, state, group, temperature=temperature, pad_id=pad_id,
-                                      precision=precision)
-        return violations(shortfalls, self.cfg.sampler_margin)
+    def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
+                       *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision) -> None:
+        """Count each group's tokens that are not the seeded sampler's choice (one version's
+        groups together, in the step's pass layout)."""
+        if not groups:
+            return
+        shortfalls = groups_shortfalls(model, state, groups, temperature=temperature, pad_id=pad_id,
+                                       precision=precision, share_prompts=grpo.share_prompts,
+                                       budget_tokens=grpo.micro_batch_tokens, chunk_tokens=grpo.logprob_chunk_tokens)
+        for group, values in zip(groups, shortfalls, strict=True):
+            self.sampler_checked[group.lease_id] = violations(values, self.cfg.sampler_margin)
 
     def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:
         """Verdicts on the groups generated at the learner's current version, from the mean

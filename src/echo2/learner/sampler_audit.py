@@ -7,53 +7,125 @@ difference from the learner's logits.
 
 A multi-turn group's completions are whole transcripts: only the model's actions are checked
 (the environment's answers are not sampled), by the loss mask the log-prob audit uses, each
-token at its index in the completion, as the worker's engine drew it."""
+token at its index in the completion, as the worker's engine drew it.
+
+The logits come from the learner's own passes (learner.passes): groups of one version are
+checked together, each prompt computed once for its completions where the model allows it
+(learner.shared_prefix: 109 instead of 424 tokens a group for G = 8 completions of 8 tokens
+after a 45-token prompt), and the LM head runs on the predicting hidden states only, a chunk of
+tokens at a time, so full-vocabulary scores never exist for more than one chunk."""
 
 from __future__ import annotations
 
 import torch
 from torch.func import functional_call
 
-from echo2.learner.batching import loss_mask
+from echo2.learner.batching import Samples, flatten
+from echo2.learner.logprobs import lean_head_supported
+from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
+from echo2.learner.shared_prefix import SharedMicroBatch, shared_hidden_states
 from echo2.models.sampler import shortfall
 from echo2.protocol.messages import TrainGroup
 
 
-def group_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, group: TrainGroup, *,
-                     temperature: float, pad_id: int, precision: Precision = CPU_FP32) -> torch.Tensor:
-    """(model tokens,) each of the model's completion tokens' shortfall from the seeded
-    sampler's choice under `state` (None: the model's own weights), completions in order;
-    the group must carry its seed."""
-    if group.sampling_seed is None:
-        raise ValueError(f"group {group.lease_id} carries no sampler seed")
+class _Predicting(torch.nn.Module):
+    """A pass's predicting hidden states [N, H] and the LM head's weight (or, for a model
+    without a plain head, its logits [N, V] and None), as a module's forward so functional_call
+    can run it under a version's weights."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, mb):
+        model = self.model
+        if isinstance(mb, SharedMicroBatch):
+            return shared_hidden_states(model, mb), model.get_output_embeddings().weight
+        if lean_head_supported(model):
+            out = model.base_model(**mb.model_inputs(), use_cache=False)
+            return out.last_hidden_state[mb.rows_N, mb.cols_N], model.get_output_embeddings().weight
+        return model(**mb.model_inputs(), use_cache=False).logits[mb.rows_N, mb.cols_N], None
+
+
+def groups_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup], *,
+                      temperature: float, pad_id: int, precision: Precision = CPU_FP32, share_prompts: bool = True,
+                      budget_tokens: int = 16_384, chunk_tokens: int = 1024) -> list[torch.Tensor]:
+    """Per group, (model tokens,): each of the model's completion tokens' shortfall from the
+    seeded sampler's choice under `state` (None: the model's own weights), completions in
+    order; every group must carry its seed. `budget_tokens` and `chunk_tokens` are the learner's
+    grpo.micro_batch_tokens and grpo.logprob_chunk_tokens."""
+    for group in groups:
+        if group.sampling_seed is None:
+            raise ValueError(f"group {group.lease_id} carries no sampler seed")
+    samples = flatten(groups)
+    layout = choose_layout(model, share_prompts)
     device = precision.device
-    prompt, completions = group.prompt_ids, [c.token_ids for c in group.completions]
-    width = len(prompt) + max(len(c) for c in completions)
-    ids = torch.tensor([prompt + c + [pad_id] * (width - len(prompt) - len(c)) for c in completions], device=device)
-    mask = torch.tensor([[1] * (len(prompt) + len(c)) + [0] * (width - len(prompt) - len(c)) for c in completions],
-                        device=device)
-    # (sample, position) of each token the model drew: the environment's tokens are skipped
-    sampled = [(i, j) for i, c in enumerate(group.completions) for j, m in enumerate(loss_mask(c)) if m]
-    rows = torch.tensor([i for i, _ in sampled], dtype=torch.long, device=device)
-    positions = torch.tensor([j for _, j in sampled], dtype=torch.long, device=device)
-    targets = torch.tensor([completions[i][j] for i, j in sampled], dtype=torch.long, device=device)
+    params = None
+    if state is not None:
+        dtype = next(model.parameters()).dtype
+        params = {f"model.{name}": t.to(device, dtype) for name, t in state.items()}
+    predicting = _Predicting(model)
+    per_sample: list[torch.Tensor] = [torch.empty(0)] * len(samples)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), precision.autocast():
-            inputs = {"input_ids": ids, "attention_mask": mask}
-            if state is None:
-                logits = model(**inputs).logits
-            else:
-                dtype = next(model.parameters()).dtype
-                logits = functional_call(model, {k: t.to(device, dtype) for k, t in state.items()}, (), inputs).logits
+            for indices in plan_passes(samples, budget_tokens, layout):
+                mb = build_pass(samples, indices, pad_id, layout).to(device)
+                found = predicting(mb) if params is None else functional_call(predicting, params, (mb,))
+                by_sample = _pass_shortfalls(mb, *found, samples=samples, groups=groups, temperature=temperature,
+                                             chunk_tokens=chunk_tokens)
+                for index, values in by_sample.items():
+                    per_sample[index] = values
     finally:
         model.train(was_training)
-    # the token at position p of a completion is predicted by the output at len(prompt) + p - 1
-    predicting = logits[rows, len(prompt) + positions - 1].float()
-    return shortfall(predicting, targets, temperature, group.sampling_seed, samples_N=rows,
-                     positions_N=positions).cpu()
+    return _by_group(samples, per_sample, len(groups))
+
+
+def _pass_shortfalls(mb, found: torch.Tensor, head_weight: torch.Tensor | None, *, samples: Samples,
+                     groups: list[TrainGroup], temperature: float, chunk_tokens: int) -> dict[int, torch.Tensor]:
+    """{sample index: its model tokens' shortfalls} for one pass. A sample's tokens come in
+    order and together in every layout, so a token's position is its index in its sample's run."""
+    sample_N = mb.sample_N
+    n = sample_N.shape[0]
+    index_N = torch.arange(n, device=sample_N.device)
+    starts = torch.ones(n, dtype=torch.bool, device=sample_N.device)
+    starts[1:] = sample_N[1:] != sample_N[:-1]
+    positions_N = index_N - torch.cummax(torch.where(starts, index_N, 0), dim=0).values
+    first_of_group: dict[int, int] = {}
+    for index, group_id in enumerate(samples.group_ids):
+        first_of_group.setdefault(group_id, index)
+    group_N = torch.tensor([samples.group_ids[i] for i in sample_N.tolist()], device=sample_N.device)
+    in_group_N = sample_N - torch.tensor([first_of_group[g] for g in group_N.tolist()], device=sample_N.device)
+    out_N = torch.empty(n, dtype=torch.float64, device=sample_N.device)
+    for start in range(0, n, chunk_tokens):
+        part = slice(start, min(start + chunk_tokens, n))
+        logits = found[part] if head_weight is None else found[part].to(head_weight.dtype) @ head_weight.T
+        for group_id in group_N[part].unique().tolist():
+            rows = (group_N[part] == group_id).nonzero().squeeze(1)
+            out_N[start + rows] = shortfall(logits[rows].float(), mb.targets_N[part][rows], temperature,
+                                            groups[group_id].sampling_seed, samples_N=in_group_N[part][rows],
+                                            positions_N=positions_N[part][rows])
+    out = {}
+    for index in sample_N.unique().tolist():
+        values = out_N[sample_N == index].cpu()
+        model_tokens = torch.tensor(samples.loss_masks[index][: len(values)]) > 0  # the environment's: not sampled
+        out[index] = values[model_tokens]
+    return out
+
+
+def _by_group(samples: Samples, per_sample: list[torch.Tensor], num_groups: int) -> list[torch.Tensor]:
+    parts: list[list[torch.Tensor]] = [[] for _ in range(num_groups)]
+    for index, group_id in enumerate(samples.group_ids):
+        parts[group_id].append(per_sample[index])
+    return [torch.cat(p) if p else torch.empty(0, dtype=torch.float64) for p in parts]
+
+
+def group_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, group: TrainGroup, *,
+                     temperature: float, pad_id: int, precision: Precision = CPU_FP32) -> torch.Tensor:
+    """One group's shortfalls (groups_shortfalls of one group)."""
+    return groups_shortfalls(model, state, [group], temperature=temperature, pad_id=pad_id, precision=precision)[0]
 
 
 def violations(shortfalls: torch.Tensor, margin: float) -> int:
