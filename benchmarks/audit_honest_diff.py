@@ -45,7 +45,7 @@ WIRES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engines", default="hf-fp32,hf-bf16", help="hf-fp32, hf-bf16, vllm")
+    parser.add_argument("--engines", default="hf-fp32,hf-bf16", help="hf-fp32, hf-bf16, vllm (fp32), vllm-bf16")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--new-tokens", default="8,32")
@@ -73,8 +73,10 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
 
 
 def engine_for(name: str, source: str):
-    if name == "vllm":
-        cfg = WorkerConfig(engine="vllm", device="cpu", vllm={"dtype": "float32", "seed": 0})
+    """hf-fp32, hf-bf16, vllm-fp32 (also "vllm": the vLLM engine's CPU default), vllm-bf16."""
+    if name.startswith("vllm"):
+        dtype = "bfloat16" if name == "vllm-bf16" else "float32"
+        cfg = WorkerConfig(engine="vllm", device="cpu", vllm={"dtype": dtype, "seed": 0})
     else:
         cfg = WorkerConfig(engine="hf", device="cpu", dtype="float32" if name == "hf-fp32" else "bfloat16")
     return make_engine(cfg, source)

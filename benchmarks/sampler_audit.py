@@ -2,11 +2,12 @@
 tokens are flagged (false positives), and how fast a worker that chooses its tokens is caught.
 
 Honest workers: the HF engine in fp32 (CPU workers) with a float32 wire, and computing in bf16
-(as a GPU engine does) with a bfloat16 wire, draw groups of the one-digit addition prompts
-(G = 8, up to 8 new tokens, T = 1) with the seeded sampler, each group under its own seed. The
-learner recomputes each group under the published version in fp32 and measures how far every
-token falls short of the sampler's choice; a group is a false positive at margin m when any token
-falls short by more than m.
+(as a GPU engine does) with a bfloat16 wire, or the vLLM engine the same two ways (fp32 is what
+it computes in on the CPU by default, bf16 on a GPU; run from the vLLM venv), draw groups of
+the one-digit addition prompts (G = 8, up to 8 new tokens, T = 1) with the seeded sampler, each
+group under its own seed. The learner recomputes each group under the published version in fp32
+and measures how far every token falls short of the sampler's choice; a group is a false
+positive at margin m when any token falls short by more than m.
 
 The token-choosing worker returns greedy completions (the likeliest tokens: what a worker that
 wants its answers right returns) with their true log-probs, which pass the log-prob audit. The
@@ -15,6 +16,9 @@ quarantine: with audit.recompute_fraction f and audit.flags_to_quarantine q, abo
 groups on average (the audit picks groups by a keyed hash).
 
     .venv/bin/python benchmarks/sampler_audit.py --groups 500
+    .venv-vllm/bin/python benchmarks/sampler_audit.py --engines vllm-fp32,vllm-bf16 --groups 1000
+
+Results go to benchmarks/results/sampler_audit[_tiny][_vllm].json (_vllm when a vLLM engine ran).
 """
 
 from __future__ import annotations
@@ -41,11 +45,14 @@ from echo2.protocol.messages import RolloutCompletion, TrainGroup  # noqa: E402
 from echo2.rollout.engine import GenRequest  # noqa: E402
 
 MARGINS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
-CONFIGS = (("hf-fp32", "float32", torch.float32), ("hf-bf16", "bfloat16", torch.bfloat16))
+ENGINE_WIRES = {"hf-fp32": ("float32", torch.float32), "hf-bf16": ("bfloat16", torch.bfloat16),
+         "vllm-fp32": ("float32", torch.float32), "vllm-bf16": ("bfloat16", torch.bfloat16)}
+"""Each engine configuration (audit_honest_diff.engine_for) and the wire dtype its versions come in."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engines", default="hf-fp32,hf-bf16", help=", ".join(ENGINE_WIRES))
     parser.add_argument("--groups", type=int, default=500, help="honest groups per engine")
     parser.add_argument("--groups-bf16", type=int, default=None,
                         help="honest groups of the bf16 engine (default: --groups; bf16 on a CPU is slow)")
@@ -55,8 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=16, help="prompts per generate call")
     parser.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2",
                         help="tiny: the 1M-parameter character model (fast: thousands of groups)")
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/sampler_audit[_tiny].json")
-    return parser.parse_args(argv)
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/sampler_audit[_tiny][_vllm].json")
+    args = parser.parse_args(argv)
+    unknown = [e for e in args.engines.split(",") if e not in ENGINE_WIRES]
+    if unknown:
+        parser.error(f"--engines: unknown {unknown} (known: {', '.join(ENGINE_WIRES)})")
+    return args
 
 
 def honest_groups(engine, rows, args, seed0: int) -> list[TrainGroup]:
@@ -92,7 +103,8 @@ def flagged_share(worst: list[float], margin: float) -> float:
     return sum(w > margin for w in worst) / len(worst)
 
 
-def run_config(name, wire_name, wire, *, source, masters, rows, args, pad_id) -> dict:
+def run_config(name, *, source, masters, rows, args, pad_id) -> dict:
+    wire_name, wire = ENGINE_WIRES[name]
     engine = engine_for(name, source)
     payload = model_payload(masters, wire)
     engine.load_state_dict(payload_tensors(payload))
@@ -103,6 +115,7 @@ def run_config(name, wire_name, wire, *, source, masters, rows, args, pad_id) ->
         worst += worst_shortfalls(masters, payload, honest_groups(engine, batch, args, seed), pad_id)
         seed += len(batch)
         print(f"{name}: {len(worst)}/{wanted} honest groups", file=sys.stderr, flush=True)
+    honest_s = time.perf_counter() - started  # generation and the learner's recompute, per group below
     chooser = []
     while len(chooser) < args.chosen_groups:
         batch = rows[: min(len(rows), args.chosen_groups - len(chooser))]
@@ -117,6 +130,7 @@ def run_config(name, wire_name, wire, *, source, masters, rows, args, pad_id) ->
             "chooser_flagged_share": {str(m): flagged_share(chooser, m) for m in MARGINS},
             "chooser_groups_until_quarantine_at_defaults": (
                 audit.flags_to_quarantine / (caught * audit.recompute_fraction) if caught else None),
+            "honest_seconds_per_group": round(honest_s / len(worst), 3),
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -143,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     masters, tokenizer = load_model(source), load_tokenizer(source)
     trained_like(masters)
     rows = rows or prompts(tokenizer, args.prompts)
-    results = [run_config(name, wire_name, wire, source=source, masters=masters, rows=rows, args=args,
-                          pad_id=tokenizer.pad_token_id) for name, wire_name, wire in CONFIGS]
+    results = [run_config(name, source=source, masters=masters, rows=rows, args=args, pad_id=tokenizer.pad_token_id)
+               for name in args.engines.split(",")]
     for row in results:
         print(json.dumps(row), flush=True)
     audit = AuditConfig()
@@ -154,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
            "group_size": args.group_size,
            "default_margin": audit.sampler_margin, "recompute_fraction": audit.recompute_fraction,
            "flags_to_quarantine": audit.flags_to_quarantine, "runs": results}
-    default = f"benchmarks/results/sampler_audit{'' if args.model == 'smollm2' else '_tiny'}.json"
+    vllm = any(name.startswith("vllm") for name in args.engines.split(","))
+    default = f"benchmarks/results/sampler_audit{'' if args.model == 'smollm2' else '_tiny'}{'_vllm' if vllm else ''}.json"
     Path(args.out or ROOT / default).write_text(json.dumps(out, indent=2))
     return 0
 

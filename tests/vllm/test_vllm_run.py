@@ -1,6 +1,8 @@
 """`echo2 run` with vLLM workers (`make test-vllm`): real processes, the policy improves on
-held-out problems, every trained group respects the staleness bound, and the workers loaded
-the versions the learner published through the broadcast."""
+held-out problems, every trained group respects the staleness bound, the workers loaded the
+versions the learner published through the broadcast, and they draw with the seeded sampler:
+the run requires it (audit.require_seeded_sampler's default) and the audit finds every checked
+token to be the sampler's choice, so no honest vLLM worker is quarantined."""
 
 from __future__ import annotations
 
@@ -27,8 +29,6 @@ def _vllm_run(tmp_path: Path, name: str, **sections):
         warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
         sampling={"max_new_tokens": 6, "group_size": 8},
         workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
-        # vLLM samples freely: its log-probs are what the audit checks
-        audit={"require_seeded_sampler": False, **sections.pop("audit", {})},
         **sections,
     )
     config = write_config(tmp_path / f"{name}.toml", cfg)
@@ -53,6 +53,15 @@ def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
     loaded = records(cfg.run_path, "weights_loaded")
     assert {r["worker_id"] for r in loaded} == {"w0", "w1"}
     assert max(r["version"] for r in loaded) >= 140  # they followed the learner to the end
+    _assert_sampler_checks_pass(cfg)
+
+
+def _assert_sampler_checks_pass(cfg) -> None:
+    """The audit checked groups against the seeded sampler and found no token it would not pick."""
+    audits = records(cfg.run_path, "audit")
+    assert sum(a["groups_sampler_checked"] for a in audits) > 0
+    assert sum(a["sampler_violations"] for a in audits) == 0 and sum(a["groups_failed"] for a in audits) == 0
+    assert records(cfg.run_path, "worker_quarantined") == []
 
 
 def test_lora_run_with_vllm_workers_applies_each_adapter_version(tmp_path):
@@ -73,5 +82,4 @@ def test_lora_run_with_vllm_workers_applies_each_adapter_version(tmp_path):
     # versions are the adapters only: a small fraction of the base model's weights
     base_bytes = sum(f.stat().st_size for f in Path(cfg.base_model_path).glob("*.safetensors"))
     assert {r["bytes"] for r in loaded} == {summary["bytes_per_version"]} and 5 * summary["bytes_per_version"] < base_bytes
-    audits = records(cfg.run_path, "audit")
-    assert sum(a["groups_audited"] for a in audits) > 0 and sum(a["groups_failed"] for a in audits) == 0
+    _assert_sampler_checks_pass(cfg)

@@ -35,7 +35,7 @@ class AuditConfig(Frozen):
     one. Fewer leaves the oldest admissible groups unaudited (with S = 2 in the demo, most
     trained groups are two versions old)."""
     require_seeded_sampler: bool = True
-    """Workers must draw tokens with the seeded sampler (the HF engine does; vLLM samples freely):
+    """Workers must draw tokens with the seeded sampler (echo2's engines, hf and vllm, do):
     then the audit checks that every token of a recomputed group is the one the lease's seed
     picks, which catches a worker that chooses its tokens and reports their true log-probs.
     Off: free-sampling workers may join, and their groups are checked by log-probs only."""

@@ -47,8 +47,9 @@ class WorkerDesk:
         self.registry.take_join_token(source)
         if self.settings.require_seeded_sampler and req.sampler != "seeded":
             raise RequestError(422, f"sampler {req.sampler!r}: this run audits every worker's tokens against the "
-                                    "seeded sampler (audit.require_seeded_sampler = true), which the hf engine "
-                                    "uses; run this worker with engine = 'hf', or set audit.require_seeded_sampler "
+                                    "seeded sampler (audit.require_seeded_sampler = true), which echo2's engines "
+                                    "use; run this worker with engine = 'hf' or 'vllm' (of this release), or set "
+                                    "audit.require_seeded_sampler "
                                     "= false on the run (free-sampling workers are then audited by log-probs only)")
         record, credential, old = self.registry.admit(req)
         if old is not None:

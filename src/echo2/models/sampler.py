@@ -45,10 +45,14 @@ def check_seed(seed: int) -> int:
     return seed
 
 
-def gumbel_noise(seed: int, samples_N: torch.Tensor, positions_N: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(N, vocab) float64 Gumbel noise for the tokens at (sample, position) of a lease's seed."""
+def gumbel_noise(seed: int | torch.Tensor, samples_N: torch.Tensor, positions_N: torch.Tensor,
+                 vocab: int) -> torch.Tensor:
+    """(N, vocab) float64 Gumbel noise for the tokens at (sample, position) of a lease's seed, or
+    of each row's own lease: `seed` an (N,) tensor of 32-bit seeds (checked by the caller, as
+    they arrive: checking here would wait on the device every step)."""
     device = samples_N.device
-    row = mix32(mix32(samples_N.long() + 0x9E3779B9) ^ mix32(positions_N.long() + 0x85EBCA6B) ^ check_seed(seed))
+    seeds = seed.long() if isinstance(seed, torch.Tensor) else check_seed(seed)
+    row = mix32(mix32(samples_N.long() + 0x9E3779B9) ^ mix32(positions_N.long() + 0x85EBCA6B) ^ seeds)
     columns = mix32(torch.arange(vocab, device=device, dtype=torch.long) + 0xC2B2AE35)
     bits = mix32(row[:, None] ^ columns[None, :]) >> (32 - _UNIFORM_BITS)
     uniform = (bits.double() + 0.5) / 2**_UNIFORM_BITS
@@ -77,3 +81,14 @@ def shortfall(logits_NV: torch.Tensor, tokens_N: torch.Tensor, temperature: floa
     logits this is computed with, and only at near-ties."""
     scores = perturbed(logits_NV, temperature, seed, samples_N=samples_N, positions_N=positions_N)
     return scores.max(dim=-1).values - scores.gather(-1, tokens_N.long()[:, None]).squeeze(-1)
+
+
+def draw(logits_NV: torch.Tensor, temperatures_N: torch.Tensor, seeds_N: torch.Tensor, *, samples_N: torch.Tensor,
+         positions_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of several leases at once (an engine's batch): each row's token, the argmax of
+    `perturbed` under its own temperature and seed, and that token's log-prob under
+    softmax(logits / T), the distribution it was drawn from (the behaviour log-prob)."""
+    scaled = logits_NV.double() / temperatures_N.double()[:, None]
+    tokens = (scaled + gumbel_noise(seeds_N, samples_N, positions_N, logits_NV.shape[-1])).argmax(dim=-1)
+    logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logprobs

@@ -83,9 +83,9 @@ class RegisterRequest(Message):
     """The worker's echo2 release, named (with the protocol) when its protocol is refused."""
     sampler: Literal["seeded", "free"] = "seeded"
     """How its engine draws tokens: "seeded", the seeded sampler (`models/sampler.py`) with each
-    lease's seed, which the learner's audit checks token by token; "free", the engine's own
-    sampling (vLLM), audited by log-probs only and refused unless audit.require_seeded_sampler
-    is off."""
+    lease's seed, which the learner's audit checks token by token (echo2's hf and vllm engines);
+    "free", the engine's own sampling, audited by log-probs only and refused unless
+    audit.require_seeded_sampler is off."""
 
 
 class RegisterResponse(Message):

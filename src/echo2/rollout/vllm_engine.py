@@ -1,9 +1,16 @@
-"""vLLM engine: vLLM's offline `LLM` inside the worker process. It samples a prompt's group as
-one request with n completions (they share the prompt's KV cache), and returns each sampled
-token's log-prob under the distribution it was drawn from: with `logprobs_mode =
-"processed_logprobs"` vLLM reports log-probs after temperature (the default, raw, is before it,
-which is not what the learner's ratio compares against), and top-k/top-p/min-p stay off so
-that distribution is the full softmax of logits / temperature, as in the learner's loss.
+"""vLLM engine: vLLM's offline `LLM` inside the worker process, drawing every sampled token with
+the seeded sampler (models/sampler.py), as the HF engine does, so the learner's audit checks
+each token against its lease's seed. vLLM's own sampler draws from its own generator, which no
+learner can replay; its V1 engine instead takes custom logits processors, and vllm_sampler.py
+has one: each completion is a greedy request (temperature 0) naming its seed, sample index,
+first position and temperature in `extra_args`, and the processor (applied before greedy
+decoding) leaves only the seeded sampler's token standing, holding its log-prob under
+softmax(logits / T). With `logprobs_mode = "processed_logits"` an all-greedy batch reports what
+the processor wrote, so the log-prob returned is the behaviour log-prob (vLLM's default, raw
+log-probs, is before temperature). A request without a seed (a multi-turn episode's turn) is
+drawn the same way under a seed this engine draws itself (from `vllm.seed` when set). A group
+is G requests of one completion, each with its sample index: vLLM splits an n-completion
+request into n child requests anyway, and prefix caching shares the prompt's KV blocks.
 
 New versions go in place: the tensors the broadcast verified are handed to vLLM's
 `reload_weights` through `collective_rpc`, with vLLM's engine core running in this process
@@ -20,6 +27,7 @@ vLLM computes W x + (alpha / r) B A x unmerged, as the learner does.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +36,7 @@ from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig
 from echo2.models.device import resolve_device, resolve_dtype
 from echo2.rollout.engine import Completion, Engine, GenRequest
+from echo2.rollout.vllm_sampler import processor_class, seeded_request
 
 INSTALL_HINT = (
     "worker.engine='vllm' needs the vLLM package: on a GPU machine `pip install 'echo2[vllm]'` (vLLM brings "
@@ -42,8 +51,12 @@ ADAPTER_NAME, ADAPTER_ID = "policy", 1
 
 
 class VLLMEngine(Engine):
+    seeded = True
+
     def __init__(self, model_source: str, device: str, cfg: VLLMConfig, lora: LoraConfig | None = None) -> None:
         self.lora = lora
+        # seeds of requests that bring none: reproducible under vllm.seed, else fresh per process
+        self.own_seeds = random.Random(cfg.seed) if cfg.seed is not None else secrets.SystemRandom()
         self.adapter = None
         """The LoRARequest generations name once an adapter version is loaded."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
@@ -73,13 +86,15 @@ class VLLMEngine(Engine):
         return self._thread.submit(fn, *args).result()
 
     def _generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
-        from vllm import SamplingParams
-
-        params = [SamplingParams(n=r.n, temperature=r.temperature, max_tokens=r.max_new_tokens, top_k=0, top_p=1.0,
-                                 min_p=0.0, logprobs=0, detokenize=False) for r in requests]
-        prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter)
-        return [[_completion(sample) for sample in out.outputs] for out in outputs]
+        params, prompts = [], []
+        for r in requests:
+            seed = r.seed if r.seed is not None else self.own_seeds.getrandbits(32)
+            for i in range(r.n):
+                params.append(seeded_request(seed=seed, sample=r.first_sample + i, first_position=r.first_position,
+                                             temperature=r.temperature, max_tokens=r.max_new_tokens))
+                prompts.append({"prompt_token_ids": r.prompt_ids})
+        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter))
+        return [[_completion(next(outputs).outputs[0]) for _ in range(r.n)] for r in requests]
 
     def _greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams
@@ -155,7 +170,10 @@ def _make_llm(model_source: str, device: str, cfg: VLLMConfig, lora: LoraConfig 
         max_model_len=cfg.max_model_len,
         enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else where.type == "cpu",
         max_num_seqs=cfg.max_num_seqs,
-        logprobs_mode="processed_logprobs",
+        # every sampled request is greedy over the seeded processor's output, which holds the
+        # chosen token's log-prob: report that value as it is
+        logprobs_mode="processed_logits",
+        logits_processors=[processor_class()],
         generation_config="vllm",  # the model's suggested top-k/top-p must not change the distribution
         **_lora_settings(lora),
     )

@@ -40,7 +40,7 @@ from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
 from echo2.rollout.engine import Engine
-from echo2.rollout.engine_factory import make_engine
+from echo2.rollout.engine_factory import engine_type, make_engine
 from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
 from echo2.rollout.follower import VersionFollower
 from echo2.rollout.link import CoordinatorLink, Stopping
@@ -194,7 +194,7 @@ class Worker:
         req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
                               download_bps=cfg.bandwidth_bps, release=RELEASE,
-                              sampler="seeded" if cfg.engine == "hf" else "free")
+                              sampler="seeded" if engine_type(cfg.engine).seeded else "free")
         try:
             reg = registration_reply(await self._join(req))
         except RefusedError as exc:
