@@ -197,6 +197,7 @@ def main() -> int:
         "learner_wall_s_chaos": chaos_summary["learner_wall_s"], "learner_wall_s_clean": clean["learner_wall_s"],
         "clean_run_s": clean_s,
     }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # kept should the slow-answer run fail
     result["slow_answers"] = slow_answer_run(args.config, base, args.slow_steps, start=_start, stop=_stop,
                                              token=TOKEN)
     result["goal_met"] = (result["slow_answers"]["goal_met"] and result["survived"] and books["rollouts_lost"] == 0 and books["duplicates"] == 0

@@ -46,6 +46,9 @@ def write_config(demo_config: str, base: Path, steps: int) -> Path:
     data["task"] = {"name": "math", "dataset": str(write_dataset(data_dir / "addition.jsonl")), "instruction": "",
                     "eval_size": 100}
     data["sampling"]["max_new_tokens"] = 24
+    # what this run shows does not depend on how well the base model adds: a short warm start
+    # (about a minute) that teaches the \boxed{} format
+    data["warmstart"]["steps"] = 200
     data["train"].update({"steps": steps, "eval_every": steps, "checkpoint_every": steps})
     data["run_dir"] = str(base / "slow")
     path = base / "slow.toml"
@@ -87,7 +90,8 @@ def slow_answer_run(demo_config: str, base: Path, steps: int, *, start, stop, to
     slow = None
     prober = None
     try:
-        url = wait_for(lambda: coordinator_url(run_dir), 600, "the coordinator", alive=run)
+        # the first run of this config warm-starts its base model (cached for later runs)
+        url = wait_for(lambda: coordinator_url(run_dir), 1800, "the coordinator", alive=run)
         slow = start(["--coordinator", url, "--metrics", str(run_dir / "metrics.jsonl"), "--set",
                       f"worker_id={SLOW_ID}"], base / "slow-worker.log", module="tests.reliability.slow_answer_worker")
         prober = Prober(url, token)

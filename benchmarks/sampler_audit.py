@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=500, help="honest groups per engine")
     parser.add_argument("--groups-bf16", type=int, default=None,
                         help="honest groups of the bf16 engine (default: --groups; bf16 on a CPU is slow)")
+    parser.add_argument("--honest-budget-s", type=float, default=None,
+                        help="stop drawing honest groups after this many seconds per engine (the count reached is "
+                             "reported as honest_groups, the count asked for as honest_groups_wanted)")
     parser.add_argument("--chosen-groups", type=int, default=64, help="groups of the token-choosing worker")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=8)
@@ -110,7 +113,7 @@ def run_config(name, *, source, masters, rows, args, pad_id) -> dict:
     engine.load_state_dict(payload_tensors(payload))
     started, worst, seed = time.perf_counter(), [], 1000
     wanted = args.groups_bf16 if wire is torch.bfloat16 and args.groups_bf16 is not None else args.groups
-    while len(worst) < wanted:
+    while len(worst) < wanted and (args.honest_budget_s is None or time.perf_counter() - started < args.honest_budget_s):
         batch = rows[: min(len(rows), wanted - len(worst))]
         worst += worst_shortfalls(masters, payload, honest_groups(engine, batch, args, seed), pad_id)
         seed += len(batch)
@@ -123,7 +126,8 @@ def run_config(name, *, source, masters, rows, args, pad_id) -> dict:
         seed += len(batch)
     audit = AuditConfig()
     caught = flagged_share(chooser, audit.sampler_margin)
-    return {"engine": name, "wire_dtype": wire_name, "honest_groups": len(worst), "chosen_groups": len(chooser),
+    return {"engine": name, "wire_dtype": wire_name, "honest_groups": len(worst), "honest_groups_wanted": wanted,
+            "chosen_groups": len(chooser),
             "tokens_per_group_max": args.group_size * args.new_tokens,
             "honest_false_positive_rate": {str(m): flagged_share(worst, m) for m in MARGINS},
             "honest_largest_shortfall": max(worst),

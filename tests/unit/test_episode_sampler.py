@@ -27,7 +27,9 @@ from echo2.rollout.hf_engine import HFEngine
 from echo2.tasks import make_task
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=2, group_size=4)
-MARGIN = AuditConfig().sampler_margin
+# below the default (1.0): the tampering here swaps one token for the likeliest other one, the
+# smallest lie there is, whose Gumbel gap passes 0.5 often and 1.0 less often
+MARGIN = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +146,8 @@ def test_an_episode_with_one_chosen_action_token_fails_the_audit(setup, honest):
         assert gap > 1e-3 and abs(float(shortfalls[index]) - gap) < 1e-4  # the swap, where the worker drew it
         chosen.append(tampered)
         expected.append(bool((shortfalls > MARGIN).any()))
-    auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=1, secret=b"s", exact_wire=True)
+    auditor = Auditor(AuditConfig(recompute_fraction=1.0, sampler_margin=MARGIN), max_staleness=1, secret=b"s",
+                      exact_wire=True)
     auditor.published(0, model_payload(model))
     # a step after the groups' version: both checks recompute them under the published version
     verdicts = {v.lease_id: v for v in auditor.check_before_step(
