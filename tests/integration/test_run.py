@@ -217,4 +217,6 @@ def _partial_activation(run_dir, latest: bool = False):
     decisions = records(run_dir, "activation")
     if latest:
         decisions = decisions[-1:]
-    return next((r for r in decisions if 0 < len(r["active"]) < 4), None)
+    # a decision made before demand is known (required_rps None) idles no one on purpose: a
+    # worker lost that early (a loaded machine) leaves fewer active for that reason alone
+    return next((r for r in decisions if 0 < len(r["active"]) < 4 and r["required_rps"] is not None), None)
