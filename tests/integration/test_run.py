@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -117,6 +118,7 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
         wait_for(lambda: last_step(cfg.run_path) >= 3, 180, "three learner steps", alive=proc)
         wait_for(lambda: _leases_held(cfg.run_path, "w0") > 0, 60, "w0 to hold a lease", poll_s=0.05, alive=proc)
         pids = json.loads((cfg.run_path / "pids.json").read_text())
+        killed_at = time.time()
         os.kill(pids["worker-0"], signal.SIGKILL)
         assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
     trained = _trained(cfg.run_path)
@@ -124,9 +126,12 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     assert_sound(accounting(cfg.run_path, max_staleness=1), 40)  # nothing lost, nothing twice, <= S
     prompts = [p for r in trained for p in r["prompt_indices"]]
     assert len(prompts) == len(set(prompts))  # nothing trained twice
-    lost = [r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == "w0"]
+    # lost once after the kill (on a loaded machine the live w0 can also miss its 1.5 s timeout
+    # before it and register again: not what this test is about)
+    lost = [r for r in records(cfg.run_path, "worker_lost") if r["worker_id"] == "w0" and r["time"] >= killed_at]
     assert len(lost) == 1
-    requeued = [r for r in records(cfg.run_path, "lease_requeued") if r["worker_id"] == "w0"]
+    requeued = [r for r in records(cfg.run_path, "lease_requeued") if r["worker_id"] == "w0"
+                and r["time"] >= killed_at]
     assert len(requeued) == lost[0]["leases_requeued"] >= 1
     # its stranded prompts were leased again: each was trained (exactly once, checked above) or,
     # when the worker that took it over sent its group back too stale for the learner's step
