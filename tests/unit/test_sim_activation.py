@@ -38,29 +38,31 @@ def test_the_simulator_drives_the_coordinators_controller():
     assert type(controller.core) is ActivationController
 
 
-def test_online_activation_runs_a_cheap_cover_and_releases_the_rest():
+def test_online_activation_acquires_a_cheap_cover_and_leaves_the_rest_unacquired():
     online, everyone = simulate(_scenario("online")), simulate(_scenario("all"))
     assert online.finished and everyone.finished
     assert online.utilization_steady >= 0.9  # the chosen set still feeds the learner
-    assert online.releases >= 6 and online.controller_switches >= 1
     hours = online.fleet_time_h
-    assert hours["idle"] > 0 and hours["released"] > 0
+    assert hours["released"] > 0  # offered and never acquired: billed nothing
     assert hours["active"] < 0.5 * everyone.fleet_time_h["active"]
     assert everyone.fleet_time_h["idle"] == 0 and everyone.releases == 0
     assert online.fleet_cost < 0.6 * everyone.fleet_cost
-    # the dear workers were the first to go: no cheaper set needs them
-    dear = [w for w in online.to_dict(per_worker=True)["per_worker"] if w["class"] == "dear"]
-    cheap = [w for w in online.to_dict(per_worker=True)["per_worker"] if w["class"] == "cheap"]
-    assert sum(w["active_s"] for w in dear) < sum(w["active_s"] for w in cheap) / 5
+    per_worker = online.to_dict(per_worker=True)["per_worker"]
+    # the planner's choice from the catalog prior, from the first decision: two cheap workers
+    # (1.6 rollouts/s needed, 1/s each), no dear one, and no worker rented then dropped
+    assert sum(1 for w in per_worker if w["class"] == "cheap" and w["billed_s"] > 0) == 2
+    assert all(w["billed_s"] == 0 for w in per_worker if w["class"] == "dear")
+    assert online.acquires == 2 and online.controller_switches == 1
 
 
-def test_a_static_provider_never_releases_and_bills_idle_time():
+def test_a_static_provider_runs_every_machine_and_bills_the_idle_ones():
     static, local = simulate(_scenario("online", provider="static")), simulate(_scenario("online"))
-    assert static.releases == 0 and static.fleet_time_h["released"] == pytest.approx(0.0, abs=1e-9)
+    assert static.releases == 0 and static.fleet_time_h["released"] == pytest.approx(0.0, abs=0.01)
     assert static.fleet_time_h["idle"] > local.fleet_time_h["idle"]
     assert static.fleet_cost > local.fleet_cost
     per_worker = static.to_dict(per_worker=True)["per_worker"]
     assert all(w["active_s"] + w["idle_s"] == pytest.approx(w["billed_s"]) for w in per_worker)
+    assert static.utilization_steady >= 0.9
 
 
 def test_a_preempted_active_worker_is_replaced_by_a_spare_of_its_class():

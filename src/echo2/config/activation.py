@@ -3,9 +3,10 @@ how it measures them and when it releases idle ones."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from echo2.config.base import Frozen
 
@@ -49,7 +50,22 @@ class ActivationConfig(Frozen):
     release_after_s: float = Field(10.0, ge=0.0)
     """With a releasable provider: how long a worker must stay inactive before it is released
     (a short idle spell is cheaper to ride out than a stop and a cold start)."""
+    catalog: str = ""
+    """An `echo2 plan` catalog (TOML: [learner], [workers.NAME], [workload], [broadcast]); with it,
+    workers that declare one of its classes (worker.worker_class) are chosen by the planner's own
+    model, the catalog's figures as the prior and the run's measurements in their place
+    (policy/planned.py). The run's S and batch replace the catalog's workload. Empty: every
+    worker is priced by its measured rate alone. `echo2 sim` takes the scenario as its catalog
+    (sim.activation = "online") and ignores this."""
     max_worker_share: float = Field(0.5, gt=0.0, le=1.0)
     """Most of a batch one worker's groups fill, and of the demand it is credited with while
     other measured workers are live (policy/trust.py, policy/credit.py; one worker alone is
     never capped). 1.0 turns both off."""
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_exists(cls, path: str) -> str:
+        if path and not Path(path).is_file():
+            raise ValueError(f"no file at {path!r}: give the path of an `echo2 plan` catalog TOML "
+                             "(e.g. configs/catalog/example.toml), or leave it empty")
+        return path

@@ -107,6 +107,10 @@ class SimSettings(Frozen):
     """Coefficient of variation of one lease's generation time (gamma-distributed)."""
     max_sim_s: float = Field(1e9, gt=0)
     """Simulated-time horizon: a run that has not finished by then stops and says so."""
+    preemption_scale: float = Field(1.0, gt=0)
+    """Simulated machines are preempted this many times as often as their class's mean_uptime_s
+    says, while the planner and the controller's prior still read mean_uptime_s: a provider
+    whose spot machines go away more often than advertised."""
 
 
 class SweepSettings(Frozen):

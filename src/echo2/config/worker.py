@@ -57,6 +57,10 @@ class WorkerConfig(Frozen):
     tasks_per_lease: int = Field(2, ge=1, le=256)
     """Prompts leased (and generated as one batch) per request."""
     price_per_hour: float = Field(0.0, ge=0)
+    worker_class: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    """Its class in the run's activation catalog ([activation] catalog), e.g. "a100_spot": the
+    catalog's figures for that class are its prior until the coordinator has measured it (a
+    claim, trusted for activation.probation_timeout_s at most). Empty: none."""
     """What this worker costs; the coordinator's cost accounting and activation use it."""
     slowdown: float = Field(1.0, ge=1.0, le=1000.0)
     """EMULATION ONLY, for local runs: after each generation the worker idles (slowdown - 1) x

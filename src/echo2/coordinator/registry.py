@@ -43,6 +43,10 @@ class WorkerRecord:
     busy_s: float = 0.0
     """Time it held at least one lease, on the coordinator's clock: with `rollouts` (validated
     submissions) its measured throughput, which is what activation uses."""
+    stale_since: float | None = None
+    stale_s: float = 0.0
+    """Time active, holding no lease, with weights too stale to be given any (waiting for a
+    version its link has not brought yet): part of its working time for activation."""
     claimed_rollouts: int = 0
     claimed_busy_s: float = 0.0
     """What its heartbeats say (reported beside the measurement, never used to decide)."""
@@ -55,6 +59,21 @@ class WorkerRecord:
 
     def measured_busy_s(self, now: float) -> float:
         return self.busy_s + (now - self.busy_since if self.leases_held else 0.0)
+
+    def measured_stale_s(self, now: float) -> float:
+        return self.stale_s + (now - self.stale_since if self.stale_since is not None else 0.0)
+
+    def work_counters(self, now: float) -> tuple[int, float, float]:
+        """(validated rollouts, lease-holding s, too-stale s): what activation measures it by."""
+        return self.rollouts, self.measured_busy_s(now), self.measured_stale_s(now)
+
+    def mark_stale(self, stale: bool, now: float) -> None:
+        """Open or close its too-stale spell."""
+        if stale and self.stale_since is None:
+            self.stale_since = now
+        elif not stale and self.stale_since is not None:
+            self.stale_s += now - self.stale_since
+            self.stale_since = None
 
 
 class Registry:

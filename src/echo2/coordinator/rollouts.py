@@ -126,6 +126,6 @@ class RolloutIntake:
 
     def _measure(self, record: WorkerRecord) -> None:
         """Throughput as the coordinator sees it: validated rollouts per second of holding
-        leases. A worker's own figures (heartbeats) never steer activation: one claiming 10^6
+        leases or being too stale to get any. A worker's own figures (heartbeats) never steer activation: one claiming 10^6
         rollouts/s once had the honest workers switched off."""
-        self.controller.observe_busy(record.worker_id, record.rollouts, record.measured_busy_s(self.clock()))
+        self.controller.observe_busy(record.worker_id, *record.work_counters(self.clock()))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from echo2.config.activation import ActivationConfig
 from echo2.config.broadcast import BroadcastConfig
+from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.run import LoraConfig, RunConfig
 from echo2.config.scoring import ScoringConfig
 from echo2.protocol.messages import SamplingParams
@@ -23,6 +24,8 @@ class Settings:
     worker_timeout_s: float
     lease_timeout_s: float
     activation: ActivationConfig
+    activation_catalog: PlanConfig | None
+    """[activation] catalog, loaded, with the run's S and batch in its workload."""
     learner_price_per_hour: float
     broadcast: BroadcastConfig
     learner_upload_bps: float
@@ -60,6 +63,7 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         worker_timeout_s=cfg.coordinator.worker_timeout_s,
         lease_timeout_s=cfg.coordinator.lease_timeout_s,
         activation=cfg.activation,
+        activation_catalog=_catalog(cfg),
         learner_price_per_hour=cfg.learner.price_per_hour,
         broadcast=cfg.broadcast,
         learner_upload_bps=cfg.learner.upload_bps,
@@ -76,3 +80,13 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         fresh_leases=cfg.train.fresh_leases,
         scoring=cfg.coordinator.scoring,
     )
+
+
+def _catalog(cfg: RunConfig) -> PlanConfig | None:
+    if not cfg.activation.catalog:
+        return None
+    catalog = load_plan_config(cfg.activation.catalog)
+    workload = catalog.workload.model_copy(update={
+        "max_staleness": cfg.train.max_staleness, "prompts_per_step": cfg.grpo.prompts_per_step,
+        "group_size": cfg.sampling.group_size})
+    return catalog.model_copy(update={"workload": workload})

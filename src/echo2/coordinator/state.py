@@ -54,7 +54,8 @@ class CoordinatorState:
         self.controller = ActivationController(s.activation,
                                                batch_rollouts=s.groups_per_step * s.sampling.group_size,
                                                max_staleness=s.max_staleness,
-                                               learner_price_per_hour=s.learner_price_per_hour, now=clock())
+                                               learner_price_per_hour=s.learner_price_per_hour, now=clock(),
+                                               catalog=s.activation_catalog)
         self.versions = VersionDesk(store, s.broadcast, s.learner_upload_bps)
         self.counters = Counters(**store.get_meta("counters", {}))
         self.audit = AuditLedger(s.audit_flags_to_quarantine, store.get_meta("quarantined", {}))

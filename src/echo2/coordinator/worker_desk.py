@@ -51,11 +51,12 @@ class WorkerDesk:
                                     "use; run this worker with engine = 'hf' or 'vllm' (of this release), or set "
                                     "audit.require_seeded_sampler "
                                     "= false on the run (free-sampling workers are then audited by log-probs only)")
+        self._check_class(req.worker_class)
         record, credential, old = self.registry.admit(req)
         if old is not None:
             self.release_leases(record.worker_id, reason="reregistered")
         self.groups.plane.trust.forget(record.worker_id)  # earned by a registration, not an id
-        self.controller.join(record.worker_id, req.price_per_hour)
+        self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None)
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
                                                source=source))
@@ -66,6 +67,13 @@ class WorkerDesk:
             learner_public_key=self.versions.public_key_hex, credential=credential, task=self.scorer.task_config(),
             lora=s.lora,
         )
+
+    def _check_class(self, worker_class: str) -> None:
+        planned = self.controller.planned
+        if worker_class and planned is not None and not planned.knows(worker_class):
+            known = ", ".join(sorted(planned.catalog.workers))
+            raise RequestError(422, f"worker_class {worker_class!r} is not a class of the run's activation catalog "
+                                    f"(classes: {known}); set worker.worker_class to one of them, or empty")
 
     def leave(self, req: LeaveRequest) -> None:
         """A worker shutting down cleanly: its leases go back at once, no timeout needed. With a
@@ -85,6 +93,9 @@ class WorkerDesk:
         held = req.version if req.base_version is None else req.base_version
         self.versions.check(held, "heartbeat.base_version")
         record.version = req.version
+        self.track_stale(record)
+        if record.stale_since is not None:  # too stale to lease, it submits nothing: sample it now
+            self.controller.observe_busy(record.worker_id, *record.work_counters(self.clock()))
         if req.swap_s is not None:
             self.controller.observe_swap(req.swap_s)
         record.claimed_rollouts, record.claimed_busy_s = req.rollouts_total, req.busy_s_total
@@ -132,11 +143,21 @@ class WorkerDesk:
                             held_by_worker=len(self.leases_book.held_by(record.worker_id)), worker_id=record.worker_id,
                             held_by_new=self.leases_book.held_by_new(plane.trust.is_new))
         if grant.count == 0:
+            self.track_stale(record)
             return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
         deadline_s = plane.trust.deadline_s(record.worker_id, self.settings.lease_timeout_s)
         leases = self.leases_book.issue(record, req.version, grant.count, deadline_s)
+        self.track_stale(record)
         tasks = [self._task(lease) for lease in leases]
         return LeaseResponse(tasks=tasks)
+
+    def track_stale(self, record: WorkerRecord) -> None:
+        """Time an active worker holds no lease because its weights are too stale (the worker
+        does not even ask then: its heartbeats say which version it holds) counts as working
+        time in its measured rate, so a link too slow for S shows in what it is credited."""
+        stale = (self.controller.is_active(record.worker_id) and record.leases_held == 0 and record.version >= 0
+                 and not self.groups.plane.may_lease(record.version))
+        record.mark_stale(stale, self.clock())
 
     def _task(self, lease: Lease) -> Task:
         return Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),

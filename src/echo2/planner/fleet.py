@@ -11,13 +11,23 @@ larger than the one it was planned with); the final numbers are re-evaluated at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from echo2.config.catalog import PlanConfig, WorkerClass
 from echo2.planner import capacity, tail
 from echo2.planner.activation import activate
 from echo2.planner.covering import Activation, Offer, covers
 from echo2.planner.dissemination import bytes_per_s, dissemination_s
+
+
+@dataclass(frozen=True)
+class MeasuredOnTime:
+    """A class's share of output a run kept in time, and the slowest link of the fleet then."""
+
+    share: float
+    slowest_bps: float
 
 
 @dataclass(frozen=True)
@@ -48,32 +58,32 @@ class ClassPlan:
     reachable: bool
 
 
-def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = None) -> list[ClassPlan]:
+def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = None,
+                measured_on_time: Mapping[str, MeasuredOnTime] | None = None) -> list[ClassPlan]:
     """Every class's latencies and admissible rate when N = n_workers receive each version.
 
     A shared broadcast round runs at its slowest link, so what a class delivers depends on the
     slowest class beside it: `slowest_bps` is the slowest bandwidth in the fleet (None: each
-    class alone). A class slower than it is evaluated as the new slowest link."""
+    class alone). A class slower than it is evaluated as the new slowest link.
+
+    `measured_on_time`: per class, the share of its output a run measured landing in time (the
+    online controller's, `policy.planned`); it replaces the predicted on-time share and the
+    all-or-nothing overlap condition, which a class near the boundary still delivers through,
+    in fleets whose slowest link is no slower than the one it was measured under."""
+    measured = measured_on_time or {}
     return [
-        _class_plan(cfg, name, worker, n_workers=max(1, n_workers), slowest_bps=slowest_bps)
+        _class_plan(cfg, name, worker, n_workers=max(1, n_workers), slowest_bps=slowest_bps,
+                    measured_on_time=measured.get(name))
         for name, worker in cfg.workers.items()
     ]
 
 
 def _class_plan(
-    cfg: PlanConfig, name: str, worker: WorkerClass, *, n_workers: int, slowest_bps: float | None
+    cfg: PlanConfig, name: str, worker: WorkerClass, *, n_workers: int, slowest_bps: float | None,
+    measured_on_time: MeasuredOnTime | None = None,
 ) -> ClassPlan:
     work, net, settings = cfg.workload, cfg.broadcast, cfg.plan
-    transfer_s = dissemination_s(
-        net.topology,
-        work.snapshot_bytes,
-        n_workers,
-        learner_bytes_per_s=bytes_per_s(cfg.learner.uplink_bps),
-        worker_bytes_per_s=bytes_per_s(worker.bandwidth_bps),
-        chunk_bytes=net.chunk_bytes,
-        fanout=net.fanout,
-        hop_latency_s=net.hop_latency_s,
-    )
+    transfer_s = _transfer_s(cfg, worker, n_workers)
     floor_bps = worker.bandwidth_bps if slowest_bps is None else min(slowest_bps, worker.bandwidth_bps)
     if net.topology == "ideal":  # every downlink its own: only the worker's own link matters
         floor_bps = worker.bandwidth_bps
@@ -94,12 +104,16 @@ def _class_plan(
     join_s = transfer_s * work.newcomer_bytes / work.snapshot_bytes
     up = tail.availability(worker.mean_uptime_s, period_s / 2 + join_s + work.load_time_s + gen_s / 2)
     rate = cfg.worker_rps(worker)
+    if measured_on_time is not None and floor_bps < measured_on_time.slowest_bps:
+        measured_on_time = None  # slower rounds than it was measured under: the model's prediction
+    if measured_on_time is not None:
+        on_time = measured_on_time.share
     admissible = capacity.effective_throughput_rps(
         rate,
         work.max_staleness,
         work.step_time_s,
-        dissemination_s=dis_s,
-        generation_s=tail_s,
+        dissemination_s=dis_s if measured_on_time is None else 0.0,
+        generation_s=tail_s if measured_on_time is None else 0.0,
         stall_s=stall_s,
         swap_interval_s=interval_s,
     )
@@ -119,6 +133,21 @@ def _class_plan(
         on_time=on_time,
         s_min=capacity.min_staleness(dis_s, tail_s, work.step_time_s),
         reachable=worker.reachable,
+    )
+
+
+def _transfer_s(cfg: PlanConfig, worker: WorkerClass, n_workers: int) -> float:
+    """One version to the slowest position of the broadcast, N = n_workers receiving it."""
+    net = cfg.broadcast
+    return dissemination_s(
+        net.topology,
+        cfg.workload.snapshot_bytes,
+        n_workers,
+        learner_bytes_per_s=bytes_per_s(cfg.learner.uplink_bps),
+        worker_bytes_per_s=bytes_per_s(worker.bandwidth_bps),
+        chunk_bytes=net.chunk_bytes,
+        fanout=net.fanout,
+        hop_latency_s=net.hop_latency_s,
     )
 
 
@@ -173,22 +202,27 @@ def _most_rps(offers: list[Offer], cap: int) -> float:
     return total
 
 
-def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
+def cheapest_fleet(cfg: PlanConfig, *, headroom: float = 1.0,
+                   measured_on_time: Mapping[str, MeasuredOnTime] | None = None) -> Activation | None:
     """The cheapest self-consistent activation over the fleet-size grid and the slowest link
-    allowed (a shared round runs at its slowest link, so slow classes slow the others), or None."""
-    base_rps = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
+    allowed (a shared round runs at its slowest link, so slow classes slow the others), or None.
+    `headroom` sizes it for that multiple of B / T_train (the online controller's, for noisy
+    measurements; `echo2 plan` plans for the bare rate); `measured_on_time` as in `class_plans`."""
+    base_rps = headroom * capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
     best: Activation | None = None
     solved: set[tuple] = set()
     for floor_bps in bandwidth_floors(cfg):
         allowed = {name for name, w in cfg.workers.items() if w.bandwidth_bps >= floor_bps}
         for cap in fleet_size_caps(total_workers(cfg)):
-            offers = offers_for(class_plans(cfg, cap, floor_bps), allowed)
+            # x_i <= cap holds anyway: a class's count above cap is the same problem, solved once
+            offers = [replace(o, count=min(o.count, cap))
+                      for o in offers_for(class_plans(cfg, cap, floor_bps, measured_on_time), allowed)]
             key = (tuple(offers), cap)
             if key in solved or not covers(_most_rps(offers, cap), base_rps):
                 continue  # the same problem again, or one no set of <= cap workers can cover
             solved.add(key)
-            found = activate(offers, base_rps, max_workers=cap, leaf_fanout=leaf_fanout(cfg))
-            if not found.feasible or not covers(admissible_rps(cfg, found.counts), base_rps):
+            found = _activate_once(tuple(offers), base_rps, cap, leaf_fanout(cfg))
+            if not found.feasible or not covers(admissible_rps(cfg, found.counts, measured_on_time), base_rps):
                 continue  # priced at a slower link than it has, it swaps more often than assumed
             key = (round(found.price_per_hour, 9), found.n_workers)
             if best is None or key < (round(best.price_per_hour, 9), best.n_workers):
@@ -196,14 +230,22 @@ def cheapest_fleet(cfg: PlanConfig) -> Activation | None:
     return best
 
 
-def admissible_rps(cfg: PlanConfig, counts: dict[str, int]) -> float:
+@functools.lru_cache(maxsize=4096)
+def _activate_once(offers: tuple[Offer, ...], required_rps: float, cap: int, fanout: int | None) -> Activation:
+    """`activate`, remembered: the online controller asks the same subproblems decision after
+    decision (an integer program is ~16 ms; callers must not change the result's counts)."""
+    return activate(list(offers), required_rps, max_workers=cap, leaf_fanout=fanout)
+
+
+def admissible_rps(cfg: PlanConfig, counts: dict[str, int],
+                   measured_on_time: Mapping[str, MeasuredOnTime] | None = None) -> float:
     """What the set `counts` delivers at its real size and slowest link."""
     n = sum(counts.values())
-    classes = class_plans(cfg, max(1, n), slowest_chosen_bps(cfg, counts))
+    classes = class_plans(cfg, max(1, n), slowest_chosen_bps(cfg, counts), measured_on_time)
     return sum(c.admissible_rps * counts.get(c.name, 0) for c in classes)
 
 
-def fastest_fleet(cfg: PlanConfig) -> dict[str, int]:
+def fastest_fleet(cfg: PlanConfig, measured_on_time: Mapping[str, MeasuredOnTime] | None = None) -> dict[str, int]:
     """The set with the most admissible throughput over the fleet-size grid and the slowest
     link allowed, NAT placement aside: at each cap, the cap fastest admissible workers. What an
     infeasible plan shows."""
@@ -211,7 +253,7 @@ def fastest_fleet(cfg: PlanConfig) -> dict[str, int]:
     best_rps = 0.0
     for floor_bps, cap in ((f, c) for f in bandwidth_floors(cfg) for c in fleet_size_caps(total_workers(cfg))):
         counts, left, rps = {}, cap, 0.0
-        for c in sorted(class_plans(cfg, cap, floor_bps), key=lambda c: -c.admissible_rps):
+        for c in sorted(class_plans(cfg, cap, floor_bps, measured_on_time), key=lambda c: -c.admissible_rps):
             if cfg.workers[c.name].bandwidth_bps < floor_bps:
                 continue
             units = min(c.available, left) if c.admissible_rps > 0 else 0

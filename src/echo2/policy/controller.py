@@ -20,9 +20,9 @@ heartbeats and submissions; it keeps no I/O of its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from echo2.config.activation import ActivationConfig
+from echo2.config.catalog import PlanConfig
 from echo2.planner import (
     Offer,
     activate,
@@ -33,63 +33,22 @@ from echo2.planner import (
     min_staleness,
 )
 from echo2.policy.credit import audit_credit, capped_offers
+from echo2.policy.planned import PlannedCover
+from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView
+
+__all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
 
 # a rate sample needs this much busy time behind it; shorter ones are mostly round-trip noise
 MIN_SAMPLE_BUSY_S = 0.05
 
 
-class Ewma:
-    def __init__(self, alpha: float) -> None:
-        self.alpha, self.value, self.samples = alpha, math.nan, 0
-
-    def add(self, sample: float) -> None:
-        self.value = sample if self.samples == 0 else self.alpha * sample + (1 - self.alpha) * self.value
-        self.samples += 1
-
-
-@dataclass
-class WorkerView:
-    """What the controller knows of one worker."""
-
-    price_per_hour: float
-    alive: bool
-    active: bool
-    rollouts_per_s: Ewma
-    tokens_per_s: Ewma
-    dissemination_s: Ewma
-    generation_s: Ewma
-    admitted: Ewma
-    """Share of its groups admitted (1) rather than dropped as stale (0)."""
-    released: bool = False
-    """Handed back to its fleet provider while idle: bills nothing, and stays a candidate the
-    controller may choose again (the provider then acquires it)."""
-    active_s: float = 0.0
-    idle_s: float = 0.0
-    """Rented but not active: billed, since a rented machine costs the same idle."""
-    released_s: float = 0.0
-    probation_s: float = 0.0
-    """Time active while unmeasured: probation slots go to those with the least."""
-    audited: int = 0
-    audit_failed: int = 0
-    """Its groups the rollout audit checked, and failed (`policy.credit.audit_credit`)."""
-    cost: float = 0.0
-    last_counters: tuple[int, float] = (0, 0.0)
-
-
-@dataclass
-class ControlDecision:
-    active: set[str]
-    required_rps: float
-    reason: str
-    changed: bool
-    estimates: dict[str, float] = field(default_factory=dict)
-
-
-
 class ActivationController:
     def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
-                 learner_price_per_hour: float, now: float) -> None:
+                 learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None) -> None:
+        """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
+        that declare a class in it are chosen by the planner's model (`policy.planned`)."""
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
+        self.planned = None if catalog is None else PlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
         self.learner_price_per_hour = learner_price_per_hour
         self.workers: dict[str, WorkerView] = {}
         self.step_time_s = Ewma(cfg.ewma_alpha)
@@ -98,22 +57,34 @@ class ActivationController:
         self.learner_cost = 0.0
 
     # ---- observations ----
-    def join(self, worker_id: str, price_per_hour: float) -> None:
+    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None) -> None:
         old = self.workers.get(worker_id)
         alpha = self.cfg.ewma_alpha
-        view = WorkerView(price_per_hour, True, True, *(Ewma(alpha) for _ in range(5)))
+        view = WorkerView(price_per_hour, True, True, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
         if old is not None:  # a returning worker keeps its history and its bill
             view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
             view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s
-            view.admitted = old.admitted
+            view.admitted, view.admitted_n, view.outcomes_n = old.admitted, old.admitted_n, old.outcomes_n
+            view.losses = old.losses
+            view.busy_s_total, view.stale_s_total = old.busy_s_total, old.stale_s_total
             view.active_s, view.idle_s, view.released_s, view.cost = old.active_s, old.idle_s, old.released_s, old.cost
             view.probation_s = old.probation_s
             view.audited, view.audit_failed = old.audited, old.audit_failed  # failures stay with the id
         self.workers[worker_id] = view
 
+    def offer(self, worker_id: str, price_per_hour: float, worker_class: str | None) -> None:
+        """A worker its provider can acquire when chosen (not running, billing nothing): what a
+        marketplace or a fleet config offers the run before any machine is started."""
+        if worker_id not in self.workers:
+            alpha = self.cfg.ewma_alpha
+            self.workers[worker_id] = WorkerView(price_per_hour, False, False, *(Ewma(alpha) for _ in range(5)),
+                                                 worker_class=worker_class, released=True)
+
     def vanish(self, worker_id: str) -> None:
-        if worker_id in self.workers:
-            self.workers[worker_id].alive = False
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.losses += view.alive
+            view.alive = False
 
     def release(self, worker_id: str) -> None:
         """The worker left because its provider released it: not live, but still an offer."""
@@ -133,9 +104,14 @@ class ActivationController:
         """Drop a gone worker that never cost anything (see CoordinatorState._forget)."""
         self.workers.pop(worker_id, None)
 
-    def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float) -> None:
-        """Cumulative counters (rollouts, lease-holding seconds); the rate over the new busy time
-        is one sample (lease round trips and submits included, unlike generation time alone).
+    def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
+                     stale_s_total: float = 0.0) -> None:
+        """Cumulative counters (rollouts, lease-holding seconds, seconds active but refused as
+        too stale); the rate over the new working time (holding leases or too stale) is one
+        sample (lease round trips and submits included, unlike generation time alone). Time
+        too stale counts: a worker whose link cannot bring versions within S is idle for it,
+        and a rate over lease-holding time alone prices exactly the cheap slow-linked workers
+        too high.
         A sample spans at least one lease's generation time: a worker generating k leases at
         once (continuous batching) submits k times per generation time, and the rate over each
         short gap between submits swings from a fraction to k times the truth; an average of
@@ -143,12 +119,14 @@ class ActivationController:
         view = self.workers.get(worker_id)
         if view is None:
             return
-        rollouts, busy_s = rollouts_total - view.last_counters[0], busy_s_total - view.last_counters[1]
+        view.busy_s_total, view.stale_s_total = busy_s_total, stale_s_total
+        working_s_total = busy_s_total + stale_s_total
+        rollouts, busy_s = rollouts_total - view.last_counters[0], working_s_total - view.last_counters[1]
         if busy_s < 0 or rollouts < 0:  # the worker restarted: its counters began again
-            view.last_counters = (rollouts_total, busy_s_total)
+            view.last_counters = (rollouts_total, working_s_total)
         elif busy_s >= max(MIN_SAMPLE_BUSY_S, _value(view.generation_s)):
             view.rollouts_per_s.add(rollouts / busy_s)
-            view.last_counters = (rollouts_total, busy_s_total)
+            view.last_counters = (rollouts_total, working_s_total)
 
     def observe_latencies(self, worker_id: str, dissemination_s: float | None, generation_s: float | None) -> None:
         """T_dis (publish until it could generate with the version) and T_gen (one lease)."""
@@ -165,6 +143,8 @@ class ActivationController:
         view = self.workers.get(worker_id)
         if view is not None:
             view.admitted.add(1.0 if admitted else 0.0)
+            view.admitted_n += admitted
+            view.outcomes_n += 1
 
     def observe_audit(self, worker_id: str, *, audited: int, failed: int) -> None:
         """The worker's audit record so far (cumulative: a report seen twice changes nothing)."""
@@ -223,8 +203,11 @@ class ActivationController:
         R_required in the planner's sum-of-admissible-rates form). Infinite (run everything)
         until the learner's step time is known, and for S = 0, where generation never overlaps
         training."""
-        if self.step_time_s.samples == 0 or self.max_staleness == 0:
+        if self.max_staleness == 0:
             return math.inf
+        if self.step_time_s.samples == 0:  # a catalog's T_train is the prior until measured
+            return math.inf if self.planned is None else base_throughput_rps(self.batch_rollouts,
+                                                                               self.planned.prior_step_time_s())
         return base_throughput_rps(self.batch_rollouts, self.step_time_s.value)
 
     def decide(self, now: float) -> ControlDecision:
@@ -234,6 +217,8 @@ class ActivationController:
         its claims until the coordinator has measured it: a stream of fresh $0 registrations that
         never lease once displaced every honest worker (benchmarks/chaos.py)."""
         self.account(now)
+        if self._planning():
+            return self._apply(self._decide_planned(now), now)
         offers = self._offers()
         probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
         measured_ids = {o.id for o in offers}
@@ -252,13 +237,38 @@ class ActivationController:
                 decision.active |= trial
                 waiting = f" ({len(probation) - len(trial)} more waiting)" if len(trial) < len(probation) else ""
                 decision.reason += f"; on probation until measured: {', '.join(sorted(trial)) or 'none'}{waiting}"
+        decision.estimates = {o.id: o.rollouts_per_s for o in offers}
+        return self._apply(decision, now)
+
+    def _apply(self, decision: ControlDecision, now: float) -> ControlDecision:
         previous = {w for w, v in self.workers.items() if _candidate(v) and v.active}
         decision.changed = decision.active != previous
         if decision.changed:
             self.last_change = now
-        decision.estimates = {o.id: o.rollouts_per_s for o in offers}
         for worker_id, view in self.workers.items():
             view.active = worker_id in decision.active
+        return decision
+
+    def _planning(self) -> bool:
+        """Decide by the catalog: it is given, and some worker declared a class of it."""
+        return (self.planned is not None and self.cfg.enabled and self.max_staleness > 0
+                and any(self.planned.knows(v.worker_class) for v in self.workers.values()))
+
+    def _decide_planned(self, now: float) -> ControlDecision:
+        """The planner's choice among workers of a catalog class (`policy.planned`), and
+        probation slots for unmeasured workers of no known class (measured ones of no class
+        have no place in the catalog's model and idle)."""
+        assert self.planned is not None
+        step_s = self.step_time_s.value if self.step_time_s.samples else None
+        swap_s = self.swap_s.value if self.swap_s.samples else None
+        decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
+                                       last_change_s=self.last_change, measured=self._measured)
+        probation = {w for w, v in self.workers.items()
+                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
+        if probation:
+            trial = self._probation_trial(probation, self.cfg.probation_slots)
+            decision.active |= trial
+            decision.reason += f"; unclassed, on probation until measured: {', '.join(sorted(trial)) or 'none'}"
         return decision
 
     def _cover(self, offers: list[Offer], current: dict[str, int], required: float,
@@ -277,8 +287,12 @@ class ActivationController:
             # short: every measured worker, and enough unmeasured ones to cover the rest if
             # they are as fast as the measured average (all of them once was: a fleet of 144
             # billed for over an hour while a full window let few of them be measured)
-            decision = ControlDecision({o.id for o in offers}, required,
-                                       f"no measured set covers demand ({proposal.reason}): all measured", False)
+            # (those credited next to nothing aside: a worker too stale to ever lease, or failed
+            # by the audit, adds only its bill)
+            useful = _delivering(offers)
+            decision = ControlDecision(useful, required,
+                                       f"no measured set covers demand ({proposal.reason}): all measured that deliver",
+                                       False)
             return decision, max(self.cfg.probation_slots, self._unmeasured_to_cover(offers, target))
         kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
         decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
@@ -357,6 +371,17 @@ class ActivationController:
                 for worker_id, v in sorted(self.workers.items())
             },
         }
+
+
+NEGLIGIBLE_RATE_SHARE = 0.05
+"""A measured worker credited less than this share of the median credited rate delivers next
+to nothing (its EWMA decays toward 0 while it is too stale to lease)."""
+
+
+def _delivering(offers: list[Offer]) -> set[str]:
+    rates = sorted(o.rollouts_per_s for o in offers)
+    median = rates[len(rates) // 2]
+    return {o.id for o in offers if o.rollouts_per_s > NEGLIGIBLE_RATE_SHARE * median} or {o.id for o in offers}
 
 
 def _candidate(view: WorkerView) -> bool:

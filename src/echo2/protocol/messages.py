@@ -81,6 +81,9 @@ class RegisterRequest(Message):
     """Declared link speeds (bits/s) the broadcast planner builds the relay tree from."""
     release: str = Field("", max_length=64)
     """The worker's echo2 release, named (with the protocol) when its protocol is refused."""
+    worker_class: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_.-]*$")
+    """Its declared class in the run's activation catalog (empty: none): a prior, never trusted
+    past probation (policy/planned.py)."""
     sampler: Literal["seeded", "free"] = "seeded"
     """How its engine draws tokens: "seeded", the seeded sampler (`models/sampler.py`) with each
     lease's seed, which the learner's audit checks token by token (echo2's hf and vllm engines);

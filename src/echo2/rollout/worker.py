@@ -193,7 +193,7 @@ class Worker:
         cfg = self.cfg
         req = RegisterRequest(worker_id=self.worker_id, engine=cfg.engine, price_per_hour=cfg.price_per_hour,
                               relay_address=self.relay_address, upload_bps=cfg.bandwidth_bps,
-                              download_bps=cfg.bandwidth_bps, release=RELEASE,
+                              download_bps=cfg.bandwidth_bps, release=RELEASE, worker_class=cfg.worker_class,
                               sampler="seeded" if engine_type(cfg.engine).seeded else "free")
         try:
             reg = registration_reply(await self._join(req))

@@ -24,8 +24,13 @@ the controller re-decides at once. With no spare, the preempted worker stays ren
 registers again when its machine comes back. This is what the planner's availability term
 assumes (planner/tail.py), in every mode.
 
-Mode "online" rents every worker of the scenario at the start (every offered worker, as `echo2
-run` starts them) and lets the same controller choose among them.
+Mode "online" offers every worker of the scenario to the same controller, with the scenario as
+its activation catalog (each worker declares its class: `policy.planned` decides with the
+planner's model, the catalog's figures as the prior and what the run measures in their place).
+With a releasable provider nothing is rented at the start: the first decision, at time 0,
+acquires a covering set and the rest stay unacquired until chosen. With a static provider every
+machine runs already (as `echo2 run` starts every worker it is given): all are rented, and
+those not chosen idle and bill.
 
 Modes "all" (every worker) and "fixed" (given counts per class, e.g. for sweeps and for checking
 the planner's fleet) rent their workers for the whole run, all active, with no controller.
@@ -41,8 +46,11 @@ from echo2.sim.fleet import Fleet, Generation, SimWorker
 
 
 def initial_counts(scenario: ScenarioConfig) -> tuple[dict[str, int], dict]:
-    """Workers to rent per class at start, and the plan behind them (JSON-ready)."""
-    if scenario.sim.activation in ("all", "online"):
+    """Workers to rent per class at start, and the plan behind them (JSON-ready). Online, none:
+    the controller's first decision acquires what it chooses among the offered."""
+    if scenario.sim.activation == "online" and scenario.activation.provider != "static":
+        return {}, {}
+    if scenario.sim.activation in ("all", "online"):  # a static provider's machines all run already
         return {name: cls.count for name, cls in scenario.workers.items()}, {}
     plan = make_plan(scenario.plan_config())
     return {c.name: c.chosen for c in plan.classes if c.chosen}, plan.to_dict()
@@ -69,11 +77,17 @@ class Controller:
         fleet.on_preempted = self.on_preempted
         if mode in ("plan", "online"):
             work = scenario.workload
+            catalog = scenario.plan_config() if mode == "online" else None
             self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
                                              max_staleness=work.max_staleness,
-                                             learner_price_per_hour=scenario.learner.price_per_hour, now=0.0)
+                                             learner_price_per_hour=scenario.learner.price_per_hour, now=0.0,
+                                             catalog=catalog)
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
+            if mode == "online" and self.releasable:  # all offered with their class; the first decision rents
+                for w in fleet.workers:
+                    self.core.offer(worker_id(w), w.price_per_hour, w.cls)
+                loop.after(0.0, self.decide)
             loop.after(settings.control_period_s, self._periodic)
 
     def rent_initial(self, counts: dict[str, int]) -> None:
@@ -87,7 +101,7 @@ class Controller:
     # ---- what the coordinator observes ----
     def _registered(self, w: SimWorker) -> None:
         assert self.core is not None
-        self.core.join(worker_id(w), w.price_per_hour)  # a returning worker keeps its measurements
+        self.core.join(worker_id(w), w.price_per_hour, w.cls)  # a returning worker keeps its measurements
         self.fleet.set_active(w, True)  # on probation, or active until the next decision
 
     def _left(self, w: SimWorker, released: bool) -> None:
@@ -98,11 +112,13 @@ class Controller:
     def _finished(self, w: SimWorker, g: Generation, dropped: int) -> None:
         assert self.core is not None
         wid = worker_id(w)
-        busy_s = w.busy_s + (self.loop.now_s - w.busy_since_s if w.busy_since_s is not None else 0.0)
-        self.core.observe_busy(wid, w.rollouts, busy_s)
+        self.core.observe_busy(wid, w.rollouts, self._busy_s(w), self.fleet.stale_s_total(w))
         self.core.observe_latencies(wid, None, self.loop.now_s - g.started_s)
         for i in range(g.groups):
             self.core.observe_outcome(wid, admitted=i >= dropped)
+
+    def _busy_s(self, w: SimWorker) -> float:
+        return w.busy_s + (self.loop.now_s - w.busy_since_s if w.busy_since_s is not None else 0.0)
 
     def _loaded(self, w: SimWorker, latency_s: float) -> None:
         assert self.core is not None
@@ -142,6 +158,9 @@ class Controller:
         assert self.core is not None
         self.decision_pending = False
         now = self.loop.now_s
+        for w in self.fleet.workers:  # a worker too stale to lease submits nothing: its heartbeats tell
+            if w.rented and w.alive and w.stale_since_s is not None:
+                self.core.observe_busy(worker_id(w), w.rollouts, self._busy_s(w), self.fleet.stale_s_total(w))
         decision = self.core.decide(now)
         self.fleet.data.core.window.set_floor(self.core.s_min())  # as the coordinator does
         self.decisions += 1

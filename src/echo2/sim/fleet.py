@@ -15,116 +15,14 @@ previous life are ignored.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from echo2.config.sim import ScenarioConfig, SimWorkerClass
+from echo2.config.sim import ScenarioConfig
 from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.events import EventLoop
+from echo2.sim.workers import Generation, SimWorker, build_workers, default_slots
 
-
-@dataclass(eq=False)
-class Generation:
-    """One lease being generated on one slot; `live` is cleared when it is rescheduled."""
-
-    groups: int
-    version: int
-    done_s: float
-    started_s: float
-    live: bool = True
-
-
-@dataclass(eq=False)
-class SimWorker:
-    index: int
-    cls: str
-    rollouts_per_s: float
-    bandwidth_bps: float
-    price_per_hour: float
-    slots: int
-    tasks_per_lease: int
-    mean_uptime_s: float | None
-    mean_downtime_s: float
-    rng: random.Random
-    load_s: float = 0.0
-    request_s: float = 0.0
-    heartbeat_phase_s: float = 0.0
-    alive: bool = False
-    rented: bool = False
-    active: bool = True
-    """Chosen by the activation controller: leases work. Rented and inactive: idle, billed."""
-    epoch: int = 0
-    version: int = -1
-    """Version loaded in the engine (-1: none yet)."""
-    staged: int = -1
-    """Newest version received and noticed, waiting to be swapped in."""
-    incoming: int = -1
-    """Version a broadcast round is bringing (no second round sends it again)."""
-    swapping: bool = False
-    receiving: bool = False
-    """Downloading without background fetch: no new work until the version is in."""
-    generations: list[Generation] = field(default_factory=list)
-    billed_s: float = 0.0
-    billed_from_s: float | None = None
-    billed_active: bool = True
-    """Whether the open billing interval is active time or idle time."""
-    active_s: float = 0.0
-    idle_s: float = 0.0
-    """Billed while rented and up: active_s + idle_s == billed_s."""
-    busy_s: float = 0.0
-    """Wall time holding at least one lease, as the coordinator measures a worker's busy time."""
-    busy_since_s: float | None = None
-    rollouts: int = 0
-    preemptions: int = 0
-    loads: int = 0
-    loaded_latency_s: float = 0.0
-    """Sum over loaded versions of publish -> swapped in."""
-
-    def newest(self) -> int:
-        return max(self.version, self.staged, self.incoming)
-
-    @property
-    def id(self) -> str:
-        return f"w{self.index}"  # its worker id at the coordinator (controller, lease trust)
-
-
-def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
-    """Every worker of every class, classes in file order; per-worker RNGs derive from the seed."""
-    work, seed = scenario.workload, scenario.sim.seed
-    plan = scenario.plan_config()
-    workers: list[SimWorker] = []
-    for name, cls in scenario.workers.items():
-        rate = plan.worker_rps(plan.workers[name])
-        for _ in range(cls.count):
-            index = len(workers)
-            rng = random.Random(seed * 1_000_003 + index)
-            workers.append(
-                SimWorker(
-                    index=index,
-                    cls=name,
-                    rollouts_per_s=rate,
-                    bandwidth_bps=cls.bandwidth_bps,
-                    price_per_hour=cls.price_per_hour,
-                    slots=default_slots(cls, rate, work.group_size, work.generation_time_s),
-                    tasks_per_lease=cls.tasks_per_lease,
-                    mean_uptime_s=cls.mean_uptime_s,
-                    mean_downtime_s=cls.mean_downtime_s,
-                    rng=rng,
-                    load_s=work.load_time_s if cls.load_time_s is None else cls.load_time_s,
-                    request_s=scenario.sim.request_s if cls.request_s is None else cls.request_s,
-                    heartbeat_phase_s=rng.uniform(0.0, scenario.sim.announce_interval_s),
-                )
-            )
-    return workers
-
-
-def default_slots(cls: SimWorkerClass, rollouts_per_s: float, group_size: int, generation_s: float) -> int:
-    """Concurrent groups: given, or round(r * T_gen / G) so one group takes about T_gen."""
-    if cls.slots is not None:
-        return cls.slots
-    gen_s = cls.generation_time_s if cls.generation_time_s is not None else generation_s
-    return max(1, round(rollouts_per_s * gen_s / group_size))
+__all__ = ["Fleet", "Generation", "SimWorker", "build_workers", "default_slots"]
 
 
 class Fleet:
@@ -205,6 +103,8 @@ class Fleet:
         if w.active == active:
             return
         w.active = active
+        if not active:
+            self._stale_edge(w, False)
         self._bill(w)
         if active:
             self.fill(w)
@@ -230,6 +130,7 @@ class Fleet:
             g.live = False
         w.generations.clear()
         self._busy_edge(w)
+        self._stale_edge(w, False)
         w.swapping = w.receiving = False
         self.waiting.pop(w, None)
         self.polling.pop(w, None)
@@ -258,6 +159,19 @@ class Fleet:
         elif not w.generations and w.busy_since_s is not None:
             w.busy_s += now - w.busy_since_s
             w.busy_since_s = None
+
+    def _stale_edge(self, w: SimWorker, stale: bool) -> None:
+        """Open (refused as too stale) or close (leased, dropped, made inactive) its stale spell."""
+        now = self.loop.now_s
+        if stale and w.stale_since_s is None:
+            w.stale_since_s = now
+        elif not stale and w.stale_since_s is not None:
+            w.stale_s += now - w.stale_since_s
+            w.stale_since_s = None
+
+    def stale_s_total(self, w: SimWorker) -> float:
+        open_s = self.loop.now_s - w.stale_since_s if w.stale_since_s is not None else 0.0
+        return w.stale_s + open_s
 
     def close_billing(self) -> None:
         for w in self.workers:
@@ -353,6 +267,7 @@ class Fleet:
             g = Generation(groups, w.version, done_s, started_s=self.loop.now_s)
             w.generations.append(g)
             self._busy_edge(w)
+            self._stale_edge(w, False)
             self.loop.at(done_s, self.finish, w, g)
 
     def _refused(self, w: SimWorker) -> None:
@@ -360,6 +275,8 @@ class Fleet:
             self._start_swap(w)  # refused with the old version: now the new one is worth its stall
             return
         if not self.data.may_lease(w.version):
+            if w.version >= 0 and not w.generations:  # idle for want of fresh enough weights
+                self._stale_edge(w, True)
             if w.version >= 0 and self.stale_retry_s > 0:
                 self._poll(w, self.stale_retry_s, "stale")
             return  # otherwise the next swap calls fill again

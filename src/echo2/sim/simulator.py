@@ -69,7 +69,7 @@ class Simulator:
 
         # nobody rented (the planner found no admissible fleet): nothing can ever feed the
         # learner, and unrented machines coming and going would only spin until max_sim_s
-        finished = loop.run(horizon_s=sim.max_sim_s) if any(counts.values()) else False
+        finished = loop.run(horizon_s=sim.max_sim_s) if any(counts.values()) or mode == "online" else False
 
         fleet.close_billing()
         return self._collect(

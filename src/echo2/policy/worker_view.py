@@ -1,0 +1,80 @@
+"""What the activation controller knows of each worker, and the decision it returns. Plain data:
+the controller (`policy.controller`) updates these from the coordinator's observations and the
+planned cover (`policy.planned`) reads them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class Ewma:
+    def __init__(self, alpha: float) -> None:
+        self.alpha, self.value, self.samples = alpha, math.nan, 0
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.samples == 0 else self.alpha * sample + (1 - self.alpha) * self.value
+        self.samples += 1
+
+
+@dataclass
+class WorkerView:
+    """What the controller knows of one worker."""
+
+    price_per_hour: float
+    alive: bool
+    active: bool
+    rollouts_per_s: Ewma
+    """Validated rollouts per second of working time: holding leases, or idle because its
+    weights are too stale to be given any (a slow link costs the worker, not the run)."""
+    tokens_per_s: Ewma
+    dissemination_s: Ewma
+    generation_s: Ewma
+    admitted: Ewma
+    """Share of its groups admitted (1) rather than dropped as stale (0)."""
+    worker_class: str | None = None
+    """Its declared class in the activation catalog (a claim: it buys a prior, see
+    `policy.planned`), or None."""
+    released: bool = False
+    """Handed back to its fleet provider while idle (or offered and never acquired): bills
+    nothing, and stays a candidate the controller may choose (the provider then acquires it)."""
+    active_s: float = 0.0
+    idle_s: float = 0.0
+    """Rented but not active: billed, since a rented machine costs the same idle."""
+    released_s: float = 0.0
+    probation_s: float = 0.0
+    """Time active while unmeasured: probation slots go to those with the least."""
+    audited: int = 0
+    audit_failed: int = 0
+    """Its groups the rollout audit checked, and failed (`policy.credit.audit_credit`)."""
+    admitted_n: int = 0
+    outcomes_n: int = 0
+    """Its groups admitted, of all it delivered (the long-run share the planned cover uses)."""
+    losses: int = 0
+    """Times it vanished while registered (preempted, crashed): with active_s + idle_s, its
+    measured uptime."""
+    busy_s_total: float = 0.0
+    stale_s_total: float = 0.0
+    """Lease-holding seconds and seconds refused as too stale, as last reported."""
+    cost: float = 0.0
+    last_counters: tuple[int, float] = (0, 0.0)
+    """(rollouts, working seconds) at the last rate sample."""
+
+    def stale_share(self) -> float:
+        """Share of its working time it could not work because its weights were too stale."""
+        total_s = self.busy_s_total + self.stale_s_total
+        return self.stale_s_total / total_s if total_s > 0 else 0.0
+
+
+@dataclass
+class ControlDecision:
+    active: set[str]
+    required_rps: float
+    reason: str
+    changed: bool
+    estimates: dict[str, float] = field(default_factory=dict)
+
+
+def natural_key(worker_id: str) -> tuple[int, str]:
+    """w2 before w10: ids in the order workers were numbered."""
+    return len(worker_id), worker_id
