@@ -29,7 +29,8 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The system tier (marker `system`): whole deployments: hosts and shaped links in network
-# namespaces (root), the dashboard in a headless browser (Debian's chromium and chromedriver),
+# namespaces (root), the dashboard in a headless browser (Debian's chromium and chromedriver), a
+# whole run over TLS, workers on emulated slow links under cost-aware activation,
 # the local fleet provider stopping and starting workers, a run whose learner is sharded over
 # torchrun ranks beside a one-rank run. One at a time: each uses the whole machine.
 test-system: install

@@ -1,7 +1,8 @@
 """`echo2 run` with TLS on, over loopback, with certificates from `echo2 certs`: the coordinator,
 the learner's origin and every worker's relay serve https, versions reach the workers through
 TLS relays, no private key lands in the run dir, and a worker holding the wrong CA stops at once
-with a message that names the URL, the failure and the fix."""
+with a message that names the URL, the failure and the fix. A whole deployment, in the system
+tier (`make test-system`); tests/unit/test_tls.py checks each TLS hop in `make test`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.integration.runs import TOKEN, processes, records, wait_for, write_co
 
 from echo2.protocol import certs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 
 def test_a_run_over_tls(tmp_path):
