@@ -58,7 +58,10 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     async def scenario(session, url):
         return await _state_bytes(session, url)
 
-    after = run_with_server(state, scenario)
+    # generous: on a loaded 2-core CI box the server's loop was once held for 27 s before it
+    # answered (the whole test takes 0.9 s on an idle one); what is measured here is the size of
+    # what stays, not how fast it is served
+    after = run_with_server(state, scenario, timeout_s=180.0)
     print(f"/v1/state: {flooded} bytes during the flood, {after} after")
     assert flooded > 1_000_000  # what the flood held while it was live
     assert after < 2_000, after  # the honest worker's record and the run's counters

@@ -39,12 +39,14 @@ async def _serve(state, max_request_bytes: int = 64 << 10, metrics_path=None, sc
     return runner, f"http://{host}:{port}"
 
 
-def run_with_server(state, scenario, **kwargs):
+def run_with_server(state, scenario, timeout_s: float = 30.0, **kwargs):
+    """`timeout_s`: for the whole scenario and each of its requests (10 s, at most)."""
     async def main():
         runner, url = await _serve(state, **kwargs)
         try:
-            async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-                return await asyncio.wait_for(scenario(session, url), timeout=30)
+            request_timeout = aiohttp.ClientTimeout(total=max(TIMEOUT.total, timeout_s / 3))
+            async with aiohttp.ClientSession(timeout=request_timeout) as session:
+                return await asyncio.wait_for(scenario(session, url), timeout=timeout_s)
         finally:
             await runner.cleanup()
 
