@@ -109,3 +109,64 @@ def _coordinator_state(run_dir) -> dict:
     request = urllib.request.Request(url + "/v1/state", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
     with urllib.request.urlopen(request, timeout=5) as resp:
         return json.loads(resp.read())
+
+
+ON_DEMAND_CATALOG = """
+[learner]
+price_per_hour = 10.0
+uplink_bps = 1e9
+
+[workers.cheap]
+count = 2
+price_per_hour = 1.0
+rollouts_per_s = 1000.0
+bandwidth_bps = 1e9
+
+[workers.dear]
+count = 1
+price_per_hour = 8.0
+rollouts_per_s = 1000.0
+bandwidth_bps = 1e9
+
+[workload]
+params = 1e6
+prompts_per_step = 4
+group_size = 4
+step_time_s = 1.0
+max_staleness = 2
+generation_time_s = 0.5
+load_time_s = 0.1
+"""
+
+
+@pytest.mark.exclusive
+def test_with_a_catalog_the_launcher_starts_only_the_workers_the_first_decision_chooses(tmp_path):
+    """`echo2 run` under the local provider with classed workers: none is started before the
+    coordinator's first decision, which picks the catalog's covering set (one cheap worker, each
+    of which the catalog rates at many times the learner's demand); the launcher acquires that
+    one, the run trains on it to the end, and the others never start, register or bill."""
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(ON_DEMAND_CATALOG)
+    cfg = small_run_config(
+        tmp_path / "on-demand", train={"steps": 6, "max_staleness": 2},
+        activation={"control_period_s": 0.5, "provider": "local", "catalog": str(catalog)},
+        workers={"count": 3, "per_worker": [{"price_per_hour": 8.0, "worker_class": "dear"},
+                                            {"price_per_hour": 1.0, "worker_class": "cheap"},
+                                            {"price_per_hour": 1.0, "worker_class": "cheap"}]},
+    )
+    config = write_config(tmp_path / "on-demand.toml", cfg)
+    with processes() as start:
+        proc = start(["run", "--config", str(config)], tmp_path / "run.log")
+        assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    run_dir = cfg.run_path
+    first = records(run_dir, "activation")[0]
+    assert first["active"] == ["w1"], first
+    registered = {r["worker_id"] for r in records(run_dir, "worker_registered")}
+    acquired = [r["worker_id"] for r in _launcher(run_dir, "worker_acquired")]
+    assert registered == {"w1"} and acquired == ["w1"], (registered, acquired)
+    assert not (run_dir / "logs" / "worker-0.log").exists() and not (run_dir / "logs" / "worker-2.log").exists()
+    assert len(records(run_dir, "train_step")) == 6
+    summary = summarize(iter_metrics(run_dir / "metrics.jsonl"))
+    by_worker = summary["cost_by_worker"]
+    assert by_worker["w1"]["cost"] > 0, by_worker
+    assert all(by_worker[w]["cost"] == 0.0 and by_worker[w]["active_s"] == 0.0 for w in ("w0", "w2")), by_worker

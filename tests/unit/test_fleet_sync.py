@@ -4,7 +4,8 @@ controller chooses is acquired, and the static provider is never asked to releas
 
 from __future__ import annotations
 
-from echo2.launch.fleet import FleetSync, StaticFleet
+from echo2.launch.fleet import FleetSync, LocalFleet, StaticFleet
+from echo2.report.metrics import MetricsWriter
 
 
 class RecordingFleet:
@@ -75,3 +76,33 @@ def test_the_static_fleet_is_never_asked_to_release():
     sync.observe(_coordinator("activation", active=["w0"]), now=0.0)
     sync.step(now=3600.0)  # would raise if release were called
     assert fleet.released() == set()
+
+
+def test_workers_offered_unstarted_are_acquired_only_when_chosen_and_old_decisions_are_ignored(tmp_path):
+    """The local fleet's workers started on demand count as released until chosen; a resumed
+    run's metrics begin with the last run's decisions, which this launcher must not act on."""
+    started: list[str] = []
+
+    def start(worker_id: str):
+        started.append(worker_id)
+        return FakeChild()
+
+    fleet = LocalFleet({}, start, MetricsWriter(tmp_path / "metrics.jsonl", "launcher"),
+                       not_started={"w0", "w1", "w2"})
+    assert fleet.worker_ids() == fleet.released() == {"w0", "w1", "w2"}
+    sync = FleetSync(fleet, release_after_s=5.0, since=100.0)
+    sync.observe(_coordinator("activation", active=["w0", "w1", "w2"], time=50.0), now=0.0)  # the last run's
+    sync.step(now=0.0)
+    assert started == []
+    sync.observe(_coordinator("activation", active=["w1"], time=101.0), now=1.0)
+    sync.step(now=1.0)
+    sync.step(now=60.0)
+    assert started == ["w1"] and fleet.released() == {"w0", "w2"}  # the others never started nor billed
+    assert fleet.worker_ids() == {"w0", "w1", "w2"}
+
+
+class FakeChild:
+    pid = 4242
+
+    def exit_code(self):
+        return None

@@ -281,3 +281,37 @@ def test_a_measured_on_time_share_holds_only_for_fleets_no_slower_than_it_was_me
     assert model["a100_spot"].on_time < 0.9
     assert with_slow["a100_spot"].on_time == model["a100_spot"].on_time
     assert fast["a100_spot"].on_time == 1.0
+
+
+def test_echo2_run_offers_classed_local_workers_and_the_first_decision_picks_among_them_unstarted(
+        tmp_path, tiny_model_dir):
+    """Under the local provider the classed local workers are offered at the coordinator's start:
+    the first decision, before any worker runs, chooses the catalog's covering set among them,
+    and the launcher starts only those (launch/fleet.py). A class the catalog lacks is a config
+    error, not a run that refuses its own workers."""
+    path = tmp_path / "catalog.toml"
+    path.write_text(CATALOG_TOML)
+    fleet = [{"worker_class": "dear", "price_per_hour": 0.9}, {"worker_class": "cheap", "price_per_hour": 0.3},
+             {"worker_class": "cheap", "price_per_hour": 0.3}, {"price_per_hour": 0.1}]
+    data = {"run_dir": str(tmp_path / "run"), "activation": {"catalog": str(path), "provider": "local"},
+            "train": {"max_staleness": 3}, "grpo": {"prompts_per_step": 4}, "sampling": {"group_size": 2},
+            "workers": {"count": 4, "per_worker": fleet}}
+    run_cfg = RunConfig.model_validate(data)
+    assert run_cfg.workers_started_on_demand() == {"w0", "w1", "w2"}  # w3 declares no class: it starts
+    static = RunConfig.model_validate({**data, "activation": {"catalog": str(path)}})
+    assert static.workers_started_on_demand() == set()  # a static fleet's machines all run anyway
+    settings = resolve(run_cfg, multi_turn=False)
+    clock = FakeClock()
+    state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=4,
+                       activation=run_cfg.activation, activation_catalog=settings.activation_catalog,
+                       offered_workers=settings.offered_workers)
+    clock.now += 1.0
+    state.control()
+    decisions = [e for e in event_records(state) if e["kind"] == "activation"]
+    assert decisions and decisions[-1]["active"] == ["w1"], decisions  # one cheap worker covers the prior
+    assert not state.workers  # nothing registered: it is the launcher's to start w1
+    state.register(RegisterRequest(worker_id="w1", engine="hf", price_per_hour=0.3, worker_class="cheap"))
+    assert state.controller.is_active("w1")
+    bad = [*fleet[:3], {"worker_class": "h100"}]
+    with pytest.raises(ValueError, match="local worker 3 has worker_class 'h100'.*classes: cheap, dear"):
+        RunConfig.model_validate({**data, "workers": {"count": 4, "per_worker": bad}})

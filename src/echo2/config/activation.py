@@ -46,7 +46,9 @@ class ActivationConfig(Frozen):
     """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
     ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the
     launcher stops a worker process idle for release_after_s (it bills nothing while released)
-    and starts it again when the controller chooses it; its rejoin time is recorded."""
+    and starts it again when the controller chooses it; its rejoin time is recorded. With a
+    catalog, local workers that declare a class are not started until a decision chooses them
+    (RunConfig.workers_started_on_demand)."""
     release_after_s: float = Field(10.0, ge=0.0)
     """With a releasable provider: how long a worker must stay inactive before it is released
     (a short idle spell is cheaper to ride out than a stop and a cold start)."""

@@ -24,6 +24,7 @@ from echo2.config.base import (
     validate,
 )
 from echo2.config.broadcast import BroadcastConfig
+from echo2.config.catalog import load_plan_config
 from echo2.config.evaluation import EvaluationConfig
 from echo2.config.report import ReportConfig
 from echo2.config.scoring import ScoringConfig
@@ -325,6 +326,31 @@ class RunConfig(Frozen):
         if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
             data = {**data, "task": {"name": "addition", **data["task"]}}
         return data
+
+    @model_validator(mode="after")
+    def _worker_classes_in_catalog(self) -> RunConfig:
+        if not self.activation.catalog:
+            return self
+        classes = load_plan_config(self.activation.catalog).workers
+        for index in range(self.workers.count):
+            worker_class = self.workers.worker_config(index).worker_class
+            if worker_class and worker_class not in classes:
+                raise ValueError(f"workers: local worker {index} has worker_class {worker_class!r}, which the "
+                                 f"activation catalog {self.activation.catalog!r} lacks (classes: "
+                                 f"{', '.join(sorted(classes))}); set it to one of them, or empty")
+        return self
+
+    def workers_started_on_demand(self) -> set[str]:
+        """Local worker ids `echo2 run` starts only once the activation controller chooses them:
+        with a catalog and a releasable provider, those that declare a class are offered to the
+        coordinator at its start (the catalog prices them before any runs) and its first decision
+        acquires the covering set; the rest never bill. Unclassed workers start at once (only
+        their measured rate can price them). The coordinator offers the same set (settings.py)."""
+        a = self.activation
+        if not (a.enabled and a.provider == "local" and a.catalog and self.train.max_staleness > 0):
+            return set()
+        configs = (self.workers.worker_config(i) for i in range(self.workers.count))
+        return {w.worker_id for w in configs if w.worker_class}
 
     @property
     def run_path(self) -> Path:

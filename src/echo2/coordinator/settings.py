@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from echo2.config.activation import ActivationConfig
 from echo2.config.broadcast import BroadcastConfig
@@ -11,6 +12,13 @@ from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.run import LoraConfig, RunConfig
 from echo2.config.scoring import ScoringConfig
 from echo2.protocol.messages import SamplingParams
+
+
+class OfferedWorker(NamedTuple):
+    """A worker the run's provider starts only when the controller chooses it."""
+    worker_id: str
+    price_per_hour: float
+    worker_class: str
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,9 @@ class Settings:
     activation: ActivationConfig
     activation_catalog: PlanConfig | None
     """[activation] catalog, loaded, with the run's S and batch in its workload."""
+    offered_workers: tuple[OfferedWorker, ...]
+    """`echo2 run`'s local workers started on demand (RunConfig.workers_started_on_demand):
+    offered to the controller at start, so its first decision picks among them unstarted."""
     learner_price_per_hour: float
     broadcast: BroadcastConfig
     learner_upload_bps: float
@@ -64,6 +75,7 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         lease_timeout_s=cfg.coordinator.lease_timeout_s,
         activation=cfg.activation,
         activation_catalog=_catalog(cfg),
+        offered_workers=_offered(cfg),
         learner_price_per_hour=cfg.learner.price_per_hour,
         broadcast=cfg.broadcast,
         learner_upload_bps=cfg.learner.upload_bps,
@@ -90,3 +102,10 @@ def _catalog(cfg: RunConfig) -> PlanConfig | None:
         "max_staleness": cfg.train.max_staleness, "prompts_per_step": cfg.grpo.prompts_per_step,
         "group_size": cfg.sampling.group_size})
     return catalog.model_copy(update={"workload": workload})
+
+
+def _offered(cfg: RunConfig) -> tuple[OfferedWorker, ...]:
+    on_demand = cfg.workers_started_on_demand()
+    configs = (cfg.workers.worker_config(i) for i in range(cfg.workers.count))
+    return tuple(OfferedWorker(w.worker_id, w.price_per_hour, w.worker_class) for w in configs
+                 if w.worker_id in on_demand)

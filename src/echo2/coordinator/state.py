@@ -56,6 +56,8 @@ class CoordinatorState:
                                                max_staleness=s.max_staleness,
                                                learner_price_per_hour=s.learner_price_per_hour, now=clock(),
                                                catalog=s.activation_catalog)
+        for offered in s.offered_workers:
+            self.controller.offer(*offered)
         self.versions = VersionDesk(store, s.broadcast, s.learner_upload_bps)
         self.counters = Counters(**store.get_meta("counters", {}))
         self.audit = AuditLedger(s.audit_flags_to_quarantine, store.get_meta("quarantined", {}))

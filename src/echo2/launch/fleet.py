@@ -85,15 +85,19 @@ class LocalFleet:
 
     releasable = True
 
-    def __init__(self, children: dict[str, Child], start: Callable[[str], Child], metrics: MetricsWriter) -> None:
+    def __init__(self, children: dict[str, Child], start: Callable[[str], Child], metrics: MetricsWriter, *,
+                 not_started: set[str] = frozenset()) -> None:
+        """`not_started`: workers offered to the run but not started yet; they count as released
+        (billing nothing) until the controller chooses them."""
         self.children = dict(children)  # worker id -> its current process
         self.start, self.metrics = start, metrics
-        self.released_ids: set[str] = set()
+        self.released_ids: set[str] = set(not_started)
         self.acquired_at: dict[str, float] = {}  # wall clock, to compare with the registration's record
 
     def worker_ids(self) -> set[str]:
         """Running or released: one whose process died on its own is no longer ours to act on."""
-        return {w for w, c in self.children.items() if w in self.released_ids or c.exit_code() is None}
+        running = {w for w, c in self.children.items() if c.exit_code() is None}
+        return running | self.released_ids
 
     def released(self) -> set[str]:
         return set(self.released_ids)
@@ -124,8 +128,10 @@ class LocalFleet:
 class FleetSync:
     """Follows the coordinator's activation decisions with provider calls."""
 
-    def __init__(self, provider: FleetProvider, release_after_s: float) -> None:
-        self.provider, self.release_after_s = provider, release_after_s
+    def __init__(self, provider: FleetProvider, release_after_s: float, since: float = 0.0) -> None:
+        """`since`: wall-clock time before which records are not this launcher's to act on (a
+        resumed run's metrics begin with the previous run's decisions)."""
+        self.provider, self.release_after_s, self.since = provider, release_after_s, since
         self.active: set[str] | None = None  # None until the first decision: nothing to act on
         self.inactive_since: dict[str, float] = {}
         # registered and not gone: only these are released (one still loading is not idle)
@@ -133,7 +139,7 @@ class FleetSync:
 
     def observe(self, record: dict, now: float) -> None:
         """One metrics record; `now` is the caller's monotonic clock."""
-        if record.get("role") != "coordinator":
+        if record.get("role") != "coordinator" or record.get("time", self.since) < self.since:
             return
         if record["kind"] == "worker_registered":
             self.joined.add(record["worker_id"])

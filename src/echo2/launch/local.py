@@ -115,6 +115,7 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     """Each child gets the secrets of its role only: workers the join token, the learner its own
     and the join token (workers present it at its origin), the coordinator all three."""
     run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
+    started_wall_s = time.time()  # a resumed run's metrics hold the last run's decisions too
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
     worker_env = {"ECHO2_AUTH_TOKEN": tokens["ECHO2_AUTH_TOKEN"]}
     learner_env = {**worker_env, "ECHO2_LEARNER_TOKEN": tokens["ECHO2_LEARNER_TOKEN"]}
@@ -131,16 +132,18 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
         _write_pids(cfg, children)  # an acquired worker is a new process
         return child
 
-    workers = {worker_id: start_worker(worker_id) for worker_id in index_of}
+    on_demand = cfg.workers_started_on_demand()  # the coordinator's first decision acquires them
+    workers = {worker_id: start_worker(worker_id) for worker_id in index_of if worker_id not in on_demand}
     _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs=logs,
            env=learner_env, ranks=cfg.learner.ranks)
     _write_pids(cfg, children)
     activation = cfg.activation
     if activation.provider == "local":
-        provider: FleetProvider = LocalFleet(workers, start_worker, MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"))
+        provider: FleetProvider = LocalFleet(workers, start_worker, MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
+                                             not_started=on_demand)
     else:
         provider = StaticFleet(set(workers))
-    return FleetSync(provider, activation.release_after_s)
+    return FleetSync(provider, activation.release_after_s, since=started_wall_s)
 
 
 def _worker_indices(cfg: RunConfig) -> dict[str, int]:

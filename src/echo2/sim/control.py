@@ -29,7 +29,7 @@ its activation catalog (each worker declares its class: `policy.planned` decides
 planner's model, the catalog's figures as the prior and what the run measures in their place).
 With a releasable provider nothing is rented at the start: the first decision, at time 0,
 acquires a covering set and the rest stay unacquired until chosen. With a static provider every
-machine runs already (as `echo2 run` starts every worker it is given): all are rented, and
+machine runs already (as under `echo2 run`'s static provider): all are rented, and
 those not chosen idle and bill.
 
 Modes "all" (every worker) and "fixed" (given counts per class, e.g. for sweeps and for checking
