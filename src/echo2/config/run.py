@@ -26,11 +26,14 @@ from echo2.config.base import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.catalog import load_plan_config
 from echo2.config.evaluation import EvaluationConfig
+from echo2.config.grpo import GRPOConfig, LoraConfig
 from echo2.config.report import ReportConfig
 from echo2.config.scoring import ScoringConfig
 from echo2.config.task import AdditionConfig, TaskConfig
 from echo2.config.tls import TLSConfig
 from echo2.config.worker import WorkerConfig
+
+__all__ = ["GRPOConfig", "LoraConfig", "RunConfig", "load_run_config"]
 
 
 class ModelConfig(Frozen):
@@ -91,68 +94,6 @@ class SamplingConfig(Frozen):
     max_new_tokens: int = Field(8, ge=1, le=MAX_NEW_TOKENS)
     group_size: int = Field(8, ge=2, le=MAX_GROUP_SIZE)
     """G completions per prompt; GRPO normalises rewards within a group."""
-
-
-class LoraConfig(Frozen):
-    """Low-rank adapters (peft LoRA): the learner trains only them on the frozen base, and each
-    version carries only the adapter weights (at r = 16 on every linear layer, ~1% of a full
-    bf16 version); workers apply them to the base they hold."""
-
-    r: int = Field(16, ge=1, le=4096)
-    """Rank of each adapter: its bytes grow linearly with r."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: the adapter's update is (alpha / r) * B @ A."""
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    """Names of the linear layers that get adapters (Qwen3 and Llama names; every linear layer of
-    a block by default)."""
-
-    @model_validator(mode="after")
-    def _targets(self) -> LoraConfig:
-        if not self.target_modules or any(not name or len(name) > 128 for name in self.target_modules):
-            raise ValueError(f"grpo.lora.target_modules={list(self.target_modules)!r}: give one or more module names "
-                             "such as 'q_proj'")
-        return self
-
-
-class GRPOConfig(Frozen):
-    prompts_per_step: int = Field(16, ge=1)
-    """Groups per learner step; B = prompts_per_step x group_size rollouts."""
-    lr: float = Field(5e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    loss: Literal["clip", "tis"] = "tis"
-    """"tis" (default): decoupled objective, clipped ratio against the proximal (current) policy
-    times a truncated importance weight pi_prox/pi_behav <= tis_cap. "clip": PPO-clipped token
-    ratio against the worker's behaviour log-probs, dual-clipped at tis_cap for negative
-    advantages; on stale groups the tokens the policy already learned fall outside the clip
-    range and carry no gradient, which made it 1.1-3.3x slower (1.7x summed over four seed
-    pairs) to 0.95 held-out on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
-    clip_low: float = Field(0.2, gt=0, lt=1)
-    clip_high: float = Field(0.28, gt=0)
-    tis_cap: float = Field(2.0, gt=1)
-    """Upper bound on the importance weight of stale tokens; bounds each token's gradient."""
-    kl_coef: float = Field(0.0, ge=0)
-    """KL penalty to the frozen starting policy (k3 estimator); 0 disables the reference model."""
-    micro_batch_tokens: int = Field(16_384, ge=0)
-    """Token budget of one forward/backward pass: sequences are sorted by length and packed into
-    micro-batches of at most this many prompt+completion tokens as computed (a shared prompt
-    once, padding included), and their gradients accumulate into one optimizer step equal to
-    the full-batch step. Activation memory follows
-    this budget, not the batch size. A sequence longer than the budget gets a pass of its own.
-    0: the whole batch in one pass."""
-    logprob_chunk_tokens: int = Field(1024, ge=1)
-    """Completion tokens whose full-vocabulary logits exist at once while token log-probs are
-    computed (and recomputed in the backward pass): 1024 x 151,936 (Qwen3's vocabulary) x 4 B is
-    622 MB per fp32 buffer. The [B, T, V] logits of the batch are never held."""
-    share_prompts: bool = True
-    """Compute each group's prompt once and its G completions on top of the prompt's key/value
-    cache (gradients equal to the unshared computation). With a chat template the prompt is
-    most of every sequence: 3.5x less learner compute per step on SmolLM2-135M with 45-token
-    prompts and 8-token answers. Models that cannot (sliding-window attention, activation
-    checkpointing, a sharded learner) take packed rows instead, without padding."""
-    lora: LoraConfig | None = None
-    """Train LoRA adapters instead of every weight (`{r, alpha, target_modules}`); None: full
-    fine-tuning. Versions then carry the adapters only."""
 
 
 class TrainConfig(Frozen):
