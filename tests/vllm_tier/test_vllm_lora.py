@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from tests.vllm.conftest import report
+from tests.vllm_tier.conftest import report
 
 from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.vllm.conftest import report
+from tests.vllm_tier.conftest import report
 
 from echo2.config.worker import VLLMConfig
 from echo2.learner.logprobs import collate, token_logprobs
