@@ -1,0 +1,145 @@
+"""Each named objective (grpo.loss) learning on this machine, side by side in one run of this
+script: held-out accuracy before and after, and wall time, on the embedded task (the tiny model,
+configs/demo.toml: 2-digit addition) and on the real-model task (SmolLM2-135M-Instruct,
+configs/smollm2_addition.toml: one-digit addition), 2 seeds each. Then the learner time that
+dropping uninformative groups saves (grpo.drop_uninformative_groups on against off, `tis`), and
+their share.
+
+Each run is a fresh `echo2 run` process (benchmarks/real_model_learning.py's runner and analysis:
+accuracy from the coordinator's evaluation leases, Wilson intervals, the paired gain, time to
+target). One run at a time: the machine has 2 cores.
+
+    .venv/bin/python benchmarks/objectives.py                                 # everything
+    .venv/bin/python benchmarks/objectives.py --tasks embedded --seeds 0
+    .venv/bin/python benchmarks/objectives.py --parts drop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "src"))
+
+import real_model_learning as rml  # noqa: E402
+
+from echo2.learner.objectives import OBJECTIVES  # noqa: E402
+
+CONFIGS = {
+    "embedded": ROOT / "configs" / "demo.toml",
+    "real": ROOT / "configs" / "smollm2_addition.toml",
+}
+EMBEDDED = ["warmstart.steps=500", "train.steps=100", "train.eval_every=20", "train.checkpoint_every=1000", "activation.enabled=false",
+            "workers.count=2"]
+"""The demo shortened: a weaker warm start (500 steps: about 0.56 held-out, so there is room to
+learn), 100 steps, evaluated every 20 versions, two workers, no activation (the objectives'
+comparison, not the fleet's)."""
+TARGETS = {"embedded": 0.65, "real": 0.95}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="embedded,real")
+    parser.add_argument("--losses", default=",".join(OBJECTIVES))
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--parts", default="objectives,drop", help="objectives and/or drop")
+    parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-objectives"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/objectives.json"))
+    return parser.parse_args(argv)
+
+
+def run(task: str, loss: str, seed: int, args: argparse.Namespace, extra: list[str], label: str = "") -> dict:
+    """One `echo2 run` through real_model_learning's runner (its CONFIGS pointed at ours)."""
+    rml.CONFIGS[task] = CONFIGS[task]
+    rml.TARGET = TARGETS[task]
+    data = rml.write_addition_data(Path(args.work_dir) / "addition_1digit.jsonl")
+    overrides = [*(EMBEDDED if task == "embedded" else []), *extra]
+    inner = argparse.Namespace(steps=0, overrides=overrides, work_dir=str(Path(args.work_dir) / (label or "runs")))
+    staleness = 2 if task == "embedded" else 1  # each config's own S
+    result = rml.run_one("addition" if task == "real" else task, staleness, loss, seed, inner, data)
+    summary = json.loads((Path(result["run_dir"]) / "summary.json").read_text())
+    return {**result, "task": task, "label": label, "overrides": overrides,
+            "uninformative": summary.get("uninformative"), "steps_trained": summary["steps"]}
+
+
+def headline(r: dict) -> dict:
+    keys = ("task", "loss", "seed", "accuracy_before", "accuracy_after", "accuracy_after_ci95", "paired_gain",
+            "time_to_target_s", "wall_s", "learner_utilization")
+    return {**{k: r[k] for k in keys}, "learner_train_s": r["time"]["learner_train_s"]}
+
+
+def per_objective(runs: list[dict]) -> list[dict]:
+    out = []
+    for task in sorted({r["task"] for r in runs}):
+        for loss in OBJECTIVES:
+            group = [r for r in runs if r["task"] == task and r["loss"] == loss]
+            if not group:
+                continue
+            out.append({"task": task, "loss": loss, "seeds": [r["seed"] for r in group],
+                        "accuracy_before_mean": round(statistics.fmean(r["accuracy_before"] for r in group), 4),
+                        "accuracy_after_mean": round(statistics.fmean(r["accuracy_after"] for r in group), 4),
+                        "accuracy_after_by_seed": [r["accuracy_after"] for r in group],
+                        "wall_s_mean": round(statistics.fmean(r["wall_s"] for r in group), 1),
+                        "time_to_target_s_by_seed": [r["time_to_target_s"] for r in group]})
+    return out
+
+
+def drop_comparison(runs: list[dict]) -> list[dict]:
+    """Per task and seed: learner compute per step with and without dropping, and the share."""
+    out = []
+    for task in sorted({r["task"] for r in runs}):
+        for seed in sorted({r["seed"] for r in runs if r["task"] == task}):
+            by = {r["label"]: r for r in runs if r["task"] == task and r["seed"] == seed}
+            if {"drop-on", "drop-off"} - set(by):
+                continue
+            on, off = by["drop-on"], by["drop-off"]
+            per_step = {k: r["time"]["learner_train_s"] / max(1, r["steps_trained"]) for k, r in by.items()}
+            out.append({"task": task, "seed": seed, "uninformative": on["uninformative"],
+                        "learner_train_s_per_step": {k: round(v, 3) for k, v in per_step.items()},
+                        "learner_train_s_saved_per_step": round(per_step["drop-off"] - per_step["drop-on"], 3),
+                        "accuracy_after": {"drop-on": on["accuracy_after"], "drop-off": off["accuracy_after"]},
+                        "wall_s": {"drop-on": on["wall_s"], "drop-off": off["wall_s"]}})
+    return out
+
+
+def save(out: Path, runs: list[dict]) -> None:
+    objective_runs = [r for r in runs if not r["label"]]
+    drop_runs = [r for r in runs if r["label"]]
+    result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time",
+              "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()}, "embedded_overrides": EMBEDDED,
+              "targets": TARGETS, "objectives": per_objective(objective_runs),
+              "drop_uninformative": drop_comparison(drop_runs),
+              "runs": [headline(r) | {"label": r["label"]} for r in runs]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
+    runs: list[dict] = []
+    parts = args.parts.split(",")
+    for task in tasks:
+        if "objectives" in parts:
+            for loss in args.losses.split(","):
+                for seed in seeds:
+                    runs.append(run(task, loss, seed, args, []))
+                    save(out, runs)  # kept as each run ends
+        if "drop" in parts:
+            for seed in seeds:
+                for label, on in (("drop-on", "true"), ("drop-off", "false")):
+                    runs.append(run(task, "tis", seed, args, [f"grpo.drop_uninformative_groups={on}"], label))
+                    save(out, runs)
+    print(json.dumps({k: v for k, v in json.loads(out.read_text()).items() if k != "runs"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
