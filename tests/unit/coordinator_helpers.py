@@ -17,6 +17,7 @@ from echo2.coordinator.scoring import Scorer
 from echo2.coordinator.settings import Settings, resolve
 from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.store import Store
+from echo2.policy.rewards import RewardRules
 from echo2.policy.trust import Standing
 from echo2.protocol.manifest import build_manifest
 from echo2.protocol.messages import (
@@ -30,6 +31,9 @@ from echo2.protocol.messages import (
 from echo2.tasks import make_task
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=4, group_size=2)
+KEEP_ALIKE = RewardRules(drop_uninformative_groups=False)
+"""For tests whose workers run the untrained tiny model: every completion of it scores 0, so
+with grpo.drop_uninformative_groups no group would ever reach a batch."""
 
 
 class FakeClock:
@@ -98,14 +102,19 @@ def answer_ids(state: CoordinatorState, lease_id: str, correct: bool) -> list[in
     """Token ids of the right (or a wrong) answer plus EOS, for the leased prompt."""
     prompt_index = state.leases[lease_id].prompt_index
     answer = state.scorer.problem(prompt_index).answer
-    text = answer if correct else str(int(answer) + 1)
+    text = answer if correct else str(int(answer) + 1) if answer.lstrip("-").isdigit() else "?"
     eos = state.scorer.tokenizer.token_to_id("<eos>")
     return state.scorer.tokenizer.encode(text, add_special_tokens=False).ids[:3] + [eos]
 
 
-def submission(state: CoordinatorState, worker_id: str, lease_id: str, version: int, **overrides) -> RolloutSubmission:
-    ids = answer_ids(state, lease_id, correct=True)
-    completions = [RolloutCompletion(token_ids=ids, logprobs=[-0.5] * len(ids)) for _ in range(SAMPLING.group_size)]
+def submission(state: CoordinatorState, worker_id: str, lease_id: str, version: int, *, alike: bool = False,
+               **overrides) -> RolloutSubmission:
+    """An informative group: its first completion right, the others wrong (rewards [1, 0]), so
+    grpo.drop_uninformative_groups keeps it; `alike`: every completion right (rewards [1, 1]),
+    a group that teaches nothing."""
+    right, wrong = answer_ids(state, lease_id, correct=True), answer_ids(state, lease_id, correct=alike)
+    completions = [RolloutCompletion(token_ids=ids, logprobs=[-0.5] * len(ids))
+                   for ids in [right] + [wrong] * (SAMPLING.group_size - 1)]
     data = dict(worker_id=worker_id, lease_id=lease_id, version=version, completions=completions, gen_time_s=0.1)
     data.update(overrides)
     return RolloutSubmission(**data)

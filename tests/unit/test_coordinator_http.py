@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from tests.unit.coordinator_helpers import FakeClock, make_state, past_slow_start, publish
+from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state, past_slow_start, publish
 
 from echo2.coordinator.credentials import Secrets
 from echo2.coordinator.server import build_app
@@ -55,7 +55,8 @@ def run_with_server(state, scenario, timeout_s: float = 30.0, **kwargs):
 
 @pytest.fixture
 def state(tmp_path, tiny_model_dir):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock())
+    # the bodies here send fixed tokens, alike in every completion: kept (the transport is tested)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), rewards=KEEP_ALIKE)
     publish(state, 0)
     return state
 

@@ -47,7 +47,7 @@ def test_lease_submit_batch_round_trip(state):
     assert len(tasks) == 2 and tasks[0].prompt_ids
     assert state.take_batch(0) is None
     replies = [state.submit(submission(state, "a", t.lease_id, 0)) for t in tasks]
-    assert all(r.accepted and r.rewards == [1.0, 1.0] for r in replies)
+    assert all(r.accepted and r.rewards == [1.0, 0.0] for r in replies)
     batch = state.take_batch(0)
     assert [g.lease_id for g in batch] == [t.lease_id for t in tasks]
     # asking again for the same step returns the same batch: a restarted learner replays it

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from tests.unit.coordinator_helpers import FakeClock, make_state
+from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state
 from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 from tests.unit.test_loopback_pipeline import _until
 
@@ -38,7 +38,8 @@ def _holding(w: Worker) -> int:
 
 
 def test_a_follower_and_a_late_joiner_rebuild_every_version(tmp_path, tiny_model_dir):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=10, groups_per_step=1, broadcast=BROADCAST)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=10, groups_per_step=1, broadcast=BROADCAST,
+                       rewards=KEEP_ALIKE)
     metrics_path = tmp_path / "metrics.jsonl"
     model = load_model(str(tiny_model_dir))
     generator = torch.Generator().manual_seed(0)

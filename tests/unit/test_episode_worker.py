@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.unit.coordinator_helpers import FakeClock, make_state
+from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state
 from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 from tests.unit.test_loopback_pipeline import _until
 
@@ -33,7 +33,7 @@ def test_a_worker_plays_episodes_the_coordinator_replays(tmp_path, tiny_model_di
     task = make_task(cfg.task, cfg.seed)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3, group_size=3)
     state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2, sampling=sampling,
-                       scorer=make_scorer(task, str(tiny_model_dir), sampling.max_new_tokens))
+                       scorer=make_scorer(task, str(tiny_model_dir), sampling.max_new_tokens), rewards=KEEP_ALIKE)
     model = load_model(str(tiny_model_dir))
 
     async def main():

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 from tests.unit.coordinator_helpers import (
+    KEEP_ALIKE,
     FakeClock,
     event_records,
     lease,
@@ -153,7 +154,8 @@ def test_a_worker_gone_silent_loses_the_evaluation_to_another(state):
 
 
 def test_a_full_window_is_waited_out_at_the_coordinator_not_polled(tmp_path, tiny_model_dir):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1)  # rollouts only here
+    # rollouts only here, of fixed tokens alike in every completion: kept
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, rewards=KEEP_ALIKE)
     publish(state, 0)
 
     async def scenario(session, url):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from tests.unit.coordinator_helpers import FakeClock, make_state
+from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state
 from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 
 from echo2.broadcast.signing import generate_private_key, sign_manifest
@@ -33,7 +33,7 @@ async def _until(predicate, timeout_s: float = 30.0) -> None:
 
 
 def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2, rewards=KEEP_ALIKE)
     metrics_path = tmp_path / "metrics.jsonl"
     model = load_model(str(tiny_model_dir))
     cfg = RunConfig(run_dir=str(tmp_path / "run"))

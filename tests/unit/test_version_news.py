@@ -9,7 +9,14 @@ import asyncio
 import time
 
 import aiohttp
-from tests.unit.coordinator_helpers import LEARNER_KEY_HEX, FakeClock, make_state, publish, version_info
+from tests.unit.coordinator_helpers import (
+    KEEP_ALIKE,
+    LEARNER_KEY_HEX,
+    FakeClock,
+    make_state,
+    publish,
+    version_info,
+)
 from tests.unit.test_coordinator_http import LEARNER, LEARNER_TOKEN, TIMEOUT, TOKEN, _join, _post, _serve
 from tests.unit.test_loopback_pipeline import _until
 
@@ -27,7 +34,7 @@ BEAT = {"worker_id": "w0", "version": 0, "known_version": 0}
 
 
 def _state(tmp_path, tiny_model_dir, **fields):
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), **fields)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), rewards=KEEP_ALIKE, **fields)
     publish(state, 0)
     return state
 
@@ -103,7 +110,7 @@ def test_a_real_worker_hears_of_a_version_at_once_and_stops_without_waiting_out_
     fraction of its heartbeat interval (its beat is held until then), and, asked to stop while
     its lease request is held for a full window, it gives that request up and leaves at once
     (it used to wait the 5 s poll out, and a launcher's grace could run out first)."""
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=0, groups_per_step=1)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=0, groups_per_step=1, rewards=KEEP_ALIKE)
     model = load_model(str(tiny_model_dir))
 
     async def main():

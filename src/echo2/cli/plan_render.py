@@ -70,8 +70,13 @@ def _summary(plan: Plan) -> Table:
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(justify="left")
     table.add_column(justify="left")
+    d = plan.uninformative_share
+    base_row = ("required throughput B/T_train", f"{_num(plan.base_rps)} rollouts/s") if not d else (
+        "required throughput B/((1-d) T_train)",
+        f"{_num(plan.base_rps)} rollouts/s ({d:.0%} of groups dropped as uninformative: "
+        f"x{1 / (1 - d):.3g} the batch generated)")
     rows = [
-        ("required throughput B/T_train", f"{_num(plan.base_rps)} rollouts/s"),
+        base_row,
         ("R_required (with per-version stall)", f"{_num(plan.required_rps)} rollouts/s"),
         ("S_min (chosen set, else fastest class)", str(plan.s_min)),
         (

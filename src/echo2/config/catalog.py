@@ -97,6 +97,12 @@ class Workload(Frozen):
     background_fetch: bool = True
     """Workers keep generating while a version downloads and stall only load_time_s per
     version; false: they stall for the whole dissemination latency."""
+    uninformative_share: float = Field(0.0, ge=0, le=0.95)
+    """d: share of scored groups whose rewards all equal each other, which the coordinator drops
+    (grpo.drop_uninformative_groups) so the batch is refilled with other prompts: the fleet
+    must generate B / (1 - d) rollouts per step (planner.capacity.rollouts_generated_per_step).
+    A run's summary reports it as `uninformative_share`. At most 0.95: beyond that the
+    requirement is 20x the batch and the measurement rather than the plan should decide."""
 
     @property
     def batch_rollouts(self) -> int:

@@ -83,6 +83,22 @@ class GRPOConfig(Frozen):
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (`{r, alpha, target_modules}`); None: full
     fine-tuning. Versions then carry the adapters only."""
+    drop_uninformative_groups: bool = True
+    """Dynamic sampling (DAPO): a scored group whose rewards all equal each other (after overlong
+    shaping) has zero advantage under group normalisation and teaches nothing, so the
+    coordinator counts it and never sends it to the learner; its prompt counts as done and the
+    lease window refills the batch with other prompts, so every step still trains
+    prompts_per_step informative groups. The worker is credited for it as delivered work. The
+    learner's rollout audit never sees such groups (they never reach it). False: they reach the
+    learner with zero advantage, as before (a run whose model solves all or none of a prompt's
+    completions then still takes steps)."""
+    overlong_buffer_tokens: int = Field(0, ge=0)
+    """DAPO's soft overlong punishment: with L = sampling.max_new_tokens, a completion of n
+    tokens with L - overlong_buffer_tokens < n <= L has (n - (L - buffer)) / buffer x
+    overlong_penalty taken off its reward (the whole penalty at n = L: a completion cut off at
+    the cap); shorter ones are untouched. Must be below sampling.max_new_tokens. 0: off."""
+    overlong_penalty: float = Field(1.0, ge=0)
+    """The largest overlong penalty, reached at n = sampling.max_new_tokens (in reward units)."""
 
     @property
     def advantage_scale(self) -> str:

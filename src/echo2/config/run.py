@@ -269,6 +269,15 @@ class RunConfig(Frozen):
         return data
 
     @model_validator(mode="after")
+    def _overlong_buffer_below_cap(self) -> RunConfig:
+        buffer, cap = self.grpo.overlong_buffer_tokens, self.sampling.max_new_tokens
+        if buffer >= cap:
+            raise ValueError(f"grpo.overlong_buffer_tokens={buffer} must be below sampling.max_new_tokens={cap} (the "
+                             f"penalty ramps over the last buffer tokens before the cap): set it to at most {cap - 1}, "
+                             "or 0 for no overlong shaping")
+        return self
+
+    @model_validator(mode="after")
     def _worker_classes_in_catalog(self) -> RunConfig:
         if not self.activation.catalog:
             return self

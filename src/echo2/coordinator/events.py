@@ -179,6 +179,11 @@ class BatchAssigned(Event):
     leased: int
     max_worker_share: float
     """The largest share of the batch's groups one worker sent (activation.max_worker_share caps it)."""
+    dropped_uninformative: int = 0
+    """Scored groups dropped as uninformative (all rewards equal) since the previous batch:
+    the prompts leased beyond the batch's P to fill it (grpo.drop_uninformative_groups)."""
+    completions_truncated: int = 0
+    """Completions cut off at sampling.max_new_tokens without an EOS, since the previous batch."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ every change written through to the store and counted. The staleness rules thems
 the data plane's; this class adds persistence, batch replay for an exact learner resume, the
 learner's rejections and checkpoint compaction.
 
-`add`, `count_stale_submission`, `reject` and `drop_worker` write inside the caller's
+`add`, `count_stale_submission`, `count_scored`, `reject` and `drop_worker` write inside the caller's
 transaction (the lease or prompt changes that go with them share it); `advance`, `take` and
 `compact` are transactions of their own."""
 
@@ -31,9 +31,25 @@ class Counters:
     failed rollout audit)."""
     dropped_quarantined: int = 0
     """Buffered groups of workers quarantined by the rollout audit (their prompts are redone)."""
+    scored: int = 0
+    """Groups scored while admissible under S, each then checked for being uninformative
+    (accepted + dropped_uninformative; stale ones count in dropped_stale)."""
+    dropped_uninformative: int = 0
+    """Scored groups whose rewards all equal each other (grpo.drop_uninformative_groups): never
+    sent to the learner, their prompts done (`policy.rewards`)."""
+    completions_truncated: int = 0
+    """Completions of scored groups cut off at sampling.max_new_tokens without an EOS."""
 
     def save(self, store: Store) -> None:
         store.set_meta("counters", asdict(self))
+
+
+@dataclass
+class SinceBatch:
+    """Tallies since the previous batch was assigned (its batch_assigned record carries them)."""
+
+    dropped_uninformative: int = 0
+    completions_truncated: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,9 @@ class GroupBook:
             fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share,
         )
         self.seq = store.max_seq() + 1
+        self.since_batch = SinceBatch()
+        """What the step's batch_assigned record reports (in memory: a restarted coordinator's
+        first one counts from its start; the counters hold the durable totals)."""
 
     @property
     def buffer(self) -> list[TrainGroup]:
@@ -86,6 +105,16 @@ class GroupBook:
 
     def count_stale_submission(self) -> None:
         self.counters.dropped_stale += 1
+        self.counters.save(self.store)
+
+    def count_scored(self, *, fresh: bool, uninformative: bool, truncated: int) -> None:
+        """A scored group's tallies (saved with the caller's next write, in its transaction):
+        `fresh`, admissible under S; `uninformative` and dropped for it; `truncated` completions."""
+        self.counters.scored += fresh
+        self.counters.dropped_uninformative += uninformative
+        self.counters.completions_truncated += truncated
+        self.since_batch.dropped_uninformative += uninformative
+        self.since_batch.completions_truncated += truncated
         self.counters.save(self.store)
 
     def recorded_batch(self, step: int) -> list[TrainGroup] | None:
@@ -127,6 +156,11 @@ class GroupBook:
             self.counters.trained += len(batch)
             self.counters.save(self.store)
         return batch
+
+    def take_since_batch(self) -> SinceBatch:
+        """The tallies since the previous batch, started over (a new batch was assigned)."""
+        taken, self.since_batch = self.since_batch, SinceBatch()
+        return taken
 
     def already_rejected(self, step: int) -> bool:
         """A retried rejection whose first answer was lost."""

@@ -70,10 +70,12 @@ class LearnerDesk:
         if batch is not None:
             hist = Counter(staleness(step, g.version) for g in batch)
             largest = Counter(g.worker_id for g in batch).most_common(1)[0][1]
+            since = self.groups.take_since_batch()
             self.events.append(ev.BatchAssigned(
                 step=step, staleness_hist={str(k): v for k, v in sorted(hist.items())}, max_staleness_seen=max(hist),
                 lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer),
                 leased=len(self.leases_book.leases), max_worker_share=round(largest / len(batch), 4),
+                dropped_uninformative=since.dropped_uninformative, completions_truncated=since.completions_truncated,
             ))
         return batch
 

@@ -57,9 +57,14 @@ def _run_metrics(view: dict) -> Iterator[Metric]:
     yield from _gauge("echo2_cost_dollars_per_hour", "What the run bills now: the learner and every rented worker",
                       view["cost"]["per_hour"])
     yield CounterMetricFamily("echo2_cost_dollars", "Billed since the run started", value=view["cost"]["total"])
+    yield from _gauge("echo2_uninformative_share_ratio", "Share of scored groups dropped as uninformative (every "
+                      "reward equal: never trained, their prompts refilled)", view["uninformative_share"])
+    counters = dict(view["counters"])
+    yield CounterMetricFamily("echo2_completions_truncated", "Completions cut off at sampling.max_new_tokens without "
+                              "an end of sequence", value=counters.pop("completions_truncated"))
     groups = CounterMetricFamily("echo2_groups", "Rollout groups by outcome (coordinator counters)",
                                  labels=["outcome"])
-    for outcome, count in view["counters"].items():
+    for outcome, count in counters.items():
         groups.add_metric([outcome], count)
     yield groups
 

@@ -1,8 +1,11 @@
 """A worker's submitted group, from its lease to the buffer: the lease and version checked, the
 completions validated against the sampling settings (`check`, on the event loop), rewards
 computed here, never taken from the worker (by the scoring pool, off the loop, or inline in
-`submit`), then in one transaction (`apply`, the lease checked again) the worker's measured
-throughput updated and the group admitted under the staleness bound or dropped as stale."""
+`submit`) and shaped by length (`policy.rewards`: grpo.overlong_buffer_tokens), then in one
+transaction (`apply`, the lease checked again) the worker's measured throughput updated and the
+group admitted under the staleness bound, dropped as stale, or dropped as uninformative (all its
+rewards equal: grpo.drop_uninformative_groups; its prompt is done, and the lease window refills
+the batch with other prompts, since a dropped group is neither leased nor buffered)."""
 
 from __future__ import annotations
 
@@ -21,16 +24,20 @@ from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.coordinator.versions import VersionDesk
 from echo2.policy.controller import ActivationController
+from echo2.policy.rewards import RewardRules, truncated
 from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
 
 
 class RolloutIntake:
     def __init__(self, *, registry: Registry, leases: LeaseBook, groups: GroupBook, versions: VersionDesk,
                  controller: ActivationController, scorer: Scorer, sampling: SamplingParams, store: Store,
-                 limits: ScoringLimits, events: list[ev.Event], clock: Callable[[], float]) -> None:
+                 limits: ScoringLimits, events: list[ev.Event], clock: Callable[[], float],
+                 rules: RewardRules) -> None:
         self.registry, self.leases, self.groups, self.versions = registry, leases, groups, versions
         self.controller, self.scorer, self.sampling, self.store = controller, scorer, sampling, store
-        self.limits, self.events, self.clock = limits, events, clock
+        self.limits, self.events, self.clock, self.rules = limits, events, clock, rules
+        counters = groups.counters  # a restarted coordinator plans with the share it measured before
+        controller.observe_uninformative(counters.dropped_uninformative, counters.scored)
 
     def submit(self, req: RolloutSubmission) -> SubmitResponse:
         """The whole submission with its group scored here and now (tests and tools that drive
@@ -74,7 +81,14 @@ class RolloutIntake:
     def apply(self, req: RolloutSubmission, lease: Lease, outcomes: list[Outcome], scoring_s: float) -> SubmitResponse:
         """The scored group, applied whole. The lease is checked again: it may have expired (and
         its prompt gone to another worker) while the group was scored, and then nothing is
-        applied (409, as for any lease no longer held)."""
+        applied (409, as for any lease no longer held).
+
+        A group dropped as uninformative is delivered work: the worker's rate, its admitted
+        share and its lease trust count it as they count a buffered group (it did the work, and
+        dropping it is our choice). It never reaches the learner, so the learner's rollout audit
+        never checks it: a worker's groups that all score alike go unaudited (they are never
+        trained either, so they cannot steer the policy; activation.max_worker_share still bounds
+        the rate one worker is credited with)."""
         rewards = self._rewards(lease, req, outcomes, scoring_s)
         record = self.registry.live(req.worker_id)
         self._held(req)  # lease ids are never reused: still held is still this lease
@@ -84,21 +98,32 @@ class RolloutIntake:
         record.gen_time_s += req.gen_time_s
         self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
         fresh = self.groups.plane.admits(req.version)
+        uninformative = fresh and self.rules.drops(rewards)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
         with self.store.tx():
-            if fresh:
+            self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
+            if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done
                 self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
                                            worker_id=req.worker_id, rewards=rewards, completions=req.completions,
                                            sampling_seed=self._seed(record, lease)))
-            else:
+            elif not fresh:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
         self._measure(record)
+        self.controller.observe_uninformative(self.groups.counters.dropped_uninformative, self.groups.counters.scored)
+        return self._reply(req, lease, rewards, fresh=fresh, uninformative=uninformative)
+
+    def _reply(self, req: RolloutSubmission, lease: Lease, rewards: list[float], *, fresh: bool,
+               uninformative: bool) -> SubmitResponse:
+        """The worker's answer, and the event of a dropped group (where its prompt went)."""
+        step = self.groups.plane.learner_step
+        if uninformative:
+            self.events.append(ev.GroupsDropped(reason="uninformative", step=step, prompt_indices=[lease.prompt_index]))
+            return SubmitResponse(accepted=True, rewards=rewards, reason="uninformative: every reward equal, not trained")
         if fresh:
             return SubmitResponse(accepted=True, rewards=rewards)
-        step = self.groups.plane.learner_step
         self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
         return SubmitResponse(accepted=False, rewards=rewards,
                               reason=f"stale: step {step} - version {req.version} > S")
@@ -117,7 +142,16 @@ class RolloutIntake:
                 raise RequestError(422, f"{reason}; the group is refused")
         if self.scorer.max_episode_tokens is not None:  # what verifying the episodes cost us
             self.events.append(ev.EpisodesReplayed(worker_id=req.worker_id, episodes=len(rewards), replay_s=scoring_s))
-        return rewards
+            return rewards  # an episode's length is its turns', not one completion's: no overlong shaping
+        return self.rules.shaped(rewards, [len(c.token_ids) for c in req.completions],
+                                 max_new_tokens=self.sampling.max_new_tokens)
+
+    def _truncated(self, req: RolloutSubmission) -> int:
+        """Completions cut off at the length cap (single-turn: an episode ends by its rules)."""
+        if self.scorer.max_episode_tokens is not None:
+            return 0
+        return sum(truncated(c.token_ids, max_new_tokens=self.sampling.max_new_tokens, eos_ids=self.scorer.eos_ids)
+                   for c in req.completions)
 
     def _seed(self, record: WorkerRecord, lease: Lease) -> int | None:
         """The seed its tokens were drawn with, for the audit to check: seeded workers only (a

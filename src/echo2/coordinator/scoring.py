@@ -5,7 +5,9 @@ PreTrainedTokenizerFast (for the chat template) only."""
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
+from pathlib import Path
 
 from pydantic import TypeAdapter
 
@@ -23,10 +25,16 @@ class Scorer:
     def __init__(self, task: TaskAdapter, model_source: str) -> None:
         from tokenizers import Tokenizer
 
-        self.task = task
+        self.task, self.model_source = task, model_source
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file(model_source)))
         self.vocab_size = model_vocab_size(model_source, self.tokenizer.get_vocab_size(with_added_tokens=True))
         self.chat = chat_tokenizer(model_source) if task.cfg.chat_template else None
+
+    @cached_property
+    def eos_ids(self) -> frozenset[int]:
+        """Ids a completion ends with when the model stopped by itself (a worker keeps the EOS it
+        stopped at): the tokenizer's EOS and the generation config's, what HF and vLLM stop on."""
+        return model_eos_ids(self.model_source, self.tokenizer)
 
     def problem(self, prompt_index: int) -> Problem:
         return self.task.train_problem(prompt_index)
@@ -68,6 +76,33 @@ class Scorer:
     def eval_correct(self, index: int, token_ids: list[int]) -> bool:
         """The check `echo2 eval` makes (task.is_correct on the decoded completion)."""
         return self.task.is_correct(self.eval_problems[index], self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+
+def model_eos_ids(model_source: str, tokenizer) -> frozenset[int]:
+    """EOS ids named by the model's tokenizer_config.json (`eos_token`) and generation_config.json
+    (`eos_token_id`, one or a list), read as JSON: no transformers import for two fields."""
+    ids: set[int] = set()
+    token = _model_json(model_source, "tokenizer_config.json").get("eos_token")
+    token = token.get("content") if isinstance(token, dict) else token
+    if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
+        ids.add(tokenizer.token_to_id(token))
+    found = _model_json(model_source, "generation_config.json").get("eos_token_id")
+    ids.update(found if isinstance(found, list) else [] if found is None else [found])
+    return frozenset(int(i) for i in ids)
+
+
+def _model_json(model_source: str, name: str) -> dict:
+    local = Path(model_source)
+    if local.is_dir():
+        path = local / name
+        return json.loads(path.read_text()) if path.is_file() else {}
+    from huggingface_hub import hf_hub_download  # a hub id: the file its workers load
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return json.loads(Path(hf_hub_download(model_source, name)).read_text())
+    except EntryNotFoundError:
+        return {}
 
 
 def make_scorer(task, model_source: str, max_action_tokens: int):

@@ -11,6 +11,7 @@ from echo2.config.broadcast import BroadcastConfig
 from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.run import LoraConfig, RunConfig
 from echo2.config.scoring import ScoringConfig
+from echo2.policy.rewards import RewardRules
 from echo2.protocol.messages import SamplingParams
 
 
@@ -59,6 +60,9 @@ class Settings:
     scoring: ScoringConfig
     """coordinator.scoring: the scoring pool's size and budget, and when a worker whose
     completions run over budget is refused."""
+    rewards: RewardRules
+    """grpo's overlong shaping and dynamic sampling (drop_uninformative_groups), applied to
+    every scored group (`policy.rewards`)."""
 
 
 def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
@@ -91,6 +95,9 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         eval_problems_per_lease=cfg.evaluation.problems_per_lease,
         fresh_leases=cfg.train.fresh_leases,
         scoring=cfg.coordinator.scoring,
+        rewards=RewardRules(overlong_buffer_tokens=cfg.grpo.overlong_buffer_tokens,
+                            overlong_penalty=cfg.grpo.overlong_penalty,
+                            drop_uninformative_groups=cfg.grpo.drop_uninformative_groups),
     )
 
 

@@ -15,7 +15,8 @@ them: what workers ask (`worker_desk.py`), a rollout from its lease to the buffe
 (`rollouts.py`) and what the learner asks (`learner_desk.py`). `view.py` reads the parts for snapshots and gauges.
 
 Lifecycle of a prompt: queued -> leased to one worker -> (expired: queued again) ->
-submitted as a group -> buffered -> trained in exactly one step's batch, or dropped as stale.
+submitted as a group -> buffered -> trained in exactly one step's batch, or dropped as stale;
+or submitted as an uninformative group (all rewards equal) -> done, never trained.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class CoordinatorState:
         self.intake = RolloutIntake(registry=self.registry, leases=self.leases_book, groups=self.groups,
                                     versions=self.versions, controller=self.controller, scorer=scorer,
                                     sampling=s.sampling, store=store, limits=self.limits, events=self.events,
-                                    clock=clock)
+                                    clock=clock, rules=s.rewards)
         self.worker_desk = WorkerDesk(**parts, settings=s, scorer=scorer, counters=self.counters)
         self.learner_desk = LearnerDesk(**parts, audit=self.audit, worker_desk=self.worker_desk)
 

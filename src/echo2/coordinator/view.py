@@ -85,6 +85,7 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "leased": snap["leased"],
         "buffered": snap["buffered"],
         "counters": snap["counters"],
+        "uninformative_share": _share(snap["counters"]),
         "learner_utilization": history.learner_utilization(),
         "curves": {"reward": history.reward.shown(), "accuracy": history.accuracy.shown(),
                    "utilization": history.utilization.shown()},
@@ -99,6 +100,11 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "decisions": list(reversed(history.decisions)),
         "broadcast": _tree(state),
     })
+
+
+def _share(counters: dict[str, int]) -> float | None:
+    """Scored groups dropped as uninformative, as a share (None before any was scored)."""
+    return counters["dropped_uninformative"] / counters["scored"] if counters["scored"] else None
 
 
 def _worker_rows(snap: dict) -> list[dict[str, Any]]:

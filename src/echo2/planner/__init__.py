@@ -13,6 +13,7 @@ from echo2.planner.capacity import (
     min_staleness,
     overlap_holds,
     required_throughput_rps,
+    rollouts_generated_per_step,
     step_wall_s,
 )
 from echo2.planner.cost import centralized_step_s, cost_per_rollout, cost_per_step, saving_fraction
@@ -58,6 +59,7 @@ __all__ = [
     "one_to_many_s",
     "overlap_holds",
     "required_throughput_rps",
+    "rollouts_generated_per_step",
     "saving_fraction",
     "step_wall_s",
     "tree_levels",

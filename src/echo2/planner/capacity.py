@@ -5,7 +5,8 @@ learner utilization a given worker set buys.
 Symbols: B rollouts per learner step, T_train learner seconds per step, S staleness bound,
 T_dis dissemination latency (publish -> worker holds and has loaded the version), T_gen time
 for a worker to finish one rollout group, T_stall per-version time a worker cannot generate,
-r_i a worker's throughput in rollouts/s. Pure functions, no state, no I/O: the coordinator's
+r_i a worker's throughput in rollouts/s, d the share of scored groups dropped as uninformative
+(all rewards equal: `policy.rewards`), which the fleet must generate on top of B. Pure functions, no state, no I/O: the coordinator's
 controller, the simulator and `echo2 plan` share them.
 """
 
@@ -27,11 +28,23 @@ def _check_non_negative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be >= 0 (got {value!r})")
 
 
-def base_throughput_rps(batch_rollouts: int, step_time_s: float) -> float:
-    """Rate condition: the learner never waits for data iff R >= B / T_train."""
+def rollouts_generated_per_step(batch_rollouts: int, uninformative_share: float = 0.0) -> float:
+    """B / (1 - d): rollouts the fleet generates per learner step when a share d of the scored
+    groups is dropped as uninformative and the batch is refilled with other prompts until it
+    holds B rollouts of informative groups (each draw is informative with probability 1 - d, so
+    the expected draws per kept group are 1 / (1 - d)). The one place d enters the model: every
+    rate and utilization below goes through it."""
     _check_positive("batch_rollouts", batch_rollouts)
+    if not 0 <= uninformative_share < 1:
+        raise ValueError(f"uninformative_share must be in [0, 1) (got {uninformative_share!r}): it is the share of "
+                         "scored groups dropped, and at 1 no batch ever fills")
+    return batch_rollouts / (1.0 - uninformative_share)
+
+
+def base_throughput_rps(batch_rollouts: int, step_time_s: float, *, uninformative_share: float = 0.0) -> float:
+    """Rate condition: the learner never waits for data iff R >= B / ((1 - d) T_train)."""
     _check_positive("step_time_s", step_time_s)
-    return batch_rollouts / step_time_s
+    return rollouts_generated_per_step(batch_rollouts, uninformative_share) / step_time_s
 
 
 def required_throughput_rps(
@@ -41,8 +54,9 @@ def required_throughput_rps(
     staleness: int,
     stall_s: float = 0.0,
     swap_interval_s: float | None = None,
+    uninformative_share: float = 0.0,
 ) -> float:
-    """R_required = (B / T_train) * I / (I - T_stall): a worker swaps in a version every I
+    """R_required = (B / ((1 - d) T_train)) * I / (I - T_stall): a worker swaps in a version every I
     seconds and loses T_stall of each interval, so the fleet must be that much faster. Workers
     swap every version they receive (I = max(T_train, round period): `tail.swap_interval_s`);
     without I, once per window of S steps (I = S*T_train, a worker that refreshes only when
@@ -51,7 +65,7 @@ def required_throughput_rps(
     _check_non_negative("stall_s", stall_s)
     window_s = staleness * step_time_s
     interval_s = window_s if swap_interval_s is None else swap_interval_s
-    base = base_throughput_rps(batch_rollouts, step_time_s)
+    base = base_throughput_rps(batch_rollouts, step_time_s, uninformative_share=uninformative_share)
     if window_s == 0 or interval_s <= stall_s:
         return math.inf
     return base * interval_s / (interval_s - stall_s)
@@ -96,14 +110,19 @@ def effective_throughput_rps(
     return throughput_rps * (1.0 - stall_s / interval_s)
 
 
-def learner_utilization(admissible_rps: float, batch_rollouts: int, step_time_s: float) -> float:
-    """U = min(1, R * T_train / B) with R the admissible throughput (effective_throughput_rps
-    summed): a starved learner waits B/R per step instead of T_train."""
+def learner_utilization(admissible_rps: float, batch_rollouts: int, step_time_s: float, *,
+                        uninformative_share: float = 0.0) -> float:
+    """U = min(1, R * (1 - d) * T_train / B) with R the admissible throughput
+    (effective_throughput_rps summed): a starved learner waits B / ((1 - d) R) per step instead
+    of T_train."""
     _check_non_negative("admissible_rps", admissible_rps)
-    return min(1.0, admissible_rps / base_throughput_rps(batch_rollouts, step_time_s))
+    needed_rps = base_throughput_rps(batch_rollouts, step_time_s, uninformative_share=uninformative_share)
+    return min(1.0, admissible_rps / needed_rps)
 
 
-def step_wall_s(admissible_rps: float, batch_rollouts: int, step_time_s: float) -> float:
-    """Wall time of one learner step: max(T_train, B / R); math.inf with no admissible data."""
-    utilization = learner_utilization(admissible_rps, batch_rollouts, step_time_s)
+def step_wall_s(admissible_rps: float, batch_rollouts: int, step_time_s: float, *,
+                uninformative_share: float = 0.0) -> float:
+    """Wall time of one learner step: max(T_train, B / ((1 - d) R)); math.inf with no admissible data."""
+    utilization = learner_utilization(admissible_rps, batch_rollouts, step_time_s,
+                                      uninformative_share=uninformative_share)
     return step_time_s / utilization if utilization > 0 else math.inf

@@ -25,11 +25,12 @@ def cost_per_rollout(step_cost: float, batch_rollouts: int) -> float:
 
 
 def centralized_step_s(
-    step_time_s: float, batch_rollouts: int, learner_rollouts_per_s: float, generation_s: float
+    step_time_s: float, batch_rollouts: float, learner_rollouts_per_s: float, generation_s: float
 ) -> float:
     """Synchronous baseline step: generate the whole batch, then train. Generation lasts at
     least B / r_L (throughput) and at least T_gen (the slowest group must finish):
-    T_central = T_train + max(B / r_L, T_gen)."""
+    T_central = T_train + max(B / r_L, T_gen); with uninformative groups dropped and refilled,
+    `batch_rollouts` is what it generates, B / (1 - d)."""
     if not learner_rollouts_per_s > 0:
         raise ValueError(f"learner rollouts_per_s must be > 0 (got {learner_rollouts_per_s!r})")
     return step_time_s + max(batch_rollouts / learner_rollouts_per_s, generation_s)

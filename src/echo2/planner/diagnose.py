@@ -69,7 +69,8 @@ def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
 
 
 def _capacity(cfg: PlanConfig) -> tuple[list[str], list[str]]:
-    base = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
+    base = capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s,
+                                        uninformative_share=cfg.workload.uninformative_share)
     counts = fastest_fleet(cfg)
     n = sum(counts.values())
     classes = class_plans(cfg, n)

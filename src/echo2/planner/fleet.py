@@ -208,7 +208,8 @@ def cheapest_fleet(cfg: PlanConfig, *, headroom: float = 1.0,
     allowed (a shared round runs at its slowest link, so slow classes slow the others), or None.
     `headroom` sizes it for that multiple of B / T_train (the online controller's, for noisy
     measurements; `echo2 plan` plans for the bare rate); `measured_on_time` as in `class_plans`."""
-    base_rps = headroom * capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s)
+    base_rps = headroom * capacity.base_throughput_rps(cfg.workload.batch_rollouts, cfg.workload.step_time_s,
+                                                       uninformative_share=cfg.workload.uninformative_share)
     best: Activation | None = None
     solved: set[tuple] = set()
     for floor_bps in bandwidth_floors(cfg):

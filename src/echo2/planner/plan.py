@@ -41,10 +41,12 @@ class Plan:
     max_staleness: int
     topology: str
     snapshot_bytes: float
+    uninformative_share: float
+    """d: share of scored groups dropped as uninformative (workload.uninformative_share)."""
     base_rps: float
-    """B / T_train."""
+    """B / ((1 - d) T_train): B / T_train with d = 0."""
     required_rps: float
-    """R_required: B / T_train inflated by the chosen set's per-version stall."""
+    """R_required: base_rps inflated by the chosen set's per-version stall."""
     s_min: int
     """Smallest S whose window hides T_dis + T_gen for every chosen class."""
     n_workers: int
@@ -110,7 +112,8 @@ def assemble(
     admissible = sum(c.admissible_rps * c.chosen for c in chosen)
     stall = max((c.stall_s for c in chosen), default=work.load_time_s)
     interval = min((c.swap_interval_s for c in chosen), default=None)
-    step_s = capacity.step_wall_s(admissible, cfg.workload.batch_rollouts, work.step_time_s)
+    d = work.uninformative_share
+    step_s = capacity.step_wall_s(admissible, work.batch_rollouts, work.step_time_s, uninformative_share=d)
     fleet_price = sum(c.price_per_hour * c.chosen for c in chosen)
     total_price = fleet_price + cfg.learner.price_per_hour
     step_cost = cost.cost_per_step(total_price, step_s) if math.isfinite(step_s) else math.inf
@@ -123,20 +126,22 @@ def assemble(
         max_staleness=work.max_staleness,
         topology=cfg.broadcast.topology,
         snapshot_bytes=cfg.workload.snapshot_bytes,
-        base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s),
+        uninformative_share=d,
+        base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s, uninformative_share=d),
         required_rps=capacity.required_throughput_rps(
             batch_rollouts=cfg.workload.batch_rollouts,
             step_time_s=work.step_time_s,
             staleness=work.max_staleness,
             stall_s=stall,
             swap_interval_s=interval if interval is not None else work.step_time_s,
+            uninformative_share=d,
         ),
         s_min=_s_min(classes, chosen),
         n_workers=n,
         classes=classes,
         rollouts_per_s=gross,
         admissible_rps=admissible,
-        utilization=capacity.learner_utilization(admissible, cfg.workload.batch_rollouts, work.step_time_s),
+        utilization=capacity.learner_utilization(admissible, work.batch_rollouts, work.step_time_s, uninformative_share=d),
         dissemination_s=max((c.dissemination_s for c in chosen), default=0.0),
         step_wall_s=step_s,
         learner_price_per_hour=cfg.learner.price_per_hour,
@@ -166,7 +171,9 @@ def centralized_baseline(cfg: PlanConfig) -> Baseline | None:
     if rate is None:
         return None
     work = cfg.workload
-    step_s = cost.centralized_step_s(work.step_time_s, cfg.workload.batch_rollouts, rate, work.generation_time_s)
+    # it generates the refills too: B / (1 - d) rollouts a step
+    generated = capacity.rollouts_generated_per_step(work.batch_rollouts, work.uninformative_share)
+    step_s = cost.centralized_step_s(work.step_time_s, generated, rate, work.generation_time_s)
     step_cost = cost.cost_per_step(cfg.learner.price_per_hour, step_s)
     return Baseline(
         step_s, cfg.learner.price_per_hour, step_cost, cost.cost_per_rollout(step_cost, cfg.workload.batch_rollouts)

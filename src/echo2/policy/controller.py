@@ -34,6 +34,7 @@ from echo2.planner import (
 )
 from echo2.policy.credit import audit_credit, capped_offers
 from echo2.policy.planned import PlannedCover
+from echo2.policy.rewards import measured_uninformative_share
 from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView
 
 __all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
@@ -55,6 +56,8 @@ class ActivationController:
         self.swap_s = Ewma(cfg.ewma_alpha)
         self.started, self.last_tick, self.last_change = now, now, now
         self.learner_cost = 0.0
+        self.uninformative_share = 0.0 if catalog is None else catalog.workload.uninformative_share
+        """d: share of scored groups dropped as uninformative, the catalog's until measured."""
 
     # ---- observations ----
     def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None) -> None:
@@ -103,6 +106,10 @@ class ActivationController:
     def forget(self, worker_id: str) -> None:
         """Drop a gone worker that never cost anything (see CoordinatorState._forget)."""
         self.workers.pop(worker_id, None)
+
+    def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
+        """Running totals: groups scored, and those of them dropped as uninformative."""
+        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups, prior=self.uninformative_share)
 
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
                      stale_s_total: float = 0.0) -> None:
@@ -198,17 +205,16 @@ class ActivationController:
 
     # ---- decisions ----
     def required_rps(self) -> float:
-        """What the learner consumes, B / T_train, which the workers' admissible rates must cover
-        (their swap stall and the overlap condition are priced into each offer, so this is
-        R_required in the planner's sum-of-admissible-rates form). Infinite (run everything)
-        until the learner's step time is known, and for S = 0, where generation never overlaps
-        training."""
-        if self.max_staleness == 0:
+        """What the learner consumes, B / ((1 - d) T_train) (d: groups dropped as uninformative and
+        refilled), which the workers' admissible rates must cover (their swap stall and overlap
+        condition are priced into each offer: R_required in the planner's sum-of-admissible-rates
+        form). Infinite (run everything) until the step time is known (a catalog's T_train is the
+        prior until then), and for S = 0, where generation never overlaps training."""
+        prior_s = None if self.planned is None else self.planned.prior_step_time_s()
+        step_s = self.step_time_s.value if self.step_time_s.samples else prior_s
+        if self.max_staleness == 0 or step_s is None:
             return math.inf
-        if self.step_time_s.samples == 0:  # a catalog's T_train is the prior until measured
-            return math.inf if self.planned is None else base_throughput_rps(self.batch_rollouts,
-                                                                               self.planned.prior_step_time_s())
-        return base_throughput_rps(self.batch_rollouts, self.step_time_s.value)
+        return base_throughput_rps(self.batch_rollouts, step_s, uninformative_share=self.uninformative_share)
 
     def decide(self, now: float) -> ControlDecision:
         """Measured workers compete on price for the demand; workers not yet measured are on
@@ -262,7 +268,7 @@ class ActivationController:
         step_s = self.step_time_s.value if self.step_time_s.samples else None
         swap_s = self.swap_s.value if self.swap_s.samples else None
         decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
-                                       last_change_s=self.last_change, measured=self._measured)
+                                       last_change_s=self.last_change, measured=self._measured, uninformative_share=self.uninformative_share)
         probation = {w for w, v in self.workers.items()
                      if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
         if probation:

@@ -85,16 +85,20 @@ class PlannedCover:
         return self.catalog.workload.step_time_s
 
     def decide(self, workers: dict[str, WorkerView], *, step_time_s: float | None, swap_s: float | None,
-               now: float, last_change_s: float, measured: Callable[[WorkerView], bool]) -> ControlDecision:
-        """The classed workers to run (the caller adds probation for unclassed ones)."""
+               now: float, last_change_s: float, measured: Callable[[WorkerView], bool],
+               uninformative_share: float = 0.0) -> ControlDecision:
+        """The classed workers to run (the caller adds probation for unclassed ones);
+        `uninformative_share`: the run's measured d, in place of the catalog's."""
         members = self._members(workers, measured)
         step_s = _bucket(step_time_s) if step_time_s else self.catalog.workload.step_time_s
         swap = _bucket(swap_s) if swap_s is not None else self.catalog.workload.load_time_s
         counts = {name: len(ids) for name, ids in members.items()}
         current = {name: sum(1 for i in ids if self._running(i, workers)) for name, ids in members.items()}
         on_time = self._measured_on_time(members, workers, current)
-        plan_cfg = self._config(counts, step_s, swap, self._measured_uptime(members, workers))
-        required = base_throughput_rps(self.batch_rollouts, step_s)
+        share = round(round(uninformative_share / ON_TIME_STEP) * ON_TIME_STEP, 4)  # noise below a step changes nothing
+        plan_cfg = self._config(counts, step_s, swap, self._measured_uptime(members, workers),
+                                uninformative_share=share)
+        required = base_throughput_rps(self.batch_rollouts, step_s, uninformative_share=share)
         current = {name: n for name, n in current.items() if n}
         proposal = self._propose(plan_cfg, on_time)
         chosen, reason = self._choose(plan_cfg, proposal, current, counts, on_time=on_time, required=required,
@@ -157,17 +161,19 @@ class PlannedCover:
         return out
 
     def _config(self, counts: dict[str, int], step_s: float, swap_s: float,
-                uptime_s: dict[str, float | None]) -> PlanConfig:
-        """The catalog with the run's candidates as class counts and its measured times in."""
+                uptime_s: dict[str, float | None], *, uninformative_share: float) -> PlanConfig:
+        """The catalog with the run's candidates as class counts and its measured times and
+        uninformative share in."""
         classes = {name: cls.model_copy(update={"count": counts.get(name, 0), "mean_uptime_s": uptime_s.get(name)})
                    for name, cls in self.catalog.workers.items()}
-        workload = self.catalog.workload.model_copy(update={"step_time_s": step_s, "load_time_s": swap_s})
+        workload = self.catalog.workload.model_copy(update={"step_time_s": step_s, "load_time_s": swap_s,
+                                                            "uninformative_share": uninformative_share})
         return self.catalog.model_copy(update={"workers": classes, "workload": workload})
 
     def _propose(self, plan_cfg: PlanConfig, on_time: dict[str, MeasuredOnTime]) -> Proposal:
         classes = tuple((name, cls.count, cls.mean_uptime_s) for name, cls in plan_cfg.workers.items())
         work = plan_cfg.workload
-        key = (classes, tuple(sorted(on_time.items())), work.step_time_s, work.load_time_s)
+        key = (classes, tuple(sorted(on_time.items())), work.step_time_s, work.load_time_s, work.uninformative_share)
         cached = self._proposals.get(key)
         if cached is not None:
             return cached

@@ -85,6 +85,12 @@ def _metrics_table(summary: dict[str, Any]) -> Table:
 def _add_data_rows(table: Table, summary: dict[str, Any]) -> None:
     """What happened to the rollouts: dropped, requeued, skipped, audited."""
     table.add_row("rollouts dropped (stale)", _fmt(summary["rollouts_dropped_stale"]))
+    share = summary.get("uninformative_share")
+    if share is not None:
+        table.add_row("groups dropped (uninformative: rewards all equal)",
+                      f"{summary['groups_dropped_uninformative']} ({share:.1%} of scored)")
+    if summary.get("completions_truncated"):
+        table.add_row("completions cut off at max_new_tokens", _fmt(summary["completions_truncated"]))
     table.add_row("leases requeued / workers lost", f"{summary['leases_requeued']} / {summary['workers_lost']}")
     if summary.get("steps_skipped") or summary.get("log_ratio_outlier_tokens"):
         table.add_row("steps skipped (non-finite) / outlier tokens left out",

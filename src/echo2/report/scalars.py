@@ -82,7 +82,9 @@ SCALARS: dict[tuple[str, str], Callable[[dict], tuple[int | None, Values]]] = {
     ("coordinator", "coordinator_stats"): _coordinator_stats,
     ("coordinator", "activation"): lambda r: (None, {"activation/active_workers": len(r["active"]),
                                                      "activation/required_rps": r.get("required_rps")}),
-    ("coordinator", "groups_dropped"): lambda r: (r.get("step"), {"staleness/groups_dropped": len(r["prompt_indices"])}),
+    ("coordinator", "groups_dropped"): lambda r: (r.get("step"), {
+        "sampling/groups_uninformative" if r["reason"] == "uninformative" else "staleness/groups_dropped":
+            len(r["prompt_indices"])}),
     ("launcher", "worker_rejoined"): lambda r: (None, {"fleet/rejoin_s": r["rejoin_s"]}),
 }
 

@@ -88,6 +88,15 @@ def utilization(steps: list[dict], busy_s: dict[int, float]) -> float:
     return busy / (busy + wait) if busy + wait > 0 else 0.0
 
 
+def _dynamic_sampling(counters: dict) -> dict[str, Any]:
+    """Groups dropped as uninformative (grpo.drop_uninformative_groups) and their share of the
+    scored groups: the d `echo2 plan` takes as workload.uninformative_share; and the completions
+    cut off at the length cap (what grpo.overlong_buffer_tokens shapes)."""
+    scored, dropped = counters.get("scored", 0), counters.get("dropped_uninformative", 0)
+    return {"groups_dropped_uninformative": dropped, "uninformative_share": dropped / scored if scored else None,
+            "completions_truncated": counters.get("completions_truncated", 0)}
+
+
 def summarize(stream: Iterable[dict]) -> dict[str, Any]:
     """The summary of a run's records, read once in order (a list or `iter_metrics(path)`)."""
     records = _kept(stream)
@@ -124,6 +133,7 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         # activation.max_worker_share caps it while other workers deliver (policy/trust.py)
         "max_worker_share_in_batch": _largest_share(records),
         "rollouts_dropped_stale": counters.get("dropped_stale", 0),
+        **_dynamic_sampling(counters),
         **_learner_health(records, steps),
         "learner_tokens_per_s": _learner_tokens(steps),
         "leases_requeued": counters.get("leases_expired", 0),

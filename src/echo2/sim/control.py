@@ -161,6 +161,8 @@ class Controller:
         for w in self.fleet.workers:  # a worker too stale to lease submits nothing: its heartbeats tell
             if w.rented and w.alive and w.stale_since_s is not None:
                 self.core.observe_busy(worker_id(w), w.rollouts, self._busy_s(w), self.fleet.stale_s_total(w))
+        counters = self.fleet.data.counters  # the coordinator measures d the same way
+        self.core.observe_uninformative(counters.dropped_uninformative, counters.scored)
         decision = self.core.decide(now)
         self.fleet.data.core.window.set_floor(self.core.s_min())  # as the coordinator does
         self.decisions += 1

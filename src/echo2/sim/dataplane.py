@@ -4,10 +4,17 @@ are counts and a buffered group is just its version. Only the accounting is the 
 (counters, the staleness histogram, leases held per worker, waking refused workers when room
 opens). A worker named by its id leases under the coordinator's slow start (`policy.trust`);
 its groups carry no worker here, so the batch share cap is the coordinator's alone.
+
+Dynamic sampling (workload.uninformative_share d): each admitted group is uninformative with
+probability d (a seeded draw: the simulator has no rewards to look at) and then, as at the
+coordinator under grpo.drop_uninformative_groups, counted and never buffered. Its lease closes
+like any other, so the lease window opens by one group and another prompt is leased to fill the
+batch (the refill the planner prices as B / (1 - d) rollouts per step).
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +30,10 @@ class DataCounters:
     trained: int = 0
     dropped_stale: int = 0
     """Rejected at submission or dropped from the buffer: older than S when they would train."""
+    scored: int = 0
+    """Groups submitted while admissible, each then drawn informative or not."""
+    dropped_uninformative: int = 0
+    """Admissible groups drawn uninformative: counted, never buffered (their prompts done)."""
     requeued: int = 0
     """Leases returned to the queue because their worker was preempted."""
     staleness_hist: Counter[int] = field(default_factory=Counter)
@@ -35,13 +46,16 @@ def _version(group: int) -> int:
 
 class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
-                 fresh_leases: bool = False, *, slow_start: bool = False) -> None:
-        """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start)."""
+                 fresh_leases: bool = False, *, slow_start: bool = False, uninformative_share: float = 0.0,
+                 rng: random.Random | None = None) -> None:
+        """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start);
+        `uninformative_share`: d, drawn per admitted group with `rng`."""
         self.core: DataPlane[int] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             fresh_leases=fresh_leases,
         )
         self.slow_start = slow_start
+        self.uninformative_share, self.rng = uninformative_share, rng or random.Random(0)
         self.in_leases = 0
         self.held: Counter[str] = Counter()
         """Groups leased per worker id (named in `lease`), for the new workers' pool."""
@@ -105,15 +119,23 @@ class SimDataPlane:
         for _ in range(groups if worker is not None else 0):
             self.core.trust.submitted(worker, held_s, accepted=admitted)
         if admitted:
-            for _ in range(groups):
+            kept = self._informative(groups)
+            for _ in range(kept):
                 self.core.add(version)
-            self.counters.accepted += groups
-            if was_new:
-                self.on_room()  # it left the new workers' pool: a new worker refused for it may lease
+            self.counters.accepted += kept
+            if was_new or kept < groups:
+                self.on_room()  # it left the new workers' pool, or dropped groups opened the window
             return 0
         self.counters.dropped_stale += groups
         self.on_room()
         return groups
+
+    def _informative(self, groups: int) -> int:
+        """How many of `groups` admitted groups are kept: each is uninformative with probability d."""
+        dropped = sum(self.rng.random() < self.uninformative_share for _ in range(groups))
+        self.counters.scored += groups
+        self.counters.dropped_uninformative += dropped
+        return groups - dropped
 
     def publish(self, version: int) -> None:
         self.core.publish(version)

@@ -33,6 +33,16 @@ def rows(result: SimResult) -> list[tuple[str, str, str]]:
     return _run_rows(result) + _cost_rows(result)
 
 
+def _uninformative_row(result: SimResult) -> list[tuple[str, str, str]]:
+    """With workload.uninformative_share: the groups drawn uninformative and refilled."""
+    if not result.uninformative_share:
+        return []
+    g = result.groups
+    return [("groups dropped uninformative", f"{g['dropped_uninformative']} "
+             f"({g['dropped_uninformative'] / max(1, g['accepted'] + g['dropped_uninformative']):.1%} of scored)",
+             f"workload.uninformative_share: {result.uninformative_share:.1%}")]
+
+
 def _run_rows(result: SimResult) -> list[tuple[str, str, str]]:
     """Steps, fleet, time, throughput, staleness and broadcast."""
     plan, base = result.plan, result.baseline
@@ -54,9 +64,11 @@ def _run_rows(result: SimResult) -> list[tuple[str, str, str]]:
         (
             "rollouts/s generated (trained)",
             f"{result.rollouts_per_s:.2f} ({result.trained_rollouts_per_s:.2f})",
-            "needed B/T_train: " + (f"{plan['base_rps']:.2f}" if plan else "-"),
+            ("needed B/((1-d) T_train): " if result.uninformative_share else "needed B/T_train: ")
+            + (f"{plan['base_rps']:.2f}" if plan else "-"),
         ),
         ("groups dropped stale / requeued", f"{g['dropped_stale']} / {g['requeued']} of {g['leased']} leased", ""),
+        *_uninformative_row(result),
         ("staleness of trained groups", str(result.staleness_hist), ""),
         (
             "broadcast: last worker holds version",

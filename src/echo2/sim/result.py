@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from echo2.config.sim import ScenarioConfig
+from echo2.planner.capacity import rollouts_generated_per_step
 from echo2.planner.cost import SECONDS_PER_HOUR, centralized_step_s, saving_fraction
 
 
@@ -39,6 +40,8 @@ class SimResult:
     """Excluding step 0, which waits for the first version to reach the workers."""
     first_wait_s: float
     """The learner's wait for step 0's batch (worker start-up and the first version)."""
+    uninformative_share: float
+    """workload.uninformative_share: the share of admitted groups drawn uninformative."""
     rollouts_generated: int
     rollouts_per_s: float
     """Every rollout workers generated (dropped ones included) per second of learner wall time."""
@@ -112,7 +115,8 @@ def centralized_baseline(scenario: ScenarioConfig, steps: int) -> CentralizedRun
     if rate is None:
         return None
     work = scenario.workload
-    step_s = centralized_step_s(work.step_time_s, scenario.workload.batch_rollouts, rate, work.generation_time_s)
+    generated = rollouts_generated_per_step(work.batch_rollouts, work.uninformative_share)  # refills included
+    step_s = centralized_step_s(work.step_time_s, generated, rate, work.generation_time_s)
     wall_s = step_s * steps
     return CentralizedRun(step_s, wall_s, scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR)
 

@@ -35,7 +35,8 @@ class Simulator:
         # the data plane: the policy core the coordinator drives, over counts
         groups_per_step = work.prompts_per_step
         data = SimDataPlane(work.max_staleness, groups_per_step, fresh_leases=sim.fresh_leases,
-                            slow_start=sim.slow_start)
+                            slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
+                            rng=random.Random(f"{sim.seed}:uninformative"))  # its own stream: d = 0 changes no draw
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
@@ -120,11 +121,13 @@ class Simulator:
             utilization=learner.utilization(),
             utilization_steady=learner.utilization(skip_first=True),
             first_wait_s=learner.wait_s[0] if learner.wait_s else 0.0,
+            uninformative_share=scenario.workload.uninformative_share,
             rollouts_generated=fleet.rollouts,
             rollouts_per_s=fleet.rollouts / wall_s if wall_s > 0 else 0.0,
             trained_rollouts_per_s=c.trained * scenario.workload.group_size / wall_s if wall_s > 0 else 0.0,
             groups={"leased": c.leased, "accepted": c.accepted, "trained": c.trained,
-                    "dropped_stale": c.dropped_stale, "requeued": c.requeued},
+                    "dropped_stale": c.dropped_stale, "requeued": c.requeued,
+                    "dropped_uninformative": c.dropped_uninformative},
             staleness_hist={str(k): v for k, v in sorted(c.staleness_hist.items())},
             rounds=len(broadcaster.rounds),
             round_latency_s=res.percentiles([r.last_s for r in broadcaster.rounds]),

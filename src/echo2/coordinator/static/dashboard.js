@@ -148,6 +148,9 @@ function render(state) {
   setText("version", String(state.version));
   setText("utilization", state.learner_utilization === null ? "-" : `${(state.learner_utilization * 100).toFixed(1)}%`);
   setText("queues", `${state.queued} / ${state.leased} / ${state.buffered}`);
+  const dropped = state.counters.dropped_uninformative;
+  setText("uninformative", state.uninformative_share === null ? String(dropped)
+    : `${dropped} (${(state.uninformative_share * 100).toFixed(1)}% of scored)`);
   setText("fleet", `${state.workers_active} / ${state.workers_live}`);
   setText("cost", `$${fmt(state.cost.per_hour, 2)}/h, $${fmt(state.cost.total, 4)} so far`);
   lineChart("chart-reward", state.curves.reward, null, "no step trained yet");

@@ -1,0 +1,92 @@
+"""What a scored group's rewards become before it may reach the learner: the one place the two
+rules live that the coordinator applies after scoring (`coordinator.rollouts`) and the planner
+and simulator model (`planner.capacity`, `sim.dataplane`).
+
+1. Overlong shaping (DAPO, arXiv 2503.14476, eq. 13: the soft overlong punishment). With
+   L = sampling.max_new_tokens and a buffer of Lb tokens (grpo.overlong_buffer_tokens), a
+   completion of n tokens gets a penalty added to its task reward:
+
+       0                              if n <= L - Lb
+       -(n - (L - Lb)) / Lb * penalty  if L - Lb < n <= L
+
+   so it grows linearly to -penalty (grpo.overlong_penalty) at the length cap. Completions
+   never exceed L here (the coordinator refuses longer ones), so the paper's third case
+   (|y| > L_max: -1) cannot occur; a completion cut off at L gets the whole penalty.
+2. Dynamic sampling (DAPO's, at the coordinator): a group whose rewards all equal each other
+   has zero spread, so its group-normalised advantages (r - mean) / (std + eps) are all zero
+   (`learner.grpo.group_advantages`) and it teaches nothing; with
+   grpo.drop_uninformative_groups it is counted and never sent to the learner. Its prompt
+   counts as done, and the lease window refills the batch with other prompts.
+
+Pure functions over plain numbers, no I/O: the shaped rewards are what the uninformative check
+sees, so a group whose completions all scored 1 but ran to different lengths still teaches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def overlong_penalty(length_tokens: int, *, max_new_tokens: int, buffer_tokens: int, penalty: float) -> float:
+    """The penalty (<= 0) of a completion of `length_tokens` (rule 1); 0 with no buffer."""
+    if buffer_tokens <= 0:
+        return 0.0
+    if not 0 < buffer_tokens < max_new_tokens:
+        raise ValueError(f"grpo.overlong_buffer_tokens={buffer_tokens} must be below sampling.max_new_tokens="
+                         f"{max_new_tokens}: lower the buffer or raise max_new_tokens")
+    over_tokens = length_tokens - (max_new_tokens - buffer_tokens)
+    if over_tokens <= 0:
+        return 0.0
+    return -min(over_tokens, buffer_tokens) / buffer_tokens * penalty
+
+
+def is_uninformative(rewards: Sequence[float]) -> bool:
+    """Every reward of the group equal (rule 2). Exactly equal, not nearly: the learner gives
+    zero advantage only to a group whose spread is exactly 0; a tiny spread is normalised up
+    by its own std into full-sized advantages."""
+    return len(rewards) > 0 and max(rewards) == min(rewards)
+
+
+@dataclass(frozen=True)
+class RewardRules:
+    """The run's reward rules, from [grpo] (`coordinator.settings.resolve`)."""
+
+    overlong_buffer_tokens: int = 0
+    """0: no shaping."""
+    overlong_penalty: float = 1.0
+    drop_uninformative_groups: bool = True
+
+    def shaped(self, rewards: Sequence[float], lengths_tokens: Sequence[int], *, max_new_tokens: int) -> list[float]:
+        """Task rewards plus each completion's overlong penalty (rule 1), L = `max_new_tokens`."""
+        if len(rewards) != len(lengths_tokens):
+            raise ValueError(f"{len(rewards)} rewards for {len(lengths_tokens)} completions")
+        return [reward + overlong_penalty(n, max_new_tokens=max_new_tokens, buffer_tokens=self.overlong_buffer_tokens,
+                                          penalty=self.overlong_penalty)
+                for reward, n in zip(rewards, lengths_tokens, strict=True)]
+
+    def drops(self, rewards: Sequence[float]) -> bool:
+        """Whether a scored group with these (shaped) rewards stays away from the learner."""
+        return self.drop_uninformative_groups and is_uninformative(rewards)
+
+
+def truncated(token_ids: Sequence[int], *, max_new_tokens: int, eos_ids: frozenset[int]) -> bool:
+    """A completion cut off by the length cap: it used all max_new_tokens and its last token is
+    no end of sequence (workers keep the EOS they stopped at, `models.generation`)."""
+    return len(token_ids) >= max_new_tokens and (not token_ids or token_ids[-1] not in eos_ids)
+
+
+MIN_GROUPS_MEASURED = 20
+"""Scored groups before the measured uninformative share replaces the prior: the first few
+groups of a run swing it from 0 to 1."""
+MAX_UNINFORMATIVE_SHARE = 0.95
+"""The largest share planned for (workload.uninformative_share's bound): the fleet needed is
+1 / (1 - d) times the batch's, 20x here."""
+
+
+def measured_uninformative_share(dropped_groups: int, scored_groups: int, *, prior: float = 0.0) -> float:
+    """d as a run measures it: groups dropped as uninformative over groups scored (running
+    totals), `prior` until MIN_GROUPS_MEASURED are scored, capped at MAX_UNINFORMATIVE_SHARE."""
+    if scored_groups < MIN_GROUPS_MEASURED:
+        return prior
+    return min(MAX_UNINFORMATIVE_SHARE, dropped_groups / scored_groups)

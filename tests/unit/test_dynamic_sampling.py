@@ -1,0 +1,146 @@
+"""Dynamic sampling at the coordinator (grpo.drop_uninformative_groups): a scored group whose
+rewards all equal each other is counted and never reaches a batch, its prompt is done (never
+leased again), the lease window refills the batch with other prompts so a step still trains P
+informative groups, and the counts reach the batch record, the persisted counters, the run
+view, Prometheus and the summary. With the setting off such a group trains, as before."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+from tests.unit.coordinator_helpers import (
+    KEEP_ALIKE,
+    FakeClock,
+    event_records,
+    lease,
+    make_state,
+    past_slow_start,
+    publish,
+    register,
+    submission,
+)
+
+from echo2.coordinator.history import RunHistory
+from echo2.coordinator.prometheus import _run_metrics
+from echo2.coordinator.state import CoordinatorState
+from echo2.coordinator.store import Store
+from echo2.coordinator.view import run_view
+from echo2.report.summary import summarize
+
+
+def _ready(state: CoordinatorState) -> None:
+    register(state, "a")
+    past_slow_start(state, "a")
+    publish(state, 0)
+
+
+def _batch_records(state: CoordinatorState) -> list[dict]:
+    return [r for r in event_records(state) if r["kind"] == "batch_assigned"]
+
+
+def test_an_uninformative_group_is_counted_never_trained_and_its_prompt_is_done(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
+    _ready(state)
+    alike, *kept = lease(state, "a", 0, max_tasks=2).tasks
+    dropped_prompt = state.leases[alike.lease_id].prompt_index
+    reply = state.submit(submission(state, "a", alike.lease_id, 0, alike=True))
+    assert reply.accepted and reply.rewards == [1.0, 1.0] and "uninformative" in reply.reason
+    assert state.counters.dropped_uninformative == 1 and state.counters.scored == 1
+    assert state.counters.accepted == 0 and state.buffer == [] and alike.lease_id not in state.leases
+    assert dropped_prompt not in state.store.pending_prompts()  # done: a restart does not lease it again
+    dropped = [r for r in event_records(state) if r["kind"] == "groups_dropped"]
+    assert dropped == [{"kind": "groups_dropped", "reason": "uninformative", "step": 0,
+                        "prompt_indices": [dropped_prompt]}]
+    # the worker is credited with delivered work: its group counts as admitted, not stale
+    assert state.controller.workers["a"].admitted.value == 1.0
+    for task in kept:
+        assert state.submit(submission(state, "a", task.lease_id, 0)).accepted
+    leased_later = []
+    for _ in range(3):  # more prompts: the dropped one is never among them, nor queued again
+        tasks = lease(state, "a", 0, max_tasks=2).tasks
+        leased_later += [state.leases[t.lease_id].prompt_index for t in tasks]
+        for task in tasks:
+            state.submit(submission(state, "a", task.lease_id, 0))
+        state.take_batch(state.steps_taken)
+    assert leased_later and dropped_prompt not in leased_later and dropped_prompt not in state.leases_book.queue
+    assert state.steps_taken >= 2
+    trained = [g.lease_id for step in range(state.steps_taken) for g in state.take_batch(step)]
+    assert alike.lease_id not in trained and len(trained) == 2 * state.steps_taken
+
+
+def test_the_batch_still_fills_with_p_informative_groups_when_some_are_dropped(tmp_path, tiny_model_dir):
+    """P = 2, S = 1: the lease window holds (S + 1) x P = 4 groups at version 0. Two groups
+    dropped as uninformative leave the window (neither leased nor buffered), so the worker is
+    leased two more prompts at once, and step 0's batch is the 2 informative ones."""
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
+    _ready(state)
+    first = lease(state, "a", 0, max_tasks=2).tasks
+    for task in first:
+        state.submit(submission(state, "a", task.lease_id, 0, alike=True))
+    assert state.take_batch(0) is None  # nothing informative yet: the learner waits
+    refill = lease(state, "a", 0, max_tasks=2).tasks
+    assert len(refill) == 2
+    for task in refill:
+        state.submit(submission(state, "a", task.lease_id, 0))
+    batch = state.take_batch(0)
+    assert [g.lease_id for g in batch] == [t.lease_id for t in refill]
+    assert all(len(set(g.rewards)) > 1 for g in batch)
+    record = _batch_records(state)[-1]
+    assert record["dropped_uninformative"] == 2 and record["completions_truncated"] == 0
+    assert state.counters.scored == 4 and state.counters.dropped_uninformative == 2 and state.counters.trained == 2
+    # the next step's record counts from this batch on
+    for task in lease(state, "a", 0, max_tasks=2).tasks:
+        state.submit(submission(state, "a", task.lease_id, 0))
+    publish(state, 1)
+    assert len(state.take_batch(1)) == 2 and _batch_records(state)[-1]["dropped_uninformative"] == 0
+
+
+def test_with_the_setting_off_a_group_of_equal_rewards_reaches_the_batch(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2, rewards=KEEP_ALIKE)
+    _ready(state)
+    tasks = lease(state, "a", 0, max_tasks=2).tasks
+    for task in tasks:
+        reply = state.submit(submission(state, "a", task.lease_id, 0, alike=True))
+        assert reply.accepted and reply.reason == ""
+    batch = state.take_batch(0)
+    assert [g.lease_id for g in batch] == [t.lease_id for t in tasks]
+    assert all(g.rewards == [1.0, 1.0] for g in batch)  # zero advantage at the learner, as before
+    assert state.counters.dropped_uninformative == 0 and state.counters.scored == 2
+
+
+def test_the_counts_persist_and_reach_the_view_prometheus_and_summary(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
+    _ready(state)
+    tasks = lease(state, "a", 0, max_tasks=2).tasks
+    state.submit(submission(state, "a", tasks[0].lease_id, 0, alike=True))
+    state.submit(submission(state, "a", tasks[1].lease_id, 0))
+    view = run_view(state, RunHistory(None))
+    assert view["counters"]["dropped_uninformative"] == 1 and view["uninformative_share"] == 0.5
+    metrics: dict[str, Metric] = {m.name: m for m in _run_metrics(view)}
+    assert metrics["echo2_uninformative_share_ratio"].samples[0].value == 0.5
+    groups = {s.labels["outcome"]: s.value for s in metrics["echo2_groups"].samples if s.name.endswith("_total")}
+    assert groups["dropped_uninformative"] == 1 and groups["scored"] == 2
+    final = {"kind": "coordinator_final", "role": "coordinator", "time": 1.0, "counters": view["counters"],
+             "workers": {}}
+    summary = summarize([final])
+    assert summary["groups_dropped_uninformative"] == 1 and summary["uninformative_share"] == 0.5
+    state.store.close()
+    again = CoordinatorState(state.settings, Store(tmp_path / "coordinator.db"), state.scorer, clock=FakeClock())
+    assert again.counters.dropped_uninformative == 1 and again.counters.scored == 2
+
+
+def test_the_controller_plans_for_the_measured_share(tmp_path, tiny_model_dir):
+    """Required rate B / ((1 - d) T_train) with d measured from the counters once 20 groups
+    are scored (before that, d = 0: the first few groups say little)."""
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=100, groups_per_step=2)
+    _ready(state)
+    state.observe_step_time(2.0)
+    batch_rollouts = 2 * 2
+    assert state.controller.required_rps() == batch_rollouts / 2.0
+    for index in range(20):
+        task = lease(state, "a", 0, max_tasks=1).tasks[0]
+        state.submit(submission(state, "a", task.lease_id, 0, alike=index % 4 == 0))  # 5 of 20 alike
+        if index % 2:
+            state.take_batch(state.steps_taken)
+    assert state.counters.dropped_uninformative == 5 and state.counters.scored == 20
+    assert state.controller.uninformative_share == 0.25
+    assert abs(state.controller.required_rps() - batch_rollouts / 2.0 / 0.75) < 1e-9
