@@ -144,3 +144,23 @@ def test_the_controller_plans_for_the_measured_share(tmp_path, tiny_model_dir):
     assert state.counters.dropped_uninformative == 5 and state.counters.scored == 20
     assert state.controller.uninformative_share == 0.25
     assert abs(state.controller.required_rps() - batch_rollouts / 2.0 / 0.75) < 1e-9
+
+
+def test_a_long_streak_of_uninformative_groups_lets_one_through_and_says_so(tmp_path, tiny_model_dir):
+    """A model that gets every completion of every prompt right (or wrong) would leave the
+    learner waiting forever: after STALL_GUARD_BATCHES x P groups dropped in a row the next one
+    is admitted (zero advantage), an uninformative_streak event says why, and the count restarts."""
+    from echo2.policy.rewards import STALL_GUARD_BATCHES
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
+    _ready(state)
+    limit = STALL_GUARD_BATCHES * 2
+    submitted = []
+    while len(submitted) < limit + 1:
+        for task in lease(state, "a", 0, max_tasks=2).tasks[: limit + 1 - len(submitted)]:
+            state.submit(submission(state, "a", task.lease_id, 0, alike=True))
+            submitted.append(task.lease_id)
+    assert state.counters.dropped_uninformative == limit
+    assert [g.lease_id for g in state.buffer] == [submitted[-1]]  # the one let through
+    streaks = [r for r in event_records(state) if r["kind"] == "uninformative_streak"]
+    assert streaks == [{"kind": "uninformative_streak", "step": 0, "dropped_in_a_row": limit}]
+    assert state.groups.dropped_in_a_row == 0

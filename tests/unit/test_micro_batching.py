@@ -34,7 +34,7 @@ def uneven_batch(vocab: int, groups: int = 4, group_size: int = 4, seed: int = 0
     return out
 
 
-def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str = "clip"):
+def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str = "clip", **grpo):
     torch.manual_seed(0)
     model = load_model(str(model_dir))
     if checkpointing:
@@ -50,7 +50,7 @@ def _step(model_dir, groups, budget: int, checkpointing: bool = False, loss: str
     hooks = [p.register_post_accumulate_grad_hook(lambda p, n=n: grads.__setitem__(n, p.grad.clone()))
              for n, p in model.named_parameters()]
     stats = train_step(model, optimizer, groups, step=1,
-                       cfg=GRPOConfig(micro_batch_tokens=budget, loss=loss, logprob_chunk_tokens=7),
+                       cfg=GRPOConfig(micro_batch_tokens=budget, loss=loss, logprob_chunk_tokens=7, **grpo),
                        temperature=0.9, pad_id=0)
     for hook in hooks:
         hook.remove()
@@ -142,6 +142,34 @@ def test_bf16_mixed_step_runs_under_autocast_and_keeps_fp32_masters(tiny_model_d
     assert all(s["exp_avg"].dtype == torch.float32 for s in optimizer.state.values())
     changed = [n for n, t in model.state_dict().items() if not torch.equal(t, before[n])]
     assert changed
-    _, _, fp32_stats = _step(tiny_model_dir, groups, budget=40)
+    _, _, fp32_stats = _step(tiny_model_dir, groups, budget=40, loss="tis")  # the same objective, in fp32
     # bf16 matrix products: the same step to about two significant digits
     assert stats["loss"] == pytest.approx(fp32_stats["loss"], abs=0.05)
+
+
+@pytest.mark.parametrize("loss", ["tis", "grpo", "dr_grpo"])
+def test_a_zero_variance_group_trains_identically_to_the_batch_without_it(tiny_model_dir, loss):
+    """With grpo.drop_uninformative_groups (default) a group whose rewards are all equal counts
+    in no normaliser (tokens, completions) and no batch std: the step on the batch with it
+    equals the step without it. With the setting off it dilutes the step, as before."""
+    groups = uneven_batch(vocab=99)
+    flat = groups[1].model_copy(update={"rewards": [1.0] * len(groups[1].rewards)})
+    with_flat = [groups[0], flat, *groups[2:]]
+    without = [groups[0], *groups[2:]]
+    scaled = {"loss": loss, "advantage_scaling": "batch"}
+    model_a, grads_a, stats_a = _step(tiny_model_dir, with_flat, budget=0, **scaled)
+    model_b, grads_b, _ = _step(tiny_model_dir, without, budget=0, **scaled)
+    assert stats_a["uninformative_groups"] == 1 and not stats_a["skipped"]
+    for name, grad in grads_b.items():
+        torch.testing.assert_close(grads_a[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    _, grads_off, _ = _step(tiny_model_dir, with_flat, budget=0, drop_uninformative_groups=False, **scaled)
+    assert any(not torch.allclose(grads_off[n], g, atol=1e-6, rtol=1e-5) for n, g in grads_b.items())
+
+
+def test_a_batch_of_only_uninformative_groups_is_skipped_with_the_optimizer_untouched(tiny_model_dir):
+    groups = [g.model_copy(update={"rewards": [0.0] * len(g.rewards)}) for g in uneven_batch(vocab=99)]
+    before = copy.deepcopy(load_model(str(tiny_model_dir)).state_dict())
+    model, _, stats = _step(tiny_model_dir, groups, budget=0, loss="tis")
+    assert stats["skipped"] and stats["skip_kind"] == "uninformative" and stats["uninformative_groups"] == 4
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name

@@ -128,6 +128,16 @@ class GroupsDropped(Event):
 
 
 @dataclass(frozen=True)
+class UninformativeStreak(Event):
+    """So many groups in a row scored all alike that one is admitted anyway (zero advantage),
+    lest the learner wait forever (policy.rewards.STALL_GUARD_BATCHES)."""
+
+    kind: ClassVar[str] = "uninformative_streak"
+    step: int
+    dropped_in_a_row: int
+
+
+@dataclass(frozen=True)
 class EpisodesReplayed(Event):
     """What verifying a multi-turn group's episodes cost the coordinator."""
 

@@ -87,6 +87,8 @@ class GroupBook:
         )
         self.seq = store.max_seq() + 1
         self.since_batch = SinceBatch()
+        self.dropped_in_a_row = 0
+        """Uninformative groups dropped since the last one admitted (the stall guard's count)."""
         """What the step's batch_assigned record reports (in memory: a restarted coordinator's
         first one counts from its start; the counters hold the durable totals)."""
 

@@ -65,6 +65,11 @@ def describe(event: dict) -> tuple[int, str] | None:
     if kind == "coordinator_stalled":
         return logging.WARNING, (f"the coordinator stalled for {event['stall_s']:.1f} s; {e['workers_excused']} "
                                  "workers' timeouts extended by as much")
+    if kind == "uninformative_streak":
+        return logging.WARNING, (f"{event['dropped_in_a_row']} groups in a row scored all alike (every completion "
+                                 "right, or every one wrong) and were dropped; one is trained anyway so the run goes "
+                                 "on. The task may be too hard or too easy for the model, or set "
+                                 "grpo.drop_uninformative_groups = false")
     if kind == "bad_peer":
         return logging.WARNING, _bad_peer_line(e, event.get("avoided_by"))
     return None

@@ -24,7 +24,7 @@ from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.coordinator.versions import VersionDesk
 from echo2.policy.controller import ActivationController
-from echo2.policy.rewards import RewardRules, truncated
+from echo2.policy.rewards import RewardRules, is_uninformative, truncated
 from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
 
 
@@ -98,7 +98,7 @@ class RolloutIntake:
         record.gen_time_s += req.gen_time_s
         self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
         fresh = self.groups.plane.admits(req.version)
-        uninformative = fresh and self.rules.drops(rewards)
+        uninformative = fresh and self._drops(rewards)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
         with self.store.tx():
@@ -114,6 +114,18 @@ class RolloutIntake:
         self._measure(record)
         self.controller.observe_uninformative(self.groups.counters.dropped_uninformative, self.groups.counters.scored)
         return self._reply(req, lease, rewards, fresh=fresh, uninformative=uninformative)
+
+    def _drops(self, rewards: list[float]) -> bool:
+        """Dynamic sampling with its stall guard (policy.rewards.STALL_GUARD_BATCHES): a long run
+        of dropped groups lets the next one through, and says so once per streak."""
+        plane = self.groups.plane
+        dropped = self.rules.drops(rewards, dropped_in_a_row=self.groups.dropped_in_a_row,
+                                   groups_per_step=plane.groups_per_step)
+        if is_uninformative(rewards) and self.rules.drop_uninformative_groups and not dropped:
+            self.events.append(ev.UninformativeStreak(step=plane.learner_step,
+                                                      dropped_in_a_row=self.groups.dropped_in_a_row))
+        self.groups.dropped_in_a_row = self.groups.dropped_in_a_row + 1 if dropped else 0
+        return dropped
 
     def _reply(self, req: RolloutSubmission, lease: Lease, rewards: list[float], *, fresh: bool,
                uninformative: bool) -> SubmitResponse:

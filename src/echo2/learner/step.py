@@ -20,6 +20,7 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.objectives import sequence_weights
 from echo2.learner.passes import build_pass, choose_layout, plan_passes, processed_tokens
 from echo2.learner.precision import CPU_FP32, Precision, peak_memory_bytes
+from echo2.policy.rewards import is_uninformative
 from echo2.protocol.messages import TrainGroup
 
 
@@ -48,19 +49,17 @@ def train_step(
     over ranks, so every rank returns the same dict (and takes the same decision to skip)."""
     started = time.perf_counter()
     samples = flatten(groups)
-    adv_B = group_advantages(torch.tensor(samples.rewards), torch.tensor(samples.group_ids),
-                             scale=cfg.advantage_scale).to(precision.device)
-    # the loss weighs the tokens the model chose (environment tokens are context only)
-    trained_S = [samples.trained_tokens(i) for i in range(len(samples))]
-    total_tokens = sum(trained_S)
-    weight_S = sequence_weights(cfg.loss, torch.tensor(trained_S), max_new_tokens=max_new_tokens)
+    adv_B, weight_S, uninformative = _weights(groups, samples, cfg, max_new_tokens)
+    total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
     layout = choose_layout(model, cfg.share_prompts, ranks.sharded)
     plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B, weight_S=weight_S.to(precision.device),
-                         cfg=cfg, temperature=temperature, pad_id=pad_id, precision=precision, ranks=ranks,
-                         layout=layout)
+    passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B.to(precision.device),
+                         weight_S=weight_S.to(precision.device), cfg=cfg, temperature=temperature, pad_id=pad_id,
+                         precision=precision, ranks=ranks, layout=layout)
+    if uninformative == len(groups) and not passes.problem:  # nothing to learn: leave AdamW's moments alone
+        passes.problem, passes.skip_kind = f"all {len(groups)} groups uninformative (every reward equal)", "uninformative"
     group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
     if not passes.problem and audit_tolerance is not None:
         passes.problem = _audit_problem(groups, group_abs_diff, step, audit_tolerance)
@@ -75,8 +74,28 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
     return {**_step_metrics(groups, samples, step=step, passes=passes, total_tokens=total_tokens,
                             micro_batches=len(plan), layout=layout),
-            "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
+            "uninformative_groups": uninformative, "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
+
+
+def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,
+             max_new_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Each completion's advantage and weight in the loss (the objective's, over the tokens the
+    model chose: environment tokens are context only), and how many groups are uninformative.
+    With grpo.drop_uninformative_groups such a group (every reward equal; the coordinator's
+    stall guard lets one through now and then) weighs nothing and counts in no normaliser or
+    batch std, so the step equals the step without it; it is still computed, so the rollout
+    audit checks it."""
+    keep_G = [not (cfg.drop_uninformative_groups and is_uninformative(g.rewards)) for g in groups]
+    keep_S = torch.tensor([keep_G[g] for g in samples.group_ids], dtype=torch.bool)
+    rewards_S, group_ids_S = torch.tensor(samples.rewards), torch.tensor(samples.group_ids)
+    trained_S = torch.tensor([samples.trained_tokens(i) for i in range(len(samples))])
+    adv_S = torch.zeros_like(rewards_S)
+    weight_S = torch.zeros(len(samples), dtype=torch.float64)
+    if keep_S.any():
+        adv_S[keep_S] = group_advantages(rewards_S[keep_S], group_ids_S[keep_S], scale=cfg.advantage_scale)
+        weight_S[keep_S] = sequence_weights(cfg.loss, trained_S[keep_S], max_new_tokens=max_new_tokens)
+    return adv_S, weight_S, keep_G.count(False)
 
 
 @dataclass

@@ -65,9 +65,21 @@ class RewardRules:
                                           penalty=self.overlong_penalty)
                 for reward, n in zip(rewards, lengths_tokens, strict=True)]
 
-    def drops(self, rewards: Sequence[float]) -> bool:
-        """Whether a scored group with these (shaped) rewards stays away from the learner."""
-        return self.drop_uninformative_groups and is_uninformative(rewards)
+    def drops(self, rewards: Sequence[float], *, dropped_in_a_row: int = 0, groups_per_step: int = 0) -> bool:
+        """Whether a scored group with these (shaped) rewards stays away from the learner: it is
+        uninformative and fewer than STALL_GUARD_BATCHES batches' worth of groups
+        (`groups_per_step` each; 0: no guard) were dropped in a row before it."""
+        if not (self.drop_uninformative_groups and is_uninformative(rewards)):
+            return False
+        return groups_per_step <= 0 or dropped_in_a_row < STALL_GUARD_BATCHES * groups_per_step
+
+
+STALL_GUARD_BATCHES = 4
+"""A model that solves every prompt's completions all or none of the time (an untrained one, a
+task too hard or too easy) makes every group uninformative: dropped, they would leave the
+learner waiting for a batch forever. After this many batches' worth of groups dropped in a row
+the next uninformative group is admitted (zero advantage: the step moves nothing but the run
+goes on, evaluates and says why), and the streak starts again."""
 
 
 def truncated(token_ids: Sequence[int], *, max_new_tokens: int, eos_ids: frozenset[int]) -> bool:
