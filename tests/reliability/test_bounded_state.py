@@ -8,7 +8,15 @@ import json
 import random
 import tracemalloc
 
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, past_slow_start, publish, register
+from tests.unit.coordinator_helpers import (
+    KEEP_ALIKE,
+    FakeClock,
+    lease,
+    make_state,
+    past_slow_start,
+    publish,
+    register,
+)
 from tests.unit.metrics_fixtures import synthetic_run, write_run
 from tests.unit.test_coordinator_http import LEARNER, OPERATOR, _join, _post, run_with_server
 
@@ -110,7 +118,8 @@ def test_trained_groups_leave_the_store_once_checkpointed(tmp_path, tiny_model_d
     its newest checkpoint with each batch request; the store then holds only the steps since,
     and a learner killed after taking a batch but before checkpointing gets the same data again."""
     sampling = SamplingParams(temperature=1.0, max_new_tokens=1024, group_size=2)
-    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=2, sampling=sampling)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), groups_per_step=2, sampling=sampling,
+                       rewards=KEEP_ALIKE)  # its completions are fixed tokens: every group scores alike
     register(state, "a")
     past_slow_start(state, "a")
     publish(state, 0)

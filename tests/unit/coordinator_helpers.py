@@ -58,8 +58,10 @@ def quick_settings(model_dir: Path, **fields) -> Settings:
     """The run config's defaults (`resolve`), with short timeouts and evaluation on the learner
     unless `fields` say otherwise."""
     base = resolve(RunConfig.model_validate({"run_dir": str(model_dir.parent / "unused-run")}), multi_turn=False)
+    # rewards: dropping without the audit's sample (tests that count drops see every drop; the
+    # sample is tested with its own rules in tests/unit/test_dynamic_sampling.py)
     quick = {"model_source": str(model_dir), "heartbeat_interval_s": 1.0, "worker_timeout_s": 5.0,
-             "lease_timeout_s": 60.0, "eval_on_workers": False, "final_version": 0}
+             "lease_timeout_s": 60.0, "eval_on_workers": False, "final_version": 0, "rewards": RewardRules()}
     return replace(base, **{**quick, **fields})
 
 

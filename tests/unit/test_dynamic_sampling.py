@@ -164,3 +164,31 @@ def test_a_long_streak_of_uninformative_groups_lets_one_through_and_says_so(tmp_
     streaks = [r for r in event_records(state) if r["kind"] == "uninformative_streak"]
     assert streaks == [{"kind": "uninformative_streak", "step": 0, "dropped_in_a_row": limit}]
     assert state.groups.dropped_in_a_row == 0
+
+
+def test_the_audit_sees_a_sample_of_what_dynamic_sampling_drops(tmp_path, tiny_model_dir):
+    """A worker whose groups all score alike would never be audited: every uninformative group
+    of a worker audited fewer than AUDITED_BEFORE_DROPPING times is buffered for the learner
+    (weightless there), then audit.uninformative_fraction of them; the run config turns it on."""
+    from echo2.config.run import RunConfig
+    from echo2.coordinator.settings import resolve
+    from echo2.policy.rewards import AUDITED_BEFORE_DROPPING, RewardRules
+    rules = resolve(RunConfig(), multi_turn=False).rewards
+    assert rules.audit_fraction == 0.1 and rules.audited_before_dropping == AUDITED_BEFORE_DROPPING
+    off = resolve(RunConfig.model_validate({"audit": {"enabled": False}}), multi_turn=False).rewards
+    assert off.audit_fraction == 0.0 and off.audited_before_dropping == 0
+    assert rules.audit_keeps(worker_audited=0, draw=0.99) and not rules.audit_keeps(worker_audited=4, draw=0.5)
+    assert rules.audit_keeps(worker_audited=4, draw=0.05)
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2,
+                       rewards=RewardRules(audit_fraction=0.0, audited_before_dropping=2))
+    _ready(state)
+    tasks = lease(state, "a", 0, max_tasks=2).tasks
+    for task in tasks:  # unaudited: both go to the learner
+        assert state.submit(submission(state, "a", task.lease_id, 0, alike=True)).reason == ""
+    assert [g.lease_id for g in state.take_batch(0)] == [t.lease_id for t in tasks]
+    assert state.counters.uninformative_audited == 2 and state.counters.dropped_uninformative == 0
+    state.controller.observe_audit("a", audited=2, failed=0)  # the learner's audit report
+    publish(state, 1)
+    task = lease(state, "a", 1, max_tasks=1).tasks[0]
+    assert "uninformative" in state.submit(submission(state, "a", task.lease_id, 1, alike=True)).reason
+    assert state.counters.dropped_uninformative == 1

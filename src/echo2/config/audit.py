@@ -54,3 +54,9 @@ class AuditConfig(Frozen):
     """Failed groups after which the coordinator quarantines a worker: its buffered groups are
     dropped, its leases and submissions refused, and its id can never register again. A failed
     group is never trained: the step that found it is redone without it."""
+    uninformative_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    """Share of the groups grpo.drop_uninformative_groups would drop that go to the learner
+    anyway, weightless, so the audit checks them (chosen by a stream workers cannot predict);
+    every one goes while the worker has fewer than 4 audited groups. A worker whose groups all
+    score alike (one that returns its greedy choice G times) is audited like any other. Each
+    costs its forward and backward pass and a batch slot."""

@@ -39,6 +39,9 @@ class Counters:
     sent to the learner, their prompts done (`policy.rewards`)."""
     completions_truncated: int = 0
     """Completions of scored groups cut off at sampling.max_new_tokens without an EOS."""
+    uninformative_audited: int = 0
+    """Uninformative groups sent to the learner anyway, weightless, for the rollout audit
+    (audit.uninformative_fraction); counted in accepted, not in dropped_uninformative."""
 
     def save(self, store: Store) -> None:
         store.set_meta("counters", asdict(self))

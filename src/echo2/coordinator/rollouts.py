@@ -9,6 +9,7 @@ the batch with other prompts, since a dropped group is neither leased nor buffer
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 
@@ -36,6 +37,7 @@ class RolloutIntake:
         self.registry, self.leases, self.groups, self.versions = registry, leases, groups, versions
         self.controller, self.scorer, self.sampling, self.store = controller, scorer, sampling, store
         self.limits, self.events, self.clock, self.rules = limits, events, clock, rules
+        self._draws = random.SystemRandom()  # which dropped groups the audit sees: unpredictable
         counters = groups.counters  # a restarted coordinator plans with the share it measured before
         controller.observe_uninformative(counters.dropped_uninformative, counters.scored)
 
@@ -85,10 +87,11 @@ class RolloutIntake:
 
         A group dropped as uninformative is delivered work: the worker's rate, its admitted
         share and its lease trust count it as they count a buffered group (it did the work, and
-        dropping it is our choice). It never reaches the learner, so the learner's rollout audit
-        never checks it: a worker's groups that all score alike go unaudited (they are never
-        trained either, so they cannot steer the policy; activation.max_worker_share still bounds
-        the rate one worker is credited with)."""
+        dropping it is our choice). So that such work is checked too, a sample of these groups
+        (every one of a worker not yet audited 4 times, then audit.uninformative_fraction) is
+        buffered instead: the learner weighs it nothing and its rollout audit checks it, so a
+        worker whose groups all score alike (one returning its greedy choice G times) is caught
+        like any other."""
         rewards = self._rewards(lease, req, outcomes, scoring_s)
         record = self.registry.live(req.worker_id)
         self._held(req)  # lease ids are never reused: still held is still this lease
@@ -98,7 +101,7 @@ class RolloutIntake:
         record.gen_time_s += req.gen_time_s
         self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
         fresh = self.groups.plane.admits(req.version)
-        uninformative = fresh and self._drops(rewards)
+        uninformative = fresh and self._drops(rewards, req.worker_id)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
         with self.store.tx():
@@ -115,13 +118,20 @@ class RolloutIntake:
         self.controller.observe_uninformative(self.groups.counters.dropped_uninformative, self.groups.counters.scored)
         return self._reply(req, lease, rewards, fresh=fresh, uninformative=uninformative)
 
-    def _drops(self, rewards: list[float]) -> bool:
-        """Dynamic sampling with its stall guard (policy.rewards.STALL_GUARD_BATCHES): a long run
-        of dropped groups lets the next one through, and says so once per streak."""
+    def _drops(self, rewards: list[float], worker_id: str) -> bool:
+        """Dynamic sampling with its stall guard (policy.rewards.STALL_GUARD_BATCHES: a long run
+        of dropped groups lets the next one through, and says so once per streak) and the
+        audit's sample of what it drops (RewardRules.audit_keeps)."""
         plane = self.groups.plane
         dropped = self.rules.drops(rewards, dropped_in_a_row=self.groups.dropped_in_a_row,
                                    groups_per_step=plane.groups_per_step)
-        if is_uninformative(rewards) and self.rules.drop_uninformative_groups and not dropped:
+        view = self.controller.workers.get(worker_id)
+        audited = dropped and self.rules.audit_keeps(worker_audited=view.audited if view else 0,
+                                                     draw=self._draws.random())
+        if audited:  # buffered: the audit sees it, the learner weighs it nothing
+            self.groups.counters.uninformative_audited += 1
+            dropped = False
+        elif is_uninformative(rewards) and self.rules.drop_uninformative_groups and not dropped:
             self.events.append(ev.UninformativeStreak(step=plane.learner_step,
                                                       dropped_in_a_row=self.groups.dropped_in_a_row))
         self.groups.dropped_in_a_row = self.groups.dropped_in_a_row + 1 if dropped else 0

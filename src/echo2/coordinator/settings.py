@@ -11,7 +11,7 @@ from echo2.config.broadcast import BroadcastConfig
 from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.run import LoraConfig, RunConfig
 from echo2.config.scoring import ScoringConfig
-from echo2.policy.rewards import RewardRules
+from echo2.policy.rewards import AUDITED_BEFORE_DROPPING, RewardRules
 from echo2.protocol.messages import SamplingParams
 
 
@@ -97,7 +97,9 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         scoring=cfg.coordinator.scoring,
         rewards=RewardRules(overlong_buffer_tokens=cfg.grpo.overlong_buffer_tokens,
                             overlong_penalty=cfg.grpo.overlong_penalty,
-                            drop_uninformative_groups=cfg.grpo.drop_uninformative_groups),
+                            drop_uninformative_groups=cfg.grpo.drop_uninformative_groups,
+                            audit_fraction=cfg.audit.uninformative_fraction if cfg.audit.enabled else 0.0,
+                            audited_before_dropping=AUDITED_BEFORE_DROPPING if cfg.audit.enabled else 0),
     )
 
 

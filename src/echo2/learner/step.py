@@ -1,6 +1,7 @@
 """One GRPO optimizer step on a batch of rollout groups from the coordinator: micro-batches by
 token budget with gradient accumulation (the step equals the full-batch step), and a step whose
-loss or gradient is not finite is skipped with the optimizer untouched."""
+loss or gradient is not finite is skipped with the optimizer untouched; a batch of only
+uninformative groups is a step that changes nothing."""
 
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ def train_step(
     passes = _run_passes(model, ref_model, samples, plan=plan, adv_B=adv_B.to(precision.device),
                          weight_S=weight_S.to(precision.device), cfg=cfg, temperature=temperature, pad_id=pad_id,
                          precision=precision, ranks=ranks, layout=layout)
-    if uninformative == len(groups) and not passes.problem:  # nothing to learn: leave AdamW's moments alone
-        passes.problem, passes.skip_kind = f"all {len(groups)} groups uninformative (every reward equal)", "uninformative"
+    # nothing to learn (the coordinator's stall guard let these through): the step is taken and
+    # its version published unchanged, with AdamW's moments and weight decay left alone
+    learns = uninformative < len(groups)
     group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
     if not passes.problem and audit_tolerance is not None:
         passes.problem = _audit_problem(groups, group_abs_diff, step, audit_tolerance)
@@ -69,12 +71,12 @@ def train_step(
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
             passes.problem, passes.skip_kind = f"gradient norm is {grad_norm}", "non_finite"
-    if not passes.problem:
+    if not passes.problem and learns:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
     return {**_step_metrics(groups, samples, step=step, passes=passes, total_tokens=total_tokens,
                             micro_batches=len(plan), layout=layout),
-            "uninformative_groups": uninformative, "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
+            "uninformative_groups": uninformative, "updated": not passes.problem and learns, "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
 
 

@@ -56,6 +56,12 @@ class RewardRules:
     """0: no shaping."""
     overlong_penalty: float = 1.0
     drop_uninformative_groups: bool = True
+    audit_fraction: float = 0.0
+    """Share of the uninformative groups of an audited worker sent to the learner anyway, for
+    the rollout audit only (audit.uninformative_fraction; 0: none)."""
+    audited_before_dropping: int = 0
+    """Every uninformative group of a worker with fewer audited groups than this is sent to the
+    learner for the audit (AUDITED_BEFORE_DROPPING when the audit is on)."""
 
     def shaped(self, rewards: Sequence[float], lengths_tokens: Sequence[int], *, max_new_tokens: int) -> list[float]:
         """Task rewards plus each completion's overlong penalty (rule 1), L = `max_new_tokens`."""
@@ -73,6 +79,20 @@ class RewardRules:
             return False
         return groups_per_step <= 0 or dropped_in_a_row < STALL_GUARD_BATCHES * groups_per_step
 
+
+    def audit_keeps(self, *, worker_audited: int, draw: float) -> bool:
+        """Whether an uninformative group goes to the learner after all, weightless (the learner
+        gives it no weight: `learner.step`), so the rollout audit sees it: a worker whose
+        groups all score alike (a greedy "chooser" returns G equal completions) would otherwise
+        never be audited, and would be credited and paid for work no one checks. Every one until
+        the worker has `audited_before_dropping` audited groups, then `audit_fraction` of them
+        (`draw`: uniform in [0, 1), from a stream workers cannot predict)."""
+        return worker_audited < self.audited_before_dropping or draw < self.audit_fraction
+
+
+AUDITED_BEFORE_DROPPING = 4
+"""Audited groups a worker needs before its uninformative groups may go unseen: a new worker's
+first ones all reach the audit (flags_to_quarantine failures quarantine it)."""
 
 STALL_GUARD_BATCHES = 4
 """A model that solves every prompt's completions all or none of the time (an untrained one, a
