@@ -64,8 +64,21 @@ def run(task: str, loss: str, seed: int, args: argparse.Namespace, extra: list[s
     staleness = 2 if task == "embedded" else 1  # each config's own S
     result = rml.run_one("addition" if task == "real" else task, staleness, loss, seed, inner, data)
     summary = json.loads((Path(result["run_dir"]) / "summary.json").read_text())
-    return {**result, "task": task, "label": label, "overrides": overrides,
-            "uninformative": summary.get("uninformative"), "steps_trained": summary["steps"]}
+    return {**result, "task": task, "label": label, "overrides": overrides, "steps_trained": summary["steps"],
+            "uninformative": {k: summary.get(k) for k in ("groups_dropped_uninformative", "uninformative_share",
+                                                          "completions_truncated")},
+            "learner": _learner_work(Path(result["run_dir"]))}
+
+
+def _learner_work(run_dir: Path) -> dict:
+    """What the learner's compute bought: groups trained, the uninformative ones among them (zero
+    advantage: they teach nothing), and learner seconds per informative group."""
+    steps = [r for r in rml.read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train_step"]
+    groups = sum(len(r["lease_ids"]) for r in steps)
+    alike = sum(r.get("uninformative_groups", 0) for r in steps)
+    train_s = sum(r["train_s"] for r in steps)
+    return {"groups_trained": groups, "uninformative_trained": alike, "train_s": round(train_s, 2),
+            "train_s_per_informative_group": round(train_s / max(1, groups - alike), 4)}
 
 
 def headline(r: dict) -> dict:
@@ -99,10 +112,13 @@ def drop_comparison(runs: list[dict]) -> list[dict]:
             if {"drop-on", "drop-off"} - set(by):
                 continue
             on, off = by["drop-on"], by["drop-off"]
-            per_step = {k: r["time"]["learner_train_s"] / max(1, r["steps_trained"]) for k, r in by.items()}
-            out.append({"task": task, "seed": seed, "uninformative": on["uninformative"],
-                        "learner_train_s_per_step": {k: round(v, 3) for k, v in per_step.items()},
-                        "learner_train_s_saved_per_step": round(per_step["drop-off"] - per_step["drop-on"], 3),
+            per_group = {k: r["learner"]["train_s_per_informative_group"] for k, r in by.items()}
+            out.append({"task": task, "seed": seed, "uninformative_dropped": on["uninformative"],
+                        "uninformative_trained_share_off": round(off["learner"]["uninformative_trained"]
+                                                                 / max(1, off["learner"]["groups_trained"]), 4),
+                        "learner": {k: r["learner"] for k, r in by.items()},
+                        "learner_time_saved_per_informative_group": round(1 - per_group["drop-on"]
+                                                                          / max(1e-9, per_group["drop-off"]), 4),
                         "accuracy_after": {"drop-on": on["accuracy_after"], "drop-off": off["accuracy_after"]},
                         "wall_s": {"drop-on": on["wall_s"], "drop-off": off["wall_s"]}})
     return out

@@ -93,7 +93,9 @@ def small_run_config(run_dir: Path, **sections) -> RunConfig:
         "warmstart": {"steps": 200, "batch_size": 32, "lr": 1e-2},
         "task": {"digits": 1, "eval_size": 50},
         "sampling": {"max_new_tokens": 4, "group_size": 4},
-        "grpo": {"prompts_per_step": 4},
+        # dynamic sampling off: a fifth of these groups score alike and would be generated again
+        # (a fifth more generation in every run); its unit tests and the lying-worker run (on) cover it
+        "grpo": {"prompts_per_step": 4, "drop_uninformative_groups": False},
         # batch_wait_s: the learner's long poll for a batch. A run stopped by the test (SIGTERM to
         # `echo2 run`) otherwise leaves the coordinator answering a gone learner's 20 s poll
         # past the launcher's 10 s grace: killed, without its final record, 12 s per stop

@@ -50,7 +50,7 @@ def train_step(
     over ranks, so every rank returns the same dict (and takes the same decision to skip)."""
     started = time.perf_counter()
     samples = flatten(groups)
-    adv_B, weight_S, uninformative = _weights(groups, samples, cfg, max_new_tokens)
+    adv_B, weight_S, uninformative, learns = _weights(groups, samples, cfg, max_new_tokens)
     total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
     layout = choose_layout(model, cfg.share_prompts, ranks.sharded)
     plan = plan_passes(samples, cfg.micro_batch_tokens, layout)
@@ -61,7 +61,6 @@ def train_step(
                          precision=precision, ranks=ranks, layout=layout)
     # nothing to learn (the coordinator's stall guard let these through): the step is taken and
     # its version published unchanged, with AdamW's moments and weight decay left alone
-    learns = uninformative < len(groups)
     group_abs_diff = group_mean_abs_diff(samples, passes.abs_diff_S, len(groups))
     if not passes.problem and audit_tolerance is not None:
         passes.problem = _audit_problem(groups, group_abs_diff, step, audit_tolerance)
@@ -81,14 +80,15 @@ def train_step(
 
 
 def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,
-             max_new_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+             max_new_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
     """Each completion's advantage and weight in the loss (the objective's, over the tokens the
     model chose: environment tokens are context only), and how many groups are uninformative.
     With grpo.drop_uninformative_groups such a group (every reward equal; the coordinator's
     stall guard lets one through now and then) weighs nothing and counts in no normaliser or
     batch std, so the step equals the step without it; it is still computed, so the rollout
     audit checks it."""
-    keep_G = [not (cfg.drop_uninformative_groups and is_uninformative(g.rewards)) for g in groups]
+    alike_G = [is_uninformative(g.rewards) for g in groups]
+    keep_G = [not (cfg.drop_uninformative_groups and alike) for alike in alike_G]
     keep_S = torch.tensor([keep_G[g] for g in samples.group_ids], dtype=torch.bool)
     rewards_S, group_ids_S = torch.tensor(samples.rewards), torch.tensor(samples.group_ids)
     trained_S = torch.tensor([samples.trained_tokens(i) for i in range(len(samples))])
@@ -97,7 +97,7 @@ def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,
     if keep_S.any():
         adv_S[keep_S] = group_advantages(rewards_S[keep_S], group_ids_S[keep_S], scale=cfg.advantage_scale)
         weight_S[keep_S] = sequence_weights(cfg.loss, trained_S[keep_S], max_new_tokens=max_new_tokens)
-    return adv_S, weight_S, keep_G.count(False)
+    return adv_S, weight_S, alike_G.count(True), any(keep_G)
 
 
 @dataclass
