@@ -12,6 +12,7 @@ target). One run at a time: the machine has 2 cores.
     .venv/bin/python benchmarks/objectives.py                                 # everything
     .venv/bin/python benchmarks/objectives.py --tasks embedded --seeds 0
     .venv/bin/python benchmarks/objectives.py --parts drop
+    .venv/bin/python benchmarks/objectives.py --reanalyse        # the results again, from the run dirs
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parts", default="objectives,drop", help="objectives and/or drop")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-objectives"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/objectives.json"))
+    parser.add_argument("--reanalyse", action="store_true", help="rebuild the results from the runs under --work-dir")
     return parser.parse_args(argv)
 
 
@@ -82,8 +84,12 @@ def _learner_work(run_dir: Path) -> dict:
 
 
 def headline(r: dict) -> dict:
-    keys = ("task", "loss", "seed", "accuracy_before", "accuracy_after", "accuracy_after_ci95", "paired_gain",
-            "time_to_target_s", "wall_s", "learner_utilization")
+    """What the results file keeps of a run (and what per_objective and drop_comparison read)."""
+    if "time" not in r:  # already a headline, read back from the file
+        return r
+    keys = ("task", "loss", "seed", "label", "accuracy_before", "accuracy_after", "accuracy_after_ci95",
+            "paired_gain", "time_to_target_s", "wall_s", "learner_utilization", "steps_trained", "uninformative",
+            "learner", "accuracy_vs_time")
     return {**{k: r[k] for k in keys}, "learner_train_s": r["time"]["learner_train_s"]}
 
 
@@ -125,20 +131,51 @@ def drop_comparison(runs: list[dict]) -> list[dict]:
 
 
 def save(out: Path, runs: list[dict]) -> None:
+    """Write `runs` with the runs already in `out` (the same task, objective, seed and label
+    replaced), so the parts of the benchmark, run at different times, add up in one file."""
+    key = lambda r: (r["task"], r["loss"], r["seed"], r["label"])  # noqa: E731
+    kept = json.loads(out.read_text())["runs"] if out.is_file() else []
+    mine = {key(r) for r in runs}
+    runs = [r for r in kept if key(r) not in mine] + [headline(r) for r in runs]
     objective_runs = [r for r in runs if not r["label"]]
     drop_runs = [r for r in runs if r["label"]]
     result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time",
               "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()}, "embedded_overrides": EMBEDDED,
               "targets": TARGETS, "objectives": per_objective(objective_runs),
               "drop_uninformative": drop_comparison(drop_runs),
-              "runs": [headline(r) | {"label": r["label"]} for r in runs]}
+              "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
+
+
+def reanalyse(work_dir: Path) -> list[dict]:
+    """Every finished run under `work_dir` analysed again from its files (runs/<name> for the
+    objectives, drop-on/<name> and drop-off/<name> for the dropping comparison)."""
+    runs = []
+    for label_dir in sorted(p for p in work_dir.iterdir() if p.is_dir()):
+        label = "" if label_dir.name == "runs" else label_dir.name
+        for run_dir in sorted(p for p in label_dir.iterdir() if (p / "summary.json").is_file()):
+            name, seed = run_dir.name.rsplit("-seed", 1)
+            task_name, staleness, loss = name.split("-", 2)
+            task = "real" if task_name == "addition" else task_name
+            rml.TARGET = TARGETS[task]
+            launched = json.loads((run_dir / "bench_launch.json").read_text())["launched"]
+            summary = json.loads((run_dir / "summary.json").read_text())
+            full = {"task": task, "staleness": int(staleness[1:]), "loss": loss, "seed": int(seed), "label": label,
+                    "run_dir": str(run_dir), **rml.analyse(run_dir, launched)}
+            runs.append(headline({**full, "steps_trained": summary["steps"], "learner": _learner_work(run_dir),
+                                  "uninformative": {k: summary.get(k) for k in (
+                                      "groups_dropped_uninformative", "uninformative_share", "completions_truncated")}}))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
+    if args.reanalyse:
+        save(out, reanalyse(Path(args.work_dir)))
+        print(json.dumps({k: v for k, v in json.loads(out.read_text()).items() if k != "runs"}, indent=2))
+        return 0
     tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
     runs: list[dict] = []
     parts = args.parts.split(",")
