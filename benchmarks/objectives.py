@@ -42,6 +42,10 @@ EMBEDDED = ["warmstart.steps=500", "train.steps=100", "train.eval_every=20", "tr
 learn), 100 steps, evaluated every 20 versions, two workers, no activation (the objectives'
 comparison, not the fleet's)."""
 TARGETS = {"embedded": 0.65, "real": 0.95}
+NOTES = ("2026-12-02: the embedded objective runs ran at commit 4cc54ba (before dynamic sampling existed) beside "
+         "unit tests on the same 2 cores, so their wall times are noisy; the drop-on/drop-off runs ran alone at "
+         "f97f160. The real-model part was not run: a SmolLM2 learner step took 30-42 s here (15 s in the runs of "
+         "real_model_learning.json), 12 minutes a run.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,7 +143,7 @@ def save(out: Path, runs: list[dict]) -> None:
     runs = [r for r in kept if key(r) not in mine] + [headline(r) for r in runs]
     objective_runs = [r for r in runs if not r["label"]]
     drop_runs = [r for r in runs if r["label"]]
-    result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time",
+    result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time", "notes": NOTES,
               "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()}, "embedded_overrides": EMBEDDED,
               "targets": TARGETS, "objectives": per_objective(objective_runs),
               "drop_uninformative": drop_comparison(drop_runs),
