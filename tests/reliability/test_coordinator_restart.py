@@ -13,7 +13,7 @@ from tests.conftest import small_run_config
 from tests.integration.runs import last_step, processes, records, wait_for, write_config
 from tests.reliability.accounting import accounting, assert_sound
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a minute-long run (docs/development.md)
 
 
 def _free_port() -> int:

@@ -19,7 +19,7 @@ from tests.conftest import small_run_config
 from tests.integration.runs import TOKEN, coordinator_url, processes, records, wait_for, write_config
 from tests.reliability.accounting import accounting, assert_sound
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a minute-long run (docs/development.md)
 REPO = Path(__file__).resolve().parents[2]
 
 
