@@ -30,7 +30,7 @@ class LyingEngine:
     def __getattr__(self, name):  # weights, swaps and everything else as the real engine does
         return getattr(self.engine, name)
 
-    def generate(self, requests):
+    def generate(self, requests, inflight=None):
         groups = self.engine.generate(requests)
         # the last token (EOS, when the sampler stopped) is kept so completions end normally
         return [[Completion(token_ids=[self.rng.randrange(4, self.vocab_size) for _ in c.token_ids[:-1]]
@@ -38,7 +38,7 @@ class LyingEngine:
 
 
 class ChoosingEngine(LyingEngine):
-    def generate(self, requests):
+    def generate(self, requests, inflight=None):
         return [[self._chosen(req) for _ in range(req.n)] for req in requests]
 
     @torch.no_grad()

@@ -29,7 +29,7 @@ class SlowAnswerEngine:
     def __getattr__(self, name):  # weights, swaps and everything else as the real engine does
         return getattr(self.engine, name)
 
-    def generate(self, requests):
+    def generate(self, requests, inflight=None):
         out = []
         for req in requests:
             fits = [ids for ids in self.answers if len(ids) <= req.max_new_tokens]

@@ -152,3 +152,27 @@ def test_a_delta_that_does_not_rebuild_its_manifest_is_refused_and_never_loaded(
     assert follower.rejected == {2} and follower.staged is None and follower.base == (1, payloads[1])
     (record,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert record["kind"] == "weights_fetch_failed" and "refused after reconstruction" in record["error"]
+
+
+def test_a_generation_in_flight_swaps_a_staged_version_through_the_event_loop(tmp_path):
+    """`inflight`: the generation thread sees the staged version as pending, and its swap is the
+    follower's own (run on the event loop while the thread waits), metrics record included."""
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0, relay=None),
+                               MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower.version = 3
+    engine = BlockingEngine()
+    engine.release.set()
+
+    def generation(inflight) -> list:
+        seen = [inflight.version, inflight.pending()]
+        follower.staged = _staged(4)  # the fetch loop staged a version meanwhile
+        seen += [inflight.pending(), inflight.swap(), inflight.pending()]
+        return seen
+
+    async def main() -> list:
+        return await asyncio.to_thread(generation, follower.inflight(engine, segment_tokens=16))
+
+    assert asyncio.run(asyncio.wait_for(main(), timeout=30)) == [3, False, True, 4, False]
+    assert engine.loaded == {"w": 4} and follower.version == 4
+    (record,) = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert record["kind"] == "weights_loaded" and record["version"] == 4

@@ -17,6 +17,7 @@ from echo2.coordinator.errors import RequestError
 from echo2.coordinator.store import GroupState, Store
 from echo2.policy import DataPlane
 from echo2.protocol.messages import TrainGroup
+from echo2.protocol.token_versions import tokens_by_version
 
 
 @dataclass
@@ -75,10 +76,14 @@ def _worker(group: TrainGroup) -> str:
     return group.worker_id
 
 
+def _tokens(group: TrainGroup) -> dict[int, int]:
+    return tokens_by_version(group.completions, group.version)
+
+
 class GroupBook:
     def __init__(self, store: Store, counters: Counters, *, max_staleness: int, groups_per_step: int,
                  max_leases_per_worker: int, fresh_leases: bool, current_version: int,
-                 max_worker_share: float) -> None:
+                 max_worker_share: float, max_masked_fraction: float = 1.0) -> None:
         self.store, self.counters = store, counters
         # steps before the learner's newest checkpoint have no batch left (see `compact`)
         self.durable_step: int = store.get_meta("durable_step", 0)
@@ -86,7 +91,8 @@ class GroupBook:
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             buffer=store.groups_in_state(GroupState.BUFFERED), learner_step=store.get_meta("learner_step", 0),
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=current_version,
-            fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share,
+            fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share, tokens_of=_tokens,
+            max_masked_fraction=max_masked_fraction,
         )
         self.seq = store.max_seq() + 1
         self.since_batch = SinceBatch()

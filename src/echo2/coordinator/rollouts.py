@@ -67,7 +67,8 @@ class RolloutIntake:
         self.versions.check(req.version, "rollout.version")
         if req.version < lease.version:
             raise RequestError(422, f"rollout.version={req.version} is older than the lease's version {lease.version}")
-        problem = check_submission(req, self.sampling, self.scorer.vocab_size, self.scorer.max_episode_tokens)
+        problem = check_submission(req, self.sampling, self.scorer.vocab_size, self.scorer.max_episode_tokens,
+                                   newest_version=self.versions.current)
         if problem:
             raise RequestError(422, problem)
         self.limits.admit(req.worker_id)
@@ -100,17 +101,18 @@ class RolloutIntake:
         record.tokens += tokens
         record.gen_time_s += req.gen_time_s
         self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
-        fresh = self.groups.plane.admits(req.version)
+        group = TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
+                           prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
+                           worker_id=req.worker_id, rewards=rewards, completions=req.completions,
+                           sampling_seed=self._seed(record, lease))
+        fresh = self.groups.plane.admits(group)
         uninformative = fresh and self._drops(rewards, req.worker_id)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
         self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
             if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done
-                self.groups.add(TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
-                                           prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
-                                           worker_id=req.worker_id, rewards=rewards, completions=req.completions,
-                                           sampling_seed=self._seed(record, lease)))
+                self.groups.add(group)
             elif not fresh:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
@@ -147,8 +149,9 @@ class RolloutIntake:
         if fresh:
             return SubmitResponse(accepted=True, rewards=rewards)
         self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
-        return SubmitResponse(accepted=False, rewards=rewards,
-                              reason=f"stale: step {step} - version {req.version} > S")
+        straddled = any(c.token_versions for c in req.completions)
+        why = "too many of its tokens older than S" if straddled else f"step {step} - version {req.version} > S"
+        return SubmitResponse(accepted=False, rewards=rewards, reason=f"stale: {why}")
 
     def _rewards(self, lease: Lease, req: RolloutSubmission, outcomes: list[Outcome], scoring_s: float) -> list[float]:
         """Computed here, never taken from the worker (a completion cut off over its budget scores

@@ -25,6 +25,8 @@ class OfferedWorker(NamedTuple):
 @dataclass(frozen=True)
 class Settings:
     max_staleness: int
+    max_masked_fraction: float
+    """train.max_masked_fraction: the staleness bound per token (policy.admission.admits_tokens)."""
     groups_per_step: int
     """P: prompt groups per learner step (grpo.prompts_per_step; B = P x group_size rollouts)."""
     sampling: SamplingParams
@@ -72,7 +74,8 @@ def resolve(cfg: RunConfig, multi_turn: bool) -> Settings:
         max_staleness=cfg.train.max_staleness,
         groups_per_step=cfg.grpo.prompts_per_step,
         sampling=SamplingParams(temperature=cfg.sampling.temperature, max_new_tokens=cfg.sampling.max_new_tokens,
-                                group_size=cfg.sampling.group_size),
+                                group_size=cfg.sampling.group_size, segment_tokens=cfg.sampling.segment_tokens),
+        max_masked_fraction=cfg.train.max_masked_fraction,
         model_source=cfg.base_model_path,
         heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
         worker_timeout_s=cfg.coordinator.worker_timeout_s,

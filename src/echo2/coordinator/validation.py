@@ -1,12 +1,14 @@
 """Semantic checks of a rollout submission beyond its schema: the right number of completions,
 token ids inside the vocabulary, one finite non-positive log-prob per token, lengths within the
-sampling budget, and for multi-turn episodes well-formed segments (the replay then checks what
+sampling budget, versions per token that a worker could have sampled with (runs of increasing
+versions from the generation's own, none unpublished), and for multi-turn episodes well-formed segments (the replay then checks what
 they contain). Returns the first problem found, phrased for the worker's operator."""
 
 from __future__ import annotations
 
 import math
 
+from echo2.protocol import token_versions
 from echo2.protocol.messages import RolloutCompletion, RolloutSubmission, SamplingParams
 
 # log-probs are <= 0; allow float round-off from the engine's softmax
@@ -18,9 +20,11 @@ MIN_PLAUSIBLE_LOGPROB = -50.0
 
 
 def check_submission(req: RolloutSubmission, sampling: SamplingParams, vocab_size: int,
-                     max_episode_tokens: int | None = None) -> str | None:
+                     max_episode_tokens: int | None = None, *, newest_version: int | None = None) -> str | None:
     """`max_episode_tokens`: the task is multi-turn and its transcripts have at most this many
-    tokens (None: single-turn, one completion of at most sampling.max_new_tokens)."""
+    tokens (None: single-turn, one completion of at most sampling.max_new_tokens).
+    `newest_version`: the newest version published, which no token's version may exceed (None:
+    the submission's own)."""
     if len(req.completions) != sampling.group_size:
         return f"rollout.completions has {len(req.completions)} entries; the group size is {sampling.group_size}"
     for i, completion in enumerate(req.completions):
@@ -29,6 +33,9 @@ def check_submission(req: RolloutSubmission, sampling: SamplingParams, vocab_siz
         else:
             problem = _check_episode(completion, sampling, max_episode_tokens)
         problem = problem or _check_tokens(completion.token_ids, completion.logprobs, vocab_size)
+        problem = problem or token_versions.problem(
+            completion.token_versions, tokens=len(completion.token_ids), version=req.version,
+            newest=req.version if newest_version is None else newest_version, field="token_versions")
         if problem:
             return f"rollout.completions[{i}]: {problem}"
     return None

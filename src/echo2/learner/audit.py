@@ -42,6 +42,7 @@ from echo2.learner.sampler_audit import groups_shortfalls, violations
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit
 from echo2.protocol.messages import TrainGroup
+from echo2.protocol.token_versions import tokens_by_version
 
 
 class VersionCache:
@@ -81,6 +82,12 @@ def chosen(key: bytes, lease_id: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < fraction * 2.0**64
 
 
+def sampled_versions(group: TrainGroup) -> list[int]:
+    """The versions that sampled a group's model tokens (its own when it has none)."""
+    counts = tokens_by_version(group.completions, group.version)
+    return sorted(v for v, n in counts.items() if n) or [group.version]
+
+
 def group_mean_abs_diff(samples: Samples, abs_diff_sum_S: torch.Tensor, num_groups: int) -> list[float]:
     """Per group: sum over its samples' trained tokens of |learner - behaviour| / their count
     (an environment's tokens have no behaviour log-prob to check)."""
@@ -104,10 +111,21 @@ class _Scored(torch.nn.Module):
 
 def recompute_mean_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tensor], groups: list[TrainGroup],
                             *, grpo: GRPOConfig, temperature: float, pad_id: int,
-                            precision: Precision = CPU_FP32) -> list[float]:
+                            precision: Precision = CPU_FP32, version: int | None = None) -> list[float]:
     """Each group's mean |log-prob under `state` - behaviour log-prob| per token, without
-    touching the model's own weights (no gradients, the step's micro-batch budget)."""
-    samples = flatten(groups)
+    touching the model's own weights (no gradients, the step's micro-batch budget). `version`:
+    only the tokens that version sampled (`state` is its weights; None: every token)."""
+    sums, tokens = recompute_abs_diff(model, state, groups, grpo=grpo, temperature=temperature, pad_id=pad_id,
+                                      precision=precision, version=version)
+    return [s / t if t else 0.0 for s, t in zip(sums, tokens, strict=True)]
+
+
+def recompute_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tensor], groups: list[TrainGroup],
+                       *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision = CPU_FP32,
+                       version: int | None = None) -> tuple[list[float], list[int]]:
+    """Per group, the sum of |log-prob under `state` - behaviour log-prob| over the tokens
+    checked, and how many were checked (`recompute_mean_abs_diff`)."""
+    samples = flatten(groups) if version is None else flatten(groups).sampled_by(version)
     device = precision.device
     dtype = next(model.parameters()).dtype
     params = {f"model.{name}": t.to(device, dtype) for name, t in state.items()}
@@ -127,7 +145,11 @@ def recompute_mean_abs_diff(model: torch.nn.Module, state: dict[str, torch.Tenso
                 abs_diff_S.index_add_(0, mb.sample_N.cpu(), ((logp_N.float() - behav_N).abs() * mask_N).cpu())
     finally:
         model.train(was_training)
-    return group_mean_abs_diff(samples, abs_diff_S, len(groups))
+    sums, tokens = [0.0] * len(groups), [0] * len(groups)
+    for index, group in enumerate(samples.group_ids):
+        sums[group] += float(abs_diff_S[index])
+        tokens[group] += samples.trained_tokens(index)
+    return sums, tokens
 
 
 class Auditor:
@@ -174,8 +196,10 @@ class Auditor:
             if not chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
                 continue
             if self.needs_recompute(group, step):
-                if group.version in self.cache.payloads:
-                    by_version.setdefault(group.version, []).append(group)
+                # a generation that straddled versions: each segment under its own version
+                for version in sampled_versions(group):
+                    if version in self.cache.payloads:
+                        by_version.setdefault(version, []).append(group)
             elif group.sampling_seed is not None:
                 current.append(group)
         check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
@@ -183,25 +207,38 @@ class Auditor:
         # a sampler violation at the current version is known before the step
         verdicts = [self._verdict(g, 0.0, recomputed=False) for g in current
                     if self.sampler_checked[g.lease_id] > self.cfg.max_sampler_violations]
+        return verdicts + self._recompute(model, by_version, check)
+
+    def _recompute(self, model: torch.nn.Module, by_version: dict[int, list[TrainGroup]],
+                   check: dict) -> list[GroupAudit]:
+        """Verdicts on groups recomputed under the versions that sampled their tokens (one
+        version's tokens of every group together): the mean difference over all of them."""
+        totals: dict[str, list] = {}  # lease id -> [group, sum of |differences|, tokens]
         for version, members in sorted(by_version.items()):
             state = self.cache.get(version)
-            diffs = recompute_mean_abs_diff(model, state, members, grpo=grpo,
-                                            temperature=temperature, pad_id=pad_id, precision=precision)
-            self._check_sampler(model, state, [g for g in members if g.sampling_seed is not None], **check)
-            verdicts += [self._verdict(g, d, recomputed=True) for g, d in zip(members, diffs, strict=True)]
-        return verdicts
+            sums, tokens = recompute_abs_diff(model, state, members, version=version, **check)
+            self._check_sampler(model, state, [g for g in members if g.sampling_seed is not None], version=version,
+                                **check)
+            for group, diff_sum, count in zip(members, sums, tokens, strict=True):
+                entry = totals.setdefault(group.lease_id, [group, 0.0, 0])
+                entry[1] += diff_sum
+                entry[2] += count
+        return [self._verdict(g, total / count if count else 0.0, recomputed=True) for g, total, count in totals.values()]
 
     def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
-                       *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision) -> None:
+                       *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
+                       version: int | None = None) -> None:
         """Count each group's tokens that are not the seeded sampler's choice (one version's
-        groups together, in the step's pass layout)."""
+        groups together, in the step's pass layout; `version`: that version's tokens only)."""
         if not groups:
             return
         shortfalls = groups_shortfalls(model, state, groups, temperature=temperature, pad_id=pad_id,
                                        precision=precision, share_prompts=grpo.share_prompts,
-                                       budget_tokens=grpo.micro_batch_tokens, chunk_tokens=grpo.logprob_chunk_tokens)
+                                       budget_tokens=grpo.micro_batch_tokens, chunk_tokens=grpo.logprob_chunk_tokens,
+                                       version=version)
         for group, values in zip(groups, shortfalls, strict=True):
-            self.sampler_checked[group.lease_id] = violations(values, self.cfg.sampler_margin)
+            found = violations(values, self.cfg.sampler_margin)
+            self.sampler_checked[group.lease_id] = self.sampler_checked.get(group.lease_id, 0) + found
 
     def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:
         """Verdicts on the groups generated at the learner's current version, from the mean

@@ -50,15 +50,17 @@ class _Predicting(torch.nn.Module):
 
 def groups_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup], *,
                       temperature: float, pad_id: int, precision: Precision = CPU_FP32, share_prompts: bool = True,
-                      budget_tokens: int = 16_384, chunk_tokens: int = 1024) -> list[torch.Tensor]:
+                      budget_tokens: int = 16_384, chunk_tokens: int = 1024,
+                      version: int | None = None) -> list[torch.Tensor]:
     """Per group, (model tokens,): each of the model's completion tokens' shortfall from the
     seeded sampler's choice under `state` (None: the model's own weights), completions in
     order; every group must carry its seed. `budget_tokens` and `chunk_tokens` are the learner's
-    grpo.micro_batch_tokens and grpo.logprob_chunk_tokens."""
+    grpo.micro_batch_tokens and grpo.logprob_chunk_tokens. `version`: only the tokens that
+    version sampled (`state` is its weights; None: every token)."""
     for group in groups:
         if group.sampling_seed is None:
             raise ValueError(f"group {group.lease_id} carries no sampler seed")
-    samples = flatten(groups)
+    samples = flatten(groups) if version is None else flatten(groups).sampled_by(version)
     layout = choose_layout(model, share_prompts)
     device = precision.device
     params = None

@@ -14,7 +14,7 @@ import torch
 
 from echo2.config.run import GRPOConfig
 from echo2.learner.audit import group_mean_abs_diff
-from echo2.learner.batching import Samples, flatten
+from echo2.learner.batching import Samples, flatten, token_staleness
 from echo2.learner.distributed import SINGLE, Ranks, full_value
 from echo2.learner.grpo import group_advantages, grpo_loss, reduce_stats
 from echo2.learner.logprobs import token_logprobs
@@ -39,17 +39,19 @@ def train_step(
     audit_tolerance: float | None = None,
     ranks: Ranks = SINGLE,
     max_new_tokens: int | None = None,
+    max_staleness: int | None = None,
 ) -> dict:
     """Returns the step's metrics; `skipped` is True when nothing was applied. `group_abs_diff`
     is each group's mean |learner - behaviour| log-prob per token, measured on the way; with
     `audit_tolerance`, a group generated at this version (`step`) above it fails the rollout
     audit and the step is skipped (`skip_kind` "audit") so its tokens are never trained.
-    `max_new_tokens`: sampling.max_new_tokens, the L_max of loss = "dr_grpo".
+    `max_new_tokens`: sampling.max_new_tokens, the L_max of loss = "dr_grpo". `max_staleness`:
+    S, above which a token's staleness masks it out of the loss (None: no token is masked).
 
     With several ranks, each takes its share of the micro-batches and the metrics are summed
     over ranks, so every rank returns the same dict (and takes the same decision to skip)."""
     started = time.perf_counter()
-    samples = flatten(groups)
+    samples = flatten(groups, step=step, max_staleness=max_staleness)
     adv_B, weight_S, uninformative, learns = _weights(groups, samples, cfg, max_new_tokens)
     total_tokens = sum(samples.trained_tokens(i) for i in range(len(samples)))
     layout = choose_layout(model, cfg.share_prompts, ranks.sharded)
@@ -151,6 +153,7 @@ def _audit_problem(groups: list[TrainGroup], group_abs_diff: list[float], step: 
 def _step_metrics(groups: list[TrainGroup], samples: Samples, *, step: int, passes: _Passes,
                   total_tokens: int, micro_batches: int, layout: str) -> dict:
     stale = Counter(step - g.version for g in groups)
+    by_staleness = token_staleness(samples, step)
     return {
         "skipped": bool(passes.problem),
         "skip_reason": passes.problem,
@@ -166,6 +169,10 @@ def _step_metrics(groups: list[TrainGroup], samples: Samples, *, step: int, pass
         "completion_tokens_computed": int(sum(p["completion_tokens"] for p in passes.parts)),
         "staleness_hist": {str(k): v for k, v in sorted(stale.items())},
         "staleness_max": max(stale),
+        # per token: a group that straddled versions is as old as its oldest tokens, its trained
+        # tokens younger; those older than S were masked (kept as context)
+        "token_staleness_hist": {str(k): v for k, v in by_staleness.items()},
+        "tokens_masked_stale": samples.masked_stale,
         "prompt_indices": [g.prompt_index for g in groups],
         "lease_ids": [g.lease_id for g in groups],
         "groups_by_worker": dict(Counter(g.worker_id for g in groups)),

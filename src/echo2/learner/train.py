@@ -194,7 +194,7 @@ class Learner:
                                temperature=cfg.sampling.temperature, pad_id=self.tokenizer.pad_token_id,
                                ref_model=self.ref_model, precision=self.precision,
                                audit_tolerance=self.auditor.tolerance, ranks=self.ranks,
-                               max_new_tokens=cfg.sampling.max_new_tokens)
+                               max_new_tokens=cfg.sampling.max_new_tokens, max_staleness=cfg.train.max_staleness)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))

@@ -11,8 +11,10 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
   otherwise up to `lease_capacity` groups, where outstanding = leased + buffered, and at most
   `max_leases_per_worker` held by one worker; a worker named by its id is held to what it has
   earned (`policy.trust`: slow start for new ids, whose leases share a quarter of the window);
-- submit: a group is buffered iff it is admissible at the current learner step;
-- advance(t): the learner asks for step t: buffered groups older than S are dropped;
+- submit: a group is buffered iff it is admissible at the current learner step: one version
+  sampled it and t - v <= S, or several did (a worker swapped weights mid-generation) and its
+  share of tokens older than S is below train.max_masked_fraction (`admission.admits_tokens`);
+- advance(t): the learner asks for step t: buffered groups no longer admissible are dropped;
 - take_batch(t): the oldest P buffered groups (submission order) form step t's batch, at most
   `batch_share_cap` of them one worker's while other workers' groups are buffered or on their
   way (`policy.trust`); the learner's wait for it sets how far ahead workers may generate
@@ -22,11 +24,11 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from echo2.policy.admission import is_admissible, lease_capacity, worker_may_lease
+from echo2.policy.admission import admits_tokens, lease_capacity, worker_may_lease
 from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
 
@@ -66,11 +68,17 @@ class DataPlane(Generic[G]):
         fresh_leases: bool = False,
         worker_of: Callable[[G], str] | None = None,
         max_worker_share: float = 1.0,
+        tokens_of: Callable[[G], Mapping[int, int]] | None = None,
+        max_masked_fraction: float = 1.0,
     ) -> None:
         """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
         whole window of S steps. `worker_of` (None: groups carry no worker, no share cap) and
-        `max_worker_share` bound one worker's part of a batch."""
+        `max_worker_share` bound one worker's part of a batch. `tokens_of`: a group's trained
+        tokens per version that sampled them (None: one version sampled each group, its
+        `version_of`), bounded by `max_masked_fraction`."""
+        self.tokens_of = tokens_of or (lambda group: {version_of(group): 1})
+        self.max_masked_fraction = max_masked_fraction
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
         self.max_leases_per_worker = max_leases_per_worker or groups_per_step
         self.worker_of, self.max_worker_share = worker_of, max_worker_share
@@ -141,9 +149,12 @@ class DataPlane(Generic[G]):
                               outstanding_groups=0)
 
     # ---- rollouts ----
-    def admits(self, version: int) -> bool:
-        """Would a group of `version` submitted now be buffered (rather than dropped as stale)?"""
-        return is_admissible(self.learner_step, version, self.max_staleness)
+    def admits(self, group: G) -> bool:
+        """Would this group submitted now be buffered (rather than dropped as stale)?"""
+        return self.admissible(self.learner_step, group)
+
+    def admissible(self, step: int, group: G) -> bool:
+        return admits_tokens(step, self.tokens_of(group), self.max_staleness, self.max_masked_fraction)
 
     def add(self, group: G) -> None:
         """Buffer a group the caller found admissible (`admits`) at the current learner step."""
@@ -170,10 +181,9 @@ class DataPlane(Generic[G]):
         if self._checked_at == step:
             return []  # asked again for the same step: nothing can have aged since the scan
         self._checked_at = step
-        S = self.max_staleness
-        stale = [g for g in self.buffer if not is_admissible(step, self.version_of(g), S)]
+        stale = [g for g in self.buffer if not self.admissible(step, g)]
         if stale:
-            self.buffer = [g for g in self.buffer if is_admissible(step, self.version_of(g), S)]
+            self.buffer = [g for g in self.buffer if self.admissible(step, g)]
         return stale
 
     def take_batch(self, step: int, now_s: float | None = None, *, producing: Iterable[str] = ()) -> list[G] | None:

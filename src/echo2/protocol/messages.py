@@ -20,11 +20,13 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
     6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
        "and the group's records",
+    7: "a completion says which version sampled which tokens (token_versions): workers swap versions "
+       "mid-generation",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -32,13 +34,16 @@ PROTOCOL_CHANGES = {
 MAX_CLAIMED_COUNT = 1 << 53
 """Bumped whenever a message changes incompatibly: peers of different protocols refuse each
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
+MAX_VERSION_RUNS = 64
+"""Runs of token_versions in one completion: a version swap every segment_tokens tokens, at most
+one per version; a generation straddling more versions than this is far past any S."""
 # the id length bound keeps a hostile client from making us store megabyte-long keys
 _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[6] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[7] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -46,6 +51,9 @@ class SamplingParams(BaseModel):
     temperature: float
     max_new_tokens: int
     group_size: int
+    segment_tokens: int = 0
+    """sampling.segment_tokens: swap a newer version in at every multiple of this many tokens
+    of a generation in flight (0: between generations only)."""
 
 
 class VersionInfo(BaseModel):
@@ -235,6 +243,16 @@ class RolloutCompletion(BaseModel):
     """Multi-turn episodes: lengths of the transcript's segments, alternating the model's action
     (trained with its behaviour log-probs) and the environment's answer (masked out of the loss,
     log-probs 0), the model's first and last. Empty: one completion, every token the model's."""
+    token_versions: list[tuple[int, int]] = Field([], max_length=MAX_VERSION_RUNS)
+    """Which version sampled which tokens, as runs (version, tokens) in token order, when the
+    worker swapped versions mid-generation (`protocol/token_versions.py`); empty: every token is
+    the submission's version."""
+
+    def model_token_mask(self) -> list[bool]:
+        """Per token: the model's (True: sampled, trained) or the environment's (context only)."""
+        if not self.segments:
+            return [True] * len(self.token_ids)
+        return [index % 2 == 0 for index, length in enumerate(self.segments) for _ in range(length)]
 
 
 class RolloutSubmission(Message):

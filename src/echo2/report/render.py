@@ -72,6 +72,11 @@ def _metrics_table(summary: dict[str, Any]) -> Table:
     window = summary.get("lease_window_steps_mean")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]) + (
         f"; leased {window:.2f} steps ahead on average" if window is not None else ""))
+    if summary.get("token_staleness_p50") is not None:
+        masked = summary.get("masked_token_share") or 0.0
+        table.add_row("staleness of trained tokens", f"p50 {summary['token_staleness_p50']}, p95 "
+                      f"{summary['token_staleness_p95']}; {summary['tokens_masked_stale']:,} tokens masked as older "
+                      f"than S ({masked:.1%})")
     share = summary.get("max_worker_share_in_batch")
     if share is not None:
         table.add_row("largest share of a batch from one worker", f"{share:.0%}")

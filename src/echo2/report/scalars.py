@@ -29,6 +29,8 @@ def _train_step(r: dict) -> tuple[int, Values]:
         "train/tokens": r.get("tokens"),
         "staleness/max": r["staleness_max"],
         "staleness/mean": staleness_mean(r["staleness_hist"]),
+        "staleness/token_mean": staleness_mean(r.get("token_staleness_hist", {})),
+        "train/tokens_masked_stale": r.get("tokens_masked_stale"),
         "learner/wait_s": r["wait_s"],
         "learner/train_s": r["train_s"],
         "learner/publish_s": r["publish_s"],

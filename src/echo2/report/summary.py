@@ -128,6 +128,7 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "evaluations": _evaluations(records, evals),
         "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
         "max_staleness_trained": max(hist) if hist else None,
+        **_token_staleness(steps),
         # train.fresh_leases: how many steps ahead workers were let generate, beside the staleness
         "lease_window_steps_mean": _mean_window(records),
         # activation.max_worker_share caps it while other workers deliver (policy/trust.py)
@@ -147,6 +148,30 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
     }
+
+
+def _token_staleness(steps: list[dict]) -> dict[str, Any]:
+    """Staleness per trained token (a group that straddled versions is as old as its oldest
+    tokens; its later tokens are younger), its p50 and p95, and the tokens masked out of the loss
+    as older than S with their share of the model's tokens."""
+    hist: Counter[int] = Counter()
+    for s in steps:
+        hist.update({int(k): v for k, v in s.get("token_staleness_hist", {}).items()})
+    masked = sum(s.get("tokens_masked_stale", 0) for s in steps)
+    trained = sum(hist.values())
+    return {"token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+            "token_staleness_p50": _percentile(hist, 0.50), "token_staleness_p95": _percentile(hist, 0.95),
+            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None}
+
+
+def _percentile(hist: Counter[int], q: float) -> int | None:
+    """The smallest staleness with at least a share q of the tokens at or below it."""
+    total, seen = sum(hist.values()), 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen >= q * total:
+            return value
+    return None
 
 
 def _mean_window(records: list[dict]) -> float | None:

@@ -5,7 +5,8 @@ behaviour log-probs out. Implemented: HF transformers (hf_engine.py, CPU/GPU) an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from echo2.config.run import LoraConfig
 
@@ -34,6 +35,24 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     """log pi_behaviour(token | prefix) under the sampling distribution (after temperature)."""
+    token_versions: list[tuple[int, int]] = field(default_factory=list)
+    """Runs of (version, tokens) when the generation straddled versions (`InFlight`); empty:
+    every token is the version it started with."""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """How a generation in flight takes a newer version (sampling.segment_tokens): at every
+    multiple of `segment_tokens` new tokens the engine asks `pending()` whether a newer version
+    is verified and staged; if so it stops, calls `swap()` (blocking: the version is loaded into
+    this engine; returns the version now held) and generates the rest under it from the tokens
+    so far."""
+
+    segment_tokens: int
+    version: int
+    """The version the generation starts with."""
+    pending: Callable[[], bool]
+    swap: Callable[[], int]
 
 
 class Engine(ABC):
@@ -41,8 +60,10 @@ class Engine(ABC):
     """Draws with the seeded sampler when a request carries a seed (the audit checks it)."""
 
     @abstractmethod
-    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
-        """One list of `n` completions per request, in request order. Blocking."""
+    def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
+        """One list of `n` completions per request, in request order. Blocking. `inflight`: swap
+        newer versions in at segment boundaries (an engine that cannot ignores it and swaps
+        between generations only)."""
 
     @abstractmethod
     def load_state_dict(self, tensors: dict) -> None:

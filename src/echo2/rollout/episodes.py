@@ -15,7 +15,7 @@ from echo2.envs.play import play_turns
 from echo2.envs.task import EnvTask
 from echo2.envs.transcript import Codec
 from echo2.protocol.messages import RolloutCompletion, Task
-from echo2.rollout.engine import Engine, GenRequest
+from echo2.rollout.engine import Engine, GenRequest, InFlight
 
 
 def env_task_from(cfg: TaskConfig | None) -> EnvTask | None:
@@ -69,11 +69,14 @@ def completion(episode: Episode) -> RolloutCompletion:
     return RolloutCompletion(token_ids=episode.token_ids, logprobs=episode.logprobs, segments=episode.segments)
 
 
-def sample_groups(engine: Engine, episodes: EpisodePlayer | None, tasks: list[Task]) -> list[list[RolloutCompletion]]:
-    """Blocking: G completions per leased task, or G episodes per task for a multi-turn task."""
+def sample_groups(engine: Engine, episodes: EpisodePlayer | None, tasks: list[Task],
+                  inflight: InFlight | None = None) -> list[list[RolloutCompletion]]:
+    """Blocking: G completions per leased task, or G episodes per task for a multi-turn task.
+    `inflight`: single-turn generations take newer versions at segment boundaries (a
+    whole episode runs under one version)."""
     if episodes is not None:
         return [[completion(e) for e in group] for group in episodes.play(tasks)]
     requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature, t.sampling.max_new_tokens,
                            seed=t.sampling_seed) for t in tasks]
-    return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in group]
-            for group in engine.generate(requests)]
+    return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs, token_versions=c.token_versions)
+             for c in group] for group in engine.generate(requests, inflight)]

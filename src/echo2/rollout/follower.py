@@ -2,7 +2,8 @@
 coordinator announces versions (and what to pull next and from where); this fetches them
 through the broadcast in the background, rebuilds a delta against the version it holds and
 checks every tensor against the manifest's hashes, deserializes off the event loop, and the
-worker swaps the staged weights in between two generations."""
+worker swaps the staged weights in between two generations, or, with sampling.segment_tokens,
+at a segment boundary of a generation in flight (`inflight`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from echo2.protocol.broadcast import Assignment
 from echo2.protocol.manifest import AdapterSpec, Manifest
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter
+from echo2.rollout.engine import InFlight
 from echo2.rollout.waits import wait_either
 from echo2.rollout.weights import WeightReceiver
 
@@ -26,6 +28,9 @@ log = logging.getLogger("echo2.worker")
 # pause after a failed fetch (every source failed) when nothing newer is out: short enough to
 # catch up within a step or two, long enough not to hammer sources that are restarting
 FETCH_RETRY_S = 0.5
+# the longest a generation in flight waits for a staged version to be loaded into its engine (a
+# swap of SmolLM2-135M takes 0.1-0.3 s on a CPU; a hung load must not hang the lease forever)
+SWAP_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -150,6 +155,23 @@ class VersionFollower:
     def _failed(self, target: VersionInfo, error: str) -> None:
         self.metrics.write("weights_fetch_failed", worker_id=self.worker_id, version=target.version, error=error[:300])
         log.warning("fetching version %d failed: %s", target.version, error[:300])
+
+    def inflight(self, engine, segment_tokens: int) -> InFlight:
+        """What a generation in flight needs to take newer versions at its segment boundaries
+        (call on the event loop; the generation thread uses it): whether a newer version is
+        staged, and a swap that the event loop performs (`swap_into`, its metrics included)
+        while the generation thread waits."""
+        loop = asyncio.get_running_loop()
+
+        def pending() -> bool:
+            staged = self.staged
+            return staged is not None and staged.info.version > self.version
+
+        def swap() -> int:
+            asyncio.run_coroutine_threadsafe(self.swap_into(engine), loop).result(timeout=SWAP_TIMEOUT_S)
+            return self.version
+
+        return InFlight(segment_tokens=segment_tokens, version=self.version, pending=pending, swap=swap)
 
     async def swap_into(self, engine) -> None:
         """Load the staged version, if any, into the engine (between generations only)."""

@@ -4,7 +4,7 @@ processed scores, i.e. exactly the distribution each token was sampled from."""
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from echo2.config.run import LoraConfig
 from echo2.models.device import resolve_device, resolve_dtype
@@ -12,7 +12,8 @@ from echo2.models.generation import strip_completion
 from echo2.models.kv_cache import cache_argument, expand_cache, returned_cache, supports_shared_prefix
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import load_into
-from echo2.rollout.engine import Completion, Engine, GenRequest
+from echo2.protocol.token_versions import encode
+from echo2.rollout.engine import Completion, Engine, GenRequest, InFlight
 
 
 class SeededSampler:
@@ -35,6 +36,20 @@ class SeededSampler:
             out[rows] = perturbed(scores[rows], self.temperature, seed, samples_N=self.samples_R[rows],
                                   positions_N=positions[rows]).float()
         return out
+
+
+class _SegmentStop(StoppingCriteria):
+    """Ends a generate call for every row at a segment boundary (a multiple of segment_tokens
+    new tokens, counting the `offset` generated before this call) where a newer version waits."""
+
+    def __init__(self, inflight: InFlight, offset: int) -> None:
+        self.inflight, self.offset, self.width, self.fired = inflight, offset, 0, False
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        made = self.offset + input_ids.shape[1] - self.width
+        if made % self.inflight.segment_tokens == 0 and self.inflight.pending():
+            self.fired = True
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
 
 
 class HFEngine(Engine):
@@ -81,7 +96,7 @@ class HFEngine(Engine):
                             pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id)
 
     @torch.no_grad()
-    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+    def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
         if not requests:
             return []
         # one generate call per (temperature, max_new_tokens) setting; a lease normally has one
@@ -91,15 +106,48 @@ class HFEngine(Engine):
             seeded = req.seed is not None and req.temperature > 0
             by_setting.setdefault((req.temperature, req.max_new_tokens, seeded), []).append(index)
         for (temperature, max_new, seeded), indices in by_setting.items():
-            flat = iter(self._sample([requests[i] for i in indices], temperature, max_new, seeded=seeded))
+            flat = iter(self._segments([requests[i] for i in indices], temperature, max_new, seeded=seeded,
+                                       inflight=inflight))
             for i in indices:
                 out[i] = [next(flat) for _ in range(requests[i].n)]
         return out
 
-    def _sample(self, requests: list[GenRequest], temperature: float, max_new: int, *,
-                seeded: bool) -> list[Completion]:
-        """The n completions of each request; each prompt computed once when the model allows it
-        (its cache expanded to its n rows: 4x faster on SmolLM2-135M with 45-token prompts)."""
+    def _segments(self, requests: list[GenRequest], temperature: float, max_new: int, *, seeded: bool,
+                  inflight: InFlight | None) -> list[Completion]:
+        """The n completions of each request, generated in segments when `inflight` allows: a
+        newer version staged at a boundary is swapped in and the unfinished rows go on from
+        their tokens so far (their prompts computed again under it; within a version the KV
+        cache is kept, since a generate call only stops for a swap)."""
+        rows = [(req, j) for req in requests for j in range(req.n)]
+        ids: list[list[int]] = [[] for _ in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        versions: list[list[int]] = [[] for _ in rows]
+        version = inflight.version if inflight is not None else 0
+        batch, todo, offset = requests, list(range(len(rows))), 0
+        while True:
+            stop = _SegmentStop(inflight, offset) if inflight is not None and inflight.segment_tokens > 0 else None
+            parts = self._sample(batch, temperature, max_new - offset, seeded=seeded, stop=stop)
+            for r, (tokens, values) in zip(todo, parts, strict=True):
+                ids[r] += tokens
+                logps[r] += values
+                versions[r] += [version] * len(tokens)
+            todo = [r for r in todo if not (ids[r] and ids[r][-1] == self.tokenizer.eos_token_id)
+                    and len(ids[r]) < max_new]
+            if stop is None or not stop.fired or not todo:
+                break
+            version, offset = inflight.swap(), len(ids[todo[0]])  # unfinished rows are equally long
+            batch = [GenRequest(rows[r][0].prompt_ids + ids[r], 1, temperature, max_new - offset,
+                                seed=rows[r][0].seed, first_sample=rows[r][0].first_sample + rows[r][1],
+                                first_position=rows[r][0].first_position + offset) for r in todo]
+        return [Completion(token_ids=t, logprobs=lp, token_versions=encode(v))
+                for t, lp, v in zip(ids, logps, versions, strict=True)]
+
+    def _sample(self, requests: list[GenRequest], temperature: float, max_new: int, *, seeded: bool,
+                stop: _SegmentStop | None = None) -> list[tuple[list[int], list[float]]]:
+        """The n completions of each request, as (token ids, log-probs), each prompt computed
+        once when the model allows it (its cache expanded to its n rows: 4x faster on
+        SmolLM2-135M with 45-token prompts). `stop`: end every row at a segment boundary where a
+        newer version waits (`stop.fired`); rows cut there keep every token they have."""
         prompts = [req.prompt_ids for req in requests]
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
@@ -119,6 +167,9 @@ class HFEngine(Engine):
             sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler]), "output_logits": True}
         else:  # no truncation: the learner scores tokens under the full softmax
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "output_scores": True}
+        if stop is not None:
+            stop.width = width
+            sampling["stopping_criteria"] = StoppingCriteriaList([stop])
         gen = self.model.generate(input_ids=ids[rows_R], attention_mask=mask[rows_R], max_new_tokens=max_new,
                                   pad_token_id=pad, eos_token_id=eos, return_dict_in_generate=True,
                                   **sampling, **extra)
@@ -126,11 +177,12 @@ class HFEngine(Engine):
         steps = [s.float() / temperature for s in gen.logits] if seeded else [s.float() for s in gen.scores]
         logp_NT = torch.stack([torch.log_softmax(s, dim=-1) for s in steps], dim=1)
         token_logp = logp_NT.gather(-1, new_ids[..., None]).squeeze(-1)
-        completions = []
+        cut = stop is not None and stop.fired
+        out = []
         for row, row_logp in zip(new_ids.tolist(), token_logp.tolist(), strict=True):
-            kept = strip_completion(row, eos, pad)
-            completions.append(Completion(token_ids=kept, logprobs=row_logp[: len(kept)]))
-        return completions
+            kept = row if cut and eos not in row else strip_completion(row, eos, pad)
+            out.append((kept, row_logp[: len(kept)]))
+        return out
 
     def _prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, rows_R: torch.Tensor) -> dict:
         """Every prompt but its last token through the model once, positions as generate counts

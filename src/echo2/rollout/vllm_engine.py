@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig
 from echo2.models.device import resolve_device, resolve_dtype
-from echo2.rollout.engine import Completion, Engine, GenRequest
+from echo2.rollout.engine import Completion, Engine, GenRequest, InFlight
 from echo2.rollout.vllm_sampler import processor_class, seeded_request
 
 INSTALL_HINT = (
@@ -62,7 +62,8 @@ class VLLMEngine(Engine):
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
         self.llm = self._call(_make_llm, model_source, device, cfg, lora)
 
-    def generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
+    def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
+        """`inflight` is not taken yet: a vLLM worker swaps versions between generations."""
         return self._call(self._generate, requests) if requests else []
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -1,7 +1,8 @@
 """The rollout worker: register, load the base model, then lease prompts, generate groups and
 return them, while the version follower pulls newer policy versions through the broadcast in
-the background so generation never waits for bytes in flight. Weights are swapped only between
-generations."""
+the background so generation never waits for bytes in flight. Weights are swapped between
+generations, and with sampling.segment_tokens also at segment boundaries of a generation in
+flight (each token then carries the version that sampled it)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from echo2.protocol.messages import (
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
-from echo2.rollout.engine import Engine
+from echo2.rollout.engine import Engine, InFlight
 from echo2.rollout.engine_factory import engine_type, make_engine
 from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
 from echo2.rollout.follower import VersionFollower
@@ -339,7 +340,7 @@ class Worker:
     async def _generate_and_submit(self, tasks: list[Task]) -> None:
         version = self.version
         started = time.perf_counter()
-        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks)
+        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, self._inflight(tasks))
         if self.cfg.slowdown > 1:  # emulated slower hardware (config: slowdown)
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
@@ -352,6 +353,11 @@ class Worker:
         self.stats["rollouts"] += sum(len(g) for g in groups)
         self.stats["tokens"] += sum(len(c.token_ids) for g in groups for c in g)
         self.stats["gen_s"] += gen_s
+
+    def _inflight(self, tasks: list[Task]) -> InFlight | None:
+        """In-flight weight updates for this lease (sampling.segment_tokens; None: off)."""
+        segment_tokens = tasks[0].sampling.segment_tokens if tasks else 0
+        return self.follower.inflight(self.engine, segment_tokens) if segment_tokens > 0 else None
 
     async def _evaluate(self, task: EvalTask) -> None:
         """Greedy completions of an evaluation lease's prompts at the version held; the

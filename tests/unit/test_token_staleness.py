@@ -1,0 +1,125 @@
+"""The staleness bound per token: a completion's versions on the wire (runs), the admission rule
+on a group's share of tokens older than S (one rule, `policy.admission.admits_tokens`, which the
+coordinator's data plane applies at submission and at every step), and the coordinator's checks
+of what a worker claims."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+from tests.unit.metrics_fixtures import synthetic_run
+
+from echo2.coordinator.errors import RequestError
+from echo2.policy import DataPlane
+from echo2.policy.admission import admits_tokens, is_admissible, masked_share
+from echo2.protocol import token_versions
+from echo2.protocol.messages import RolloutCompletion
+from echo2.report.render import render_summary
+from echo2.report.summary import summarize
+
+
+def render_text(summary: dict) -> str:
+    out = io.StringIO()
+    render_summary(summary, Console(file=out, width=200))
+    return out.getvalue()
+
+
+def test_runs_round_trip_and_a_single_version_sends_none():
+    per_token = [3, 3, 4, 4, 4, 6]
+    runs = token_versions.encode(per_token)
+    assert runs == [(3, 2), (4, 3), (6, 1)]
+    assert token_versions.expand(runs, 6, 3) == per_token
+    assert token_versions.encode([5, 5, 5]) == [] and token_versions.encode([]) == []
+    assert token_versions.expand([], 3, 5) == [5, 5, 5]
+
+
+@pytest.mark.parametrize(("runs", "fragment"), [
+    ([(2, 3)], "one run; send []"),
+    ([(2, 2), (2, 2)], "versions must increase"),
+    ([(2, 2), (1, 2)], "versions must increase"),
+    ([(2, 0), (3, 4)], "covers 0 tokens"),
+    ([(1, 2), (3, 2)], "starts at version 1; the generation started at rollout.version=2"),
+    ([(2, 2), (9, 2)], "claims version 9; the newest published is 4"),
+    ([(2, 2), (3, 3)], "covers 5 tokens; the completion has 4"),
+])
+def test_runs_a_worker_could_not_have_sampled_are_named(runs, fragment):
+    problem = token_versions.problem(runs, tokens=4, version=2, newest=4, field="token_versions")
+    assert problem is not None and fragment in problem and "token_versions" in problem
+    assert token_versions.problem([(2, 1), (4, 3)], tokens=4, version=2, newest=4, field="f") is None
+
+
+def test_tokens_by_version_counts_the_models_tokens_only():
+    single = RolloutCompletion(token_ids=[1, 2, 3, 4], logprobs=[-1.0] * 4, token_versions=[(5, 1), (6, 3)])
+    episode = RolloutCompletion(token_ids=[1, 2, 3, 4, 5], logprobs=[-1.0, -1.0, 0.0, 0.0, -1.0],
+                                segments=[2, 2, 1], token_versions=[(5, 3), (7, 2)])
+    assert token_versions.tokens_by_version([single, episode], 5) == {5: 1 + 2, 6: 3, 7: 1}
+    plain = RolloutCompletion(token_ids=[1, 2], logprobs=[-1.0, -1.0])
+    assert token_versions.tokens_by_version([plain], 4) == {4: 2}
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.5, 1.0])
+def test_a_group_one_version_sampled_is_admitted_exactly_as_before(fraction):
+    for step in range(6):
+        for version in range(6):
+            for S in range(3):
+                assert admits_tokens(step, {version: 7}, S, fraction) == is_admissible(step, version, S)
+
+
+def test_a_straddling_group_is_admitted_while_its_stale_share_stays_below_the_fraction():
+    tokens = {3: 30, 4: 50, 5: 20}  # sampled by versions 3, 4 and 5
+    assert masked_share(5, tokens, 1) == pytest.approx(0.3)  # version 3 is 2 steps old
+    assert masked_share(6, tokens, 1) == pytest.approx(0.8)
+    assert admits_tokens(5, tokens, 1, 0.5) and not admits_tokens(6, tokens, 1, 0.5)
+    assert admits_tokens(6, tokens, 1, 0.9) and not admits_tokens(7, tokens, 1, 0.9)
+    assert not admits_tokens(5, tokens, 1, 0.3)  # below, not at
+    assert admits_tokens(1, {2: 0}, 0, 0.5) and not admits_tokens(3, {2: 0}, 0, 0.5)  # no tokens: its version
+
+
+def test_the_data_plane_drops_a_straddling_group_at_the_step_its_share_crosses():
+    groups = {"old": {0: 10}, "mixed": {0: 4, 2: 6}}
+    plane = DataPlane(1, 1, lambda g: min(groups[g]), tokens_of=groups.__getitem__, max_masked_fraction=0.5,
+                      current_version=2)
+    for name in groups:
+        assert plane.admits(name)
+        plane.add(name)
+    assert plane.advance(1) == []
+    assert plane.advance(2) == ["old"]  # 2 - 0 > S: all of it masked; the mixed one 40% masked
+    assert plane.buffer == ["mixed"]
+    assert plane.advance(4) == ["mixed"]
+
+
+def test_the_coordinator_checks_the_versions_a_worker_claims_and_admits_by_share(tmp_path, tiny_model_dir):
+    state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=1,
+                       max_masked_fraction=0.5)
+    register(state, "a")
+    publish(state, 0)
+    task = lease(state, "a", 0).tasks[0]
+    publish(state, 1)
+    ok = submission(state, "a", task.lease_id, 0)
+    claimed = [c.model_copy(update={"token_versions": [(0, 1), (2, len(c.token_ids) - 1)]}) for c in ok.completions]
+    with pytest.raises(RequestError) as err:  # version 2 is not out yet
+        state.submit(ok.model_copy(update={"completions": claimed}))
+    assert err.value.status == 422 and "token_versions claims version 2" in str(err.value)
+    straddled = [c.model_copy(update={"token_versions": [(0, 1), (1, len(c.token_ids) - 1)]})
+                 for c in ok.completions]
+    assert state.submit(ok.model_copy(update={"completions": straddled})).accepted
+    (group,) = state.take_batch(0)
+    assert group.completions[0].token_versions == [(0, 1), (1, 3)]  # stored and sent to the learner as sent
+
+
+def test_the_summary_reports_the_staleness_of_trained_tokens_and_the_masked_share():
+    records = synthetic_run(4)
+    steps = [r for r in records if r["kind"] == "train_step"]
+    for r, hist, masked in zip(steps, [{"0": 90, "1": 10}, {"0": 50, "1": 40, "2": 10}, {}, {"1": 100}],
+                               [0, 20, 0, 180], strict=True):
+        r.update(token_staleness_hist=hist, tokens_masked_stale=masked)
+    summary = summarize(records)
+    assert summary["token_staleness_hist"] == {"0": 140, "1": 150, "2": 10}
+    assert summary["token_staleness_p50"] == 1 and summary["token_staleness_p95"] == 1
+    assert summary["tokens_masked_stale"] == 200 and summary["masked_token_share"] == pytest.approx(200 / 500)
+    assert "staleness of trained tokens" in render_text(summary) and "p50 1, p95 1" in render_text(summary)
+    old = summarize(synthetic_run(2))  # records from before per-token versions: nothing to report
+    assert old["token_staleness_p50"] is None and old["masked_token_share"] is None
