@@ -48,7 +48,8 @@ def run(tmp_path, tiny_model_dir):
     learner = MetricsWriter(tmp_path / "metrics.jsonl", role="learner")
     learner.write("eval", step=0, accuracy=0.25, problems=8, eval_s=0.1)
     learner.write("train_step", step=0, wait_s=1.0, train_s=2.0, publish_s=1.0, reward_mean=0.625,
-                  staleness_max=0, staleness_hist={"0": 2})
+                  staleness_max=0, staleness_hist={"0": 2}, token_staleness_hist={"0": 12, "1": 4},
+                  tokens_masked_stale=4)
     learner.write("checkpoint", step=1, checkpoint_s=1.0, path="x")
     learner.write("eval", step=1, accuracy=0.5, problems=8, eval_s=0.1)
     learner.close()
@@ -113,6 +114,9 @@ def test_prometheus_metrics_parse_and_follow_the_run(run):
     # step 0 trained on two groups of version 0: staleness 0; the buckets run up to S
     assert samples["echo2_staleness_steps_bucket", (("le", "0.0"),)] == 2
     assert one["echo2_staleness_steps_count"] == 2 and one["echo2_staleness_steps_sum"] == 0
+    assert samples["echo2_token_staleness_steps_bucket", (("le", "0.0"),)] == 12
+    assert one["echo2_token_staleness_steps_count"] == 16 and one["echo2_token_staleness_steps_sum"] == 4
+    assert one["echo2_tokens_masked_stale_total"] == 4
     w0, w1 = (("worker", "w0"),), (("worker", "w1"),)
     assert samples["echo2_worker_relayed_bytes_total", w0] == 123_456
     assert samples["echo2_worker_publish_to_loaded_seconds", w0] == 0.75
@@ -138,6 +142,9 @@ def test_dashboard_state_is_the_run(run):
     assert view["curves"] == {"reward": [[0, 0.625]], "accuracy": [[0, 0.25], [1, 0.5]], "utilization": [[0, 0.75]]}
     assert view["learner_utilization"] == pytest.approx(0.8)  # the checkpoint came after step 0's point
     assert view["staleness_hist"] == {"0": 2}
+    # per token, as the learner counted: a fifth of what it was given masked as older than S
+    assert view["token_staleness_hist"] == {"0": 12, "1": 4} and view["tokens_masked_stale"] == 4
+    assert view["masked_token_share"] == pytest.approx(0.2)
     rows = {w["worker_id"]: w for w in view["workers"]}
     assert rows["w0"] | {"tokens_per_s": None, "rollouts_per_s": None, "cost": None} == {
         "worker_id": "w0", "status": "active", "alive": True, "version": 1, "leases": 0, "rollouts": 4,

@@ -81,6 +81,11 @@ class RunHistory:
         self.reward, self.accuracy, self.utilization = Curve(), Curve(), Curve()
         self.staleness_trained: Counter[int] = Counter()
         """Groups per staleness (step - version) over the batches assigned."""
+        self.token_staleness_trained: Counter[int] = Counter()
+        """Trained tokens per staleness (step - the version that sampled each), as the learner
+        counted them; a generation that straddled versions is younger than its group's oldest."""
+        self.tokens_masked_stale = 0
+        """Tokens the learner masked out of the loss as older than S."""
         self.decisions: deque[dict] = deque(maxlen=DECISIONS_KEPT)
         self.step_busy_s: dict[int, float] = {}
         self.recent_steps: dict[int, dict] = {}
@@ -128,6 +133,8 @@ class RunHistory:
     def _train_step(self, record: dict) -> None:
         step = int(record["step"])
         self.reward.add(step, float(record["reward_mean"]))
+        self.token_staleness_trained.update({int(k): int(v) for k, v in record.get("token_staleness_hist", {}).items()})
+        self.tokens_masked_stale += int(record.get("tokens_masked_stale", 0))
         # busy and wait as report.summary counts them: training, publishing and the checkpoint
         self.step_busy_s[step] = float(record["train_s"]) + float(record["publish_s"])
         self.recent_steps[step] = {"step": step, "wait_s": float(record["wait_s"])}

@@ -31,6 +31,10 @@ class RunCollector(Collector):
         view = run_view(self.state, self.history)
         yield from _run_metrics(view)
         yield _staleness(view["staleness_hist"])
+        yield _staleness(view["token_staleness_hist"], "echo2_token_staleness_steps", "Staleness of the tokens the "
+                         "learner trained (step - the version that sampled each token)")
+        yield CounterMetricFamily("echo2_tokens_masked_stale", "Tokens masked out of the loss as older than S",
+                                  value=view["tokens_masked_stale"])
         yield from _worker_metrics(view["workers"])
 
 
@@ -69,18 +73,17 @@ def _run_metrics(view: dict) -> Iterator[Metric]:
     yield groups
 
 
-def _staleness(hist: dict[str, int]) -> Metric:
-    """Groups per staleness (learner step - version they were generated with) over the assigned
-    batches, as a histogram with a bucket per step of staleness."""
+def _staleness(hist: dict[str, int], name: str = "echo2_staleness_steps",
+               doc: str = "Staleness of the rollout groups the learner was given (step - version)") -> Metric:
+    """Groups (or tokens) per staleness (learner step - version they were generated with) over
+    the assigned batches, as a histogram with a bucket per step of staleness."""
     counts = {int(k): v for k, v in hist.items()}
     buckets, running = [], 0
     for staleness in range(min(counts, default=0), max(counts, default=0) + 1):
         running += counts.get(staleness, 0)
         buckets.append((str(float(staleness)), running))
     buckets.append(("+Inf", running))
-    return HistogramMetricFamily("echo2_staleness_steps", "Staleness of the rollout groups the learner was "
-                                 "given (step - version)", buckets=buckets,
-                                 sum_value=sum(k * v for k, v in counts.items()))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=sum(k * v for k, v in counts.items()))
 
 
 def _worker_metrics(rows: list[dict]) -> Iterator[Metric]:

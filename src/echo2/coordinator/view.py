@@ -90,6 +90,9 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "curves": {"reward": history.reward.shown(), "accuracy": history.accuracy.shown(),
                    "utilization": history.utilization.shown()},
         "staleness_hist": {str(k): v for k, v in sorted(history.staleness_trained.items())},
+        "token_staleness_hist": {str(k): v for k, v in sorted(history.token_staleness_trained.items())},
+        "tokens_masked_stale": history.tokens_masked_stale,
+        "masked_token_share": _masked_share(history),
         "workers": workers[:MAX_WORKER_ROWS],
         "workers_total": len(workers),
         "workers_live": sum(1 for w in workers if w["alive"]),
@@ -100,6 +103,12 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "decisions": list(reversed(history.decisions)),
         "broadcast": _tree(state),
     })
+
+
+def _masked_share(history: RunHistory) -> float | None:
+    """The model's tokens masked as older than S, as a share of those the learner was given."""
+    given = history.tokens_masked_stale + sum(history.token_staleness_trained.values())
+    return history.tokens_masked_stale / given if given else None
 
 
 def _share(counters: dict[str, int]) -> float | None:

@@ -157,6 +157,9 @@ function render(state) {
   lineChart("chart-accuracy", state.curves.accuracy, [0, 1], "no evaluation yet");
   lineChart("chart-utilization", state.curves.utilization, [0, 1], "no step trained yet");
   histogram("chart-staleness", state.staleness_hist, state.max_staleness);
+  histogram("chart-token-staleness", state.token_staleness_hist, state.max_staleness);
+  setText("masked", state.masked_token_share === null ? "-"
+    : `${state.tokens_masked_stale} (${(state.masked_token_share * 100).toFixed(1)}% of the model's tokens)`);
   workerTable(state);
   tree(state.broadcast, state.workers);
   decisions(state.decisions);
