@@ -268,3 +268,19 @@ def test_the_documented_example_task_works():
     assert task.reward(problem, "renrael") == 1.0 and task.reward(problem, "learner") == 0.0
     assert not {p.prompt for p in task.eval_problems()} & {task.train_problem(i).prompt for i in range(8)}
     assert "backwards" in task.messages(problem)[-1]["content"]
+
+
+def test_padded_addition_wants_the_answer_after_at_least_its_dots():
+    from echo2.config.task import AdditionConfig
+
+    task = make_task(AdditionConfig(pad_tokens=5), seed=0)
+    problem = task.train_problem(3)
+    assert task.reference_completion(problem) == "....." + problem.answer
+    assert task.reward(problem, "....." + problem.answer) == 1.0
+    assert task.reward(problem, "......." + problem.answer + " ") == 1.0  # more dots are fine
+    assert task.reward(problem, "...." + problem.answer) == 0.0  # too few: it must take the long way
+    assert task.reward(problem, "..x.." + problem.answer) == 0.0
+    assert task.reward(problem, "....." + problem.answer + "1") == 0.0
+    assert task.reward(problem, problem.answer) == 0.0
+    plain = make_task(AdditionConfig(), seed=0)
+    assert plain.reward(problem, problem.answer) == 1.0 and plain.reference_completion(problem) == problem.answer

@@ -38,6 +38,11 @@ class AdditionConfig(TaskConfigBase):
     name: Literal["addition"] = "addition"
     digits: int = Field(2, ge=1, le=6)
     """Operands have up to this many digits."""
+    pad_tokens: int = Field(0, ge=0, le=400)
+    """Long completions for the tiny model: the answer comes after at least this many "."
+    (the warm start imitates exactly this many), so every completion takes hundreds of tokens
+    and generations straddle learner steps (benchmarks/inflight.py); a completion of fewer dots
+    scores 0. 0: the bare answer."""
     chat_template: bool = False
     """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
 

@@ -19,7 +19,7 @@ class AdditionTask(TaskAdapter):
 
     def __init__(self, cfg: AdditionConfig, seed: int) -> None:
         super().__init__(cfg)
-        self.digits = cfg.digits
+        self.digits, self.pad_tokens = cfg.digits, cfg.pad_tokens
         self.eval_size = min(cfg.eval_size, (10**cfg.digits) ** 2 // 2)
         self.seed = seed
 
@@ -54,4 +54,13 @@ class AdditionTask(TaskAdapter):
         return self._problem(*pair)
 
     def reward(self, problem: Problem, completion: str) -> float:
-        return 1.0 if completion.strip() == problem.answer else 0.0
+        """1 for the answer, after at least task.pad_tokens dots and nothing else."""
+        text = completion.strip()
+        if self.pad_tokens == 0:
+            return 1.0 if text == problem.answer else 0.0
+        padding = text[: len(text) - len(problem.answer)]
+        return 1.0 if text.endswith(problem.answer) and len(padding) >= self.pad_tokens and set(padding) <= {"."} \
+            else 0.0
+
+    def reference_completion(self, problem: Problem) -> str:
+        return "." * self.pad_tokens + problem.answer
