@@ -45,7 +45,7 @@ def test_dataplane_never_trains_a_group_older_than_s(max_staleness, ops):
             batch = data.take_batch(step)
             if batch is not None:
                 assert len(batch) == groups_per_step
-                assert all(step - v <= max_staleness for v in batch)
+                assert all(step - g.version <= max_staleness for g in batch)
                 step += 1
                 data.publish(step)
         assert data.outstanding >= 0

@@ -66,6 +66,14 @@ def _classes(plan: Plan) -> Table:
     return table
 
 
+def _segment_rows(plan: Plan) -> list[tuple[str, str]]:
+    """With workload.segment_s: the swap granularity and the tokens it leaves too stale."""
+    if plan.segment_s is None:
+        return []
+    return [("segment swaps (T_seg)", f"every {_num(plan.segment_s)} s of generation: "
+             f"{plan.masked_share:.1%} of trained tokens masked as older than S")]
+
+
 def _summary(plan: Plan) -> Table:
     table = Table(show_header=False, box=None, padding=(0, 2))
     table.add_column(justify="left")
@@ -79,6 +87,7 @@ def _summary(plan: Plan) -> Table:
         base_row,
         ("R_required (with per-version stall)", f"{_num(plan.required_rps)} rollouts/s"),
         ("S_min (chosen set, else fastest class)", str(plan.s_min)),
+        *_segment_rows(plan),
         (
             "chosen workers",
             f"{plan.n_workers} ({_num(plan.rollouts_per_s)} rollouts/s, {_num(plan.admissible_rps)} admissible)",

@@ -103,6 +103,19 @@ class Workload(Frozen):
     must generate B / (1 - d) rollouts per step (planner.capacity.rollouts_generated_per_step).
     A run's summary reports it as `uninformative_share`. At most 0.95: beyond that the
     requirement is 20x the batch and the measurement rather than the plan should decide."""
+    segment_s: float | None = Field(None, ge=0, le=3600)
+    """T_seg, in-flight weight updates (sampling.segment_tokens): seconds a generation takes for
+    one segment, i.e. segment_tokens over the slowest completion's decode rate (256 tokens at
+    ~55 tokens/s: ~5 s). A worker with a newer version staged swaps it in at the next segment
+    boundary and generates the rest of the group with it, so a group's tokens span versions and
+    the staleness bound applies per token (planner.capacity.swapped_lateness_s): S_min becomes
+    ceil-above((T_dis + T_seg + (1 - f) T_gen) / T_train) instead of ceil((T_dis + T_gen) / T_train).
+    None: no swaps mid-generation (segment_tokens = 0, or an engine that swaps between
+    generations only)."""
+    max_masked_fraction: float = Field(0.5, gt=0, le=1)
+    """f, train.max_masked_fraction: a group whose tokens span versions is trained while the
+    share of them older than S stays below f (policy.admission.admits_tokens). Only matters
+    with segment_s."""
 
     @property
     def batch_rollouts(self) -> int:

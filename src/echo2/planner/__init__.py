@@ -10,11 +10,14 @@ from echo2.planner.capacity import (
     base_throughput_rps,
     effective_throughput_rps,
     learner_utilization,
+    masked_token_share,
     min_staleness,
     overlap_holds,
     required_throughput_rps,
     rollouts_generated_per_step,
     step_wall_s,
+    swap_ahead_steps,
+    swapped_lateness_s,
 )
 from echo2.planner.cost import centralized_step_s, cost_per_rollout, cost_per_step, saving_fraction
 from echo2.planner.covering import Activation, Offer, covers
@@ -55,6 +58,7 @@ __all__ = [
     "leaf_slots",
     "learner_utilization",
     "make_plan",
+    "masked_token_share",
     "min_staleness",
     "one_to_many_s",
     "overlap_holds",
@@ -62,6 +66,8 @@ __all__ = [
     "rollouts_generated_per_step",
     "saving_fraction",
     "step_wall_s",
+    "swap_ahead_steps",
+    "swapped_lateness_s",
     "tree_levels",
     "tree_s",
 ]

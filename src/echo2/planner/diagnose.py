@@ -32,7 +32,7 @@ def diagnose(cfg: PlanConfig) -> tuple[list[str], list[str], tuple[str, ...]]:
         return ["the catalog has no workers (every count is 0)"], ["add workers: workers.NAME.count"], ()
     if not any(c.admissible_rps > 0 for c in rentable):
         reasons, fixes = _overlap(
-            cfg, min(rentable, key=lambda c: (c.s_min, c.dissemination_s + c.tail_s))
+            cfg, min(rentable, key=lambda c: (c.s_min, c.dissemination_s + c.late_s))
         )
     else:
         reasons, fixes = _capacity(cfg)
@@ -49,14 +49,16 @@ def _overlap(cfg: PlanConfig, best: ClassPlan) -> tuple[list[str], list[str]]:
     percentile = round(100 * cfg.plan.latency_percentile)
     reason = (
         f"S={work.max_staleness} cannot hide {best.dissemination_s:.0f} s of dissemination and "
-        f"{best.tail_s:.0f} s of wait and generation (p{percentile}; T_gen {best.generation_s:.0f} s) "
-        f"with a {work.step_time_s:.0f} s learner step: S_min={best.s_min} (fastest class: {best.name})"
+        f"{best.tail_s:.0f} s of wait and generation (p{percentile}; T_gen {best.generation_s:.0f} s)"
+        + (f"; {best.swapped_tail_s:.0f} s with segment swaps (T_seg + wait + (1 - f) of the generation)"
+           if best.swapped_tail_s is not None else "")
+        + f" with a {work.step_time_s:.0f} s learner step: S_min={best.s_min} (fastest class: {best.name})"
     )
     fixes = []
     if work.max_staleness > 0:  # the tail holds up to one step of lease spread: a lower bound
-        step_s = (best.dissemination_s + best.tail_s) / work.max_staleness
+        step_s = (best.dissemination_s + best.late_s) / work.max_staleness
         fixes.append(f"a learner step of at least {math.ceil(step_s)} s (a larger batch per step)")
-    budget_s = work.max_staleness * work.step_time_s - best.tail_s - work.load_time_s
+    budget_s = work.max_staleness * work.step_time_s - best.late_s - work.load_time_s
     if budget_s > 0:
         gbit = cfg.workload.snapshot_bytes * BITS_PER_BYTE / budget_s / 1e9
         fixes.append(

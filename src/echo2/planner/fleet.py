@@ -47,6 +47,11 @@ class ClassPlan:
     """Mean time for one group (T_gen)."""
     tail_s: float
     """The latency percentile of (wait for a broadcast round + one group's generation)."""
+    swapped_tail_s: float | None
+    """With segment swaps (workload.segment_s): the same percentile of (wait + (1 - f) x one
+    group's generation) plus T_seg, what the window must hide instead (capacity.min_staleness)."""
+    masked_share: float
+    """Expected share of a trained group's tokens older than S (masked; 0 without swaps)."""
     stall_s: float
     swap_interval_s: float
     """Seconds between two versions reaching a worker (it swaps each one in)."""
@@ -56,6 +61,12 @@ class ClassPlan:
     """Fraction of its groups that land within the staleness window (the rest are dropped)."""
     s_min: int
     reachable: bool
+
+    @property
+    def late_s(self) -> float:
+        """What the staleness window must hide after dissemination: the tail, or with segment
+        swaps the swapped tail when that is shorter (capacity.min_staleness)."""
+        return self.tail_s if self.swapped_tail_s is None else min(self.tail_s, self.swapped_tail_s)
 
 
 def class_plans(cfg: PlanConfig, n_workers: int, slowest_bps: float | None = None,
@@ -82,7 +93,7 @@ def _class_plan(
     cfg: PlanConfig, name: str, worker: WorkerClass, *, n_workers: int, slowest_bps: float | None,
     measured_on_time: MeasuredOnTime | None = None,
 ) -> ClassPlan:
-    work, net, settings = cfg.workload, cfg.broadcast, cfg.plan
+    work, net = cfg.workload, cfg.broadcast
     transfer_s = _transfer_s(cfg, worker, n_workers)
     floor_bps = worker.bandwidth_bps if slowest_bps is None else min(slowest_bps, worker.bandwidth_bps)
     if net.topology == "ideal":  # every downlink its own: only the worker's own link matters
@@ -92,11 +103,7 @@ def _class_plan(
                                    fanout=net.fanout)
     dis_s = transfer_s + work.load_time_s
     gen_s = work.generation_time_s if worker.generation_time_s is None else worker.generation_time_s
-    # a round wait, then the step's leases spread over one step, then the generation itself
-    lateness = dict(round_wait_s=tail.max_wait_s(work.step_time_s, period_s), lease_spread_s=work.step_time_s,
-                    generation_s=gen_s, cv=settings.generation_cv)
-    tail_s = tail.wait_plus_generation_s(**lateness, percentile=settings.latency_percentile)
-    on_time = tail.wait_plus_generation_cdf(work.max_staleness * work.step_time_s - dis_s, **lateness)
+    tail_s, swapped_tail_s, on_time = _lateness(cfg, gen_s, dis_s, period_s)
     stall_s = work.load_time_s if work.background_fetch else dis_s
     interval_s = tail.swap_interval_s(work.step_time_s, period_s)
     # a replacement waits for the next round (P/2 on average), receives and loads the version
@@ -116,6 +123,7 @@ def _class_plan(
         generation_s=tail_s if measured_on_time is None else 0.0,
         stall_s=stall_s,
         swap_interval_s=interval_s,
+        swapped_s=swapped_tail_s if measured_on_time is None else None,
     )
     return ClassPlan(
         name=name,
@@ -127,13 +135,41 @@ def _class_plan(
         dissemination_s=dis_s,
         generation_s=gen_s,
         tail_s=tail_s,
+        swapped_tail_s=swapped_tail_s,
+        masked_share=capacity.masked_token_share(work.max_staleness, work.step_time_s, dissemination_s=dis_s,
+                                                 generation_s=gen_s, segment_s=work.segment_s),
         stall_s=stall_s,
         swap_interval_s=interval_s,
         availability=up,
         on_time=on_time,
-        s_min=capacity.min_staleness(dis_s, tail_s, work.step_time_s),
+        s_min=capacity.min_staleness(dis_s, tail_s, work.step_time_s, swapped_s=swapped_tail_s),
         reachable=worker.reachable,
     )
+
+
+def _lateness(cfg: PlanConfig, gen_s: float, dis_s: float, period_s: float) -> tuple[float, float | None, float]:
+    """(tail_s, swapped_tail_s, on_time) of a class: the latency percentile the window must hide
+    without and (workload.segment_s) with segment swaps, and the share of groups trained in time.
+
+    A group waits for a round, then for its lease within the step (the step's leases spread over
+    one step), then generates. With segment swaps only (1 - f) of its generation counts
+    (capacity.swapped_lateness_s): the generation, gamma distributed, scales by (1 - f) and T_seg
+    is added; the waits are the version's, so they stay whole. A swap only makes tokens fresher,
+    so a group is on time when either condition holds (the larger of the two shares)."""
+    work, settings = cfg.workload, cfg.plan
+    lateness = dict(round_wait_s=tail.max_wait_s(work.step_time_s, period_s), lease_spread_s=work.step_time_s,
+                    generation_s=gen_s, cv=settings.generation_cv)
+    window_s = work.max_staleness * work.step_time_s
+    tail_s = tail.wait_plus_generation_s(**lateness, percentile=settings.latency_percentile)
+    on_time = tail.wait_plus_generation_cdf(window_s - dis_s, **lateness)
+    if work.segment_s is None:
+        return tail_s, None, on_time
+    seg_s = capacity.swapped_lateness_s(0.0, segment_s=work.segment_s, max_masked_fraction=work.max_masked_fraction)
+    swapped = lateness | {"generation_s": capacity.swapped_lateness_s(
+        gen_s, segment_s=0.0, max_masked_fraction=work.max_masked_fraction)}
+    swapped_tail_s = seg_s + tail.wait_plus_generation_s(**swapped, percentile=settings.latency_percentile)
+    on_time = max(on_time, tail.wait_plus_generation_cdf(window_s - dis_s - seg_s, **swapped))
+    return tail_s, swapped_tail_s, on_time
 
 
 def _transfer_s(cfg: PlanConfig, worker: WorkerClass, n_workers: int) -> float:

@@ -48,7 +48,13 @@ class Plan:
     required_rps: float
     """R_required: base_rps inflated by the chosen set's per-version stall."""
     s_min: int
-    """Smallest S whose window hides T_dis + T_gen for every chosen class."""
+    """Smallest S whose window hides T_dis + T_gen for every chosen class (with segment swaps,
+    T_dis + T_seg + (1 - f) T_gen: capacity.min_staleness)."""
+    segment_s: float | None
+    """T_seg of in-flight weight updates (workload.segment_s); None: no swaps mid-generation."""
+    masked_share: float
+    """Expected share of trained tokens older than S, masked out of the loss (the chosen
+    classes' largest; 0 without segment swaps)."""
     n_workers: int
     classes: tuple[ClassPlan, ...]
     rollouts_per_s: float
@@ -110,8 +116,6 @@ def assemble(
     chosen = [c for c in classes if c.chosen]
     gross = sum(c.rollouts_per_s * c.chosen for c in chosen)
     admissible = sum(c.admissible_rps * c.chosen for c in chosen)
-    stall = max((c.stall_s for c in chosen), default=work.load_time_s)
-    interval = min((c.swap_interval_s for c in chosen), default=None)
     d = work.uninformative_share
     step_s = capacity.step_wall_s(admissible, work.batch_rollouts, work.step_time_s, uninformative_share=d)
     fleet_price = sum(c.price_per_hour * c.chosen for c in chosen)
@@ -128,15 +132,10 @@ def assemble(
         snapshot_bytes=cfg.workload.snapshot_bytes,
         uninformative_share=d,
         base_rps=capacity.base_throughput_rps(cfg.workload.batch_rollouts, work.step_time_s, uninformative_share=d),
-        required_rps=capacity.required_throughput_rps(
-            batch_rollouts=cfg.workload.batch_rollouts,
-            step_time_s=work.step_time_s,
-            staleness=work.max_staleness,
-            stall_s=stall,
-            swap_interval_s=interval if interval is not None else work.step_time_s,
-            uninformative_share=d,
-        ),
+        required_rps=_required_rps(cfg, chosen),
         s_min=_s_min(classes, chosen),
+        segment_s=work.segment_s,
+        masked_share=max((c.masked_share for c in chosen), default=0.0),
         n_workers=n,
         classes=classes,
         rollouts_per_s=gross,
@@ -156,6 +155,20 @@ def assemble(
         reasons=tuple(reasons),
         fixes=tuple(fixes),
         warnings=tuple(warnings),
+    )
+
+
+def _required_rps(cfg: PlanConfig, chosen: list[ClassPlan]) -> float:
+    """R_required of the chosen set: its largest per-version stall, its most frequent swaps."""
+    work = cfg.workload
+    interval = min((c.swap_interval_s for c in chosen), default=None)
+    return capacity.required_throughput_rps(
+        batch_rollouts=work.batch_rollouts,
+        step_time_s=work.step_time_s,
+        staleness=work.max_staleness,
+        stall_s=max((c.stall_s for c in chosen), default=work.load_time_s),
+        swap_interval_s=interval if interval is not None else work.step_time_s,
+        uninformative_share=work.uninformative_share,
     )
 
 

@@ -70,13 +70,18 @@ class DataPlane(Generic[G]):
         max_worker_share: float = 1.0,
         tokens_of: Callable[[G], Mapping[int, int]] | None = None,
         max_masked_fraction: float = 1.0,
+        swap_ahead_steps: int = 0,
     ) -> None:
         """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
         whole window of S steps. `worker_of` (None: groups carry no worker, no share cap) and
         `max_worker_share` bound one worker's part of a batch. `tokens_of`: a group's trained
         tokens per version that sampled them (None: one version sampled each group, its
-        `version_of`), bounded by `max_masked_fraction`."""
+        `version_of`), bounded by `max_masked_fraction`. `swap_ahead_steps`: steps a worker may
+        lease beyond the window because it swaps newer versions in mid-generation, so a group
+        trained that much later is still fresh enough per token (planner.capacity.swap_ahead_steps;
+        0: the per-group rule, every group trained by its version + S)."""
+        self.swap_ahead_steps = swap_ahead_steps
         self.tokens_of = tokens_of or (lambda group: {version_of(group): 1})
         self.max_masked_fraction = max_masked_fraction
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
@@ -126,7 +131,7 @@ class DataPlane(Generic[G]):
         if own_room <= 0:
             earned = "" if cap == self.max_leases_per_worker else f" (allowed {cap} until more of its groups are accepted)"
             return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first")
-        room = lease_capacity(max_staleness=self.window.steps, groups_per_step=self.groups_per_step,
+        room = lease_capacity(max_staleness=self.window.steps + self.swap_ahead_steps, groups_per_step=self.groups_per_step,
                               worker_version=worker_version, steps_taken=self.steps_taken,
                               outstanding_groups=leased + len(self.buffer))
         if worker_id is not None and room > 0 and self.trust.is_new(worker_id):
@@ -144,7 +149,8 @@ class DataPlane(Generic[G]):
 
     def window_groups(self) -> int:
         """Groups the lease window holds at the newest version (leased, buffered or waiting)."""
-        return lease_capacity(max_staleness=self.window.steps, groups_per_step=self.groups_per_step,
+        return lease_capacity(max_staleness=self.window.steps + self.swap_ahead_steps,
+                              groups_per_step=self.groups_per_step,
                               worker_version=max(0, self.current_version), steps_taken=self.steps_taken,
                               outstanding_groups=0)
 

@@ -1,9 +1,12 @@
 """The coordinator's data plane as the simulator runs it: the policy core
 (`echo2.policy.DataPlane`, the object `CoordinatorState` drives) over light bookkeeping: prompts
-are counts and a buffered group is just its version. Only the accounting is the simulator's
-(counters, the staleness histogram, leases held per worker, waking refused workers when room
-opens). A worker named by its id leases under the coordinator's slow start (`policy.trust`);
-its groups carry no worker here, so the batch share cap is the coordinator's alone.
+are counts and a buffered group is its version and its tokens per sampling version (`SimGroup`;
+one version unless the worker swapped mid-generation, workload.segment_s). Only the accounting
+is the simulator's (counters, the staleness histograms, leases held per worker, waking refused
+workers when room opens). A worker named by its id leases under the coordinator's slow start
+(`policy.trust`); its groups carry no worker here, so the batch share cap is the coordinator's
+alone. Admission is the coordinator's per-token rule (`admission.admits_tokens`, bounded by
+workload.max_masked_fraction), which for one-version groups is `t - v <= S`.
 
 Dynamic sampling (workload.uninformative_share d): each admitted group is uninformative with
 probability d (a seeded draw: the simulator has no rewards to look at) and then, as at the
@@ -19,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from echo2.policy import DataPlane, staleness
+from echo2.policy import DataPlane, is_admissible, staleness
 
 
 @dataclass
@@ -37,22 +40,43 @@ class DataCounters:
     requeued: int = 0
     """Leases returned to the queue because their worker was preempted."""
     staleness_hist: Counter[int] = field(default_factory=Counter)
-    """Staleness (t - v) of every trained group."""
+    """Staleness (t - v) of every trained group, v the version it started with."""
+    token_staleness_hist: Counter[int] = field(default_factory=Counter)
+    """Staleness of every trained token (t - the version that sampled it), masked ones left out,
+    as the learner's token_staleness_hist."""
+    tokens_masked_stale: int = 0
+    """Tokens of trained groups older than S: generated, masked out of the loss."""
 
 
-def _version(group: int) -> int:
-    return group
+@dataclass(frozen=True, slots=True, eq=False)
+class SimGroup:
+    """A buffered group: the version it was leased with and its tokens per sampling version."""
+
+    version: int
+    tokens: dict[int, int]
+
+
+def _version(group: SimGroup) -> int:
+    return group.version
+
+
+def _tokens(group: SimGroup) -> dict[int, int]:
+    return group.tokens
 
 
 class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
                  fresh_leases: bool = False, *, slow_start: bool = False, uninformative_share: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, max_masked_fraction: float = 1.0,
+                 swap_ahead_steps: int = 0) -> None:
         """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start);
-        `uninformative_share`: d, drawn per admitted group with `rng`."""
-        self.core: DataPlane[int] = DataPlane(
+        `uninformative_share`: d, drawn per admitted group with `rng`; `max_masked_fraction`: f of
+        the per-token rule (workload.max_masked_fraction); `swap_ahead_steps`: how far past the
+        window workers that swap mid-generation may lease (`DataPlane`)."""
+        self.core: DataPlane[SimGroup] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
-            fresh_leases=fresh_leases,
+            fresh_leases=fresh_leases, tokens_of=_tokens, max_masked_fraction=max_masked_fraction,
+            swap_ahead_steps=swap_ahead_steps,
         )
         self.slow_start = slow_start
         self.uninformative_share, self.rng = uninformative_share, rng or random.Random(0)
@@ -109,19 +133,22 @@ class SimDataPlane:
             if self.held[worker] <= 0:
                 del self.held[worker]
 
-    def submit(self, version: int, groups: int, worker: str | None = None, held_s: float = 0.0) -> int:
-        """Groups of one lease arrive, `held_s` after it was leased; returns how many were
-        dropped as stale."""
+    def submit(self, version: int, groups: int, worker: str | None = None, held_s: float = 0.0, *,
+               tokens: dict[int, int] | None = None) -> int:
+        """Groups of one lease arrive, `held_s` after it was leased, each with `tokens` per
+        sampling version (None: one token, all `version`'s); returns how many were dropped as
+        stale."""
         self._returned(groups, worker)
         worker = self._tracked(worker)
-        admitted = self.core.admits(version)
+        group = SimGroup(version, tokens or {version: 1})
+        admitted = self.core.admits(group)
         was_new = worker is not None and self.core.trust.is_new(worker)
         for _ in range(groups if worker is not None else 0):
             self.core.trust.submitted(worker, held_s, accepted=admitted)
         if admitted:
             kept = self._informative(groups)
             for _ in range(kept):
-                self.core.add(version)
+                self.core.add(group)  # a lease's groups share one profile: one object serves them
             self.counters.accepted += kept
             if was_new or kept < groups:
                 self.on_room()  # it left the new workers' pool, or dropped groups opened the window
@@ -140,8 +167,8 @@ class SimDataPlane:
     def publish(self, version: int) -> None:
         self.core.publish(version)
 
-    def take_batch(self, step: int, now_s: float | None = None) -> list[int] | None:
-        """Versions of the batch for `step`, or None while fewer than P admissible groups wait.
+    def take_batch(self, step: int, now_s: float | None = None) -> list[SimGroup] | None:
+        """The batch for `step`, or None while fewer than P admissible groups wait.
         `now_s`: the simulated clock (the learner's wait sets the lease window, as in the
         coordinator)."""
         dropped = self.core.advance(step)
@@ -153,6 +180,17 @@ class SimDataPlane:
         if self.core.window.steps > window:
             self.on_room()  # the learner waited: the window grew, refused workers may lease now
         if batch is not None:
-            self.counters.trained += len(batch)
-            self.counters.staleness_hist.update(staleness(step, v) for v in batch)
+            self._trained(step, batch)
         return batch
+
+    def _trained(self, step: int, batch: list[SimGroup]) -> None:
+        c = self.counters
+        c.trained += len(batch)
+        c.staleness_hist.update(staleness(step, g.version) for g in batch)
+        for g in batch:
+            for version, n in g.tokens.items():
+                age = staleness(step, version)
+                if is_admissible(step, version, self.core.max_staleness):
+                    c.token_staleness_hist[age] += n
+                else:
+                    c.tokens_masked_stale += n

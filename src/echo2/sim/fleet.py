@@ -5,7 +5,11 @@ worker). A slot leases up to `tasks_per_lease` groups, generates them in n*G*slo
 (so the worker sustains r rollouts/s), submits them, and leases again. A version's bytes arrive
 in the background, pushed by the broadcast (`rounds.Broadcaster`), or, in pull mode (the local
 system), fetched from the learner once a heartbeat tells the worker of it; the worker then swaps
-them in, which stalls its generations for T_load. Spot workers are preempted and come back
+them in, which stalls its generations for T_load. With segment swaps (workload.segment_s = T_seg,
+the worker's sampling.segment_tokens) a version that arrives while the worker generates goes in
+at the next segment boundary (the oldest running lease's clock, every T_seg of generation), and
+the leases go on under it: their groups' tokens span versions, split by the time spent under each
+(`Generation.tokens`), and the coordinator's per-token rule admits them. Spot workers are preempted and come back
 after a while; the coordinator requeues their leases once it notices.
 A rented worker the activation controller made inactive leases nothing but keeps its weights
 current and bills as idle; a released one (not rented) bills nothing and holds no version.
@@ -15,6 +19,7 @@ previous life are ignored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from echo2.config.sim import ScenarioConfig
@@ -39,6 +44,10 @@ class Fleet:
         self.announce_s, self.timeout_s = sim.announce_interval_s, sim.worker_timeout_s
         self.generation_cv = sim.generation_cv
         self.swap_between = sim.swap == "between_generations"
+        self.segment_s = work.segment_s
+        # tokens only set shares (admission, the masked share); without a mean length, a
+        # thousand per rollout resolves them to well under a percent
+        self.tokens_per_group = round(work.group_size * (work.tokens_per_rollout or 1000))
         self.lazy_refresh = sim.refresh == "when_behind"
         self.catch_up_bytes = scenario.workload.catch_up_bytes
         self.hop_s = scenario.broadcast.hop_latency_s
@@ -131,7 +140,7 @@ class Fleet:
         w.generations.clear()
         self._busy_edge(w)
         self._stale_edge(w, False)
-        w.swapping = w.receiving = False
+        w.swapping = w.receiving = w.segment_swap = False
         self.waiting.pop(w, None)
         self.polling.pop(w, None)
         if leased:
@@ -193,7 +202,26 @@ class Fleet:
         # worker refused as too stale waits for exactly this version and swaps at once)
         busy = w.generations or self.polling.get(w) == "window"
         lazy = self.lazy_refresh and self.data.may_lease(w.version)  # still useful: keep generating
-        if not w.swapping and not (self.swap_between and busy) and not lazy:
+        if self.segment_s is not None and w.generations and not w.swapping and not lazy:
+            self._swap_at_segment(w)
+        elif not w.swapping and not (self.swap_between and busy) and not lazy:
+            self._start_swap(w)
+
+    def _swap_at_segment(self, w: SimWorker) -> None:
+        """Swap the staged version in at the next segment boundary of the oldest running lease."""
+        if w.segment_swap:
+            return
+        w.segment_swap = True
+        first_s = min(g.started_s for g in w.generations)
+        elapsed_s = self.loop.now_s - first_s
+        segments = math.ceil(elapsed_s / self.segment_s) if self.segment_s > 0 else 0
+        self.loop.at(max(self.loop.now_s, first_s + segments * self.segment_s), self._segment_boundary, w, w.epoch)
+
+    def _segment_boundary(self, w: SimWorker, epoch: int) -> None:
+        if epoch != w.epoch or not w.segment_swap:
+            return
+        w.segment_swap = False
+        if not w.swapping and w.staged > w.version:
             self._start_swap(w)
 
     def fetch_s(self, w: SimWorker, version: int) -> float:
@@ -223,9 +251,9 @@ class Fleet:
         """Swap the staged version in: every running generation pauses for T_load."""
         w.swapping = True
         self.waiting.pop(w, None)
-        for g in w.generations:
-            g.live = False
-        w.generations = [Generation(g.groups, g.version, g.done_s + w.load_s, g.started_s) for g in w.generations]
+        for g in w.generations if self.segment_s is not None else ():
+            g.pause(self.loop.now_s)  # its tokens so far are the old version's
+        w.generations = [g.rescheduled(g.done_s + w.load_s) for g in w.generations]
         for g in w.generations:
             self.loop.at(g.done_s, self.finish, w, g)
         self.loop.after(w.load_s, self.swapped, w, w.staged, w.epoch)
@@ -234,6 +262,8 @@ class Fleet:
         if epoch != w.epoch:
             return
         w.version, w.swapping = version, False
+        for g in w.generations if self.segment_s is not None else ():
+            g.resume(version, self.loop.now_s)  # the rest of its tokens are the new version's
         if w.incoming <= version:
             w.receiving = False
         latency_s = self.loop.now_s - self.publish_time_s[version]
@@ -305,7 +335,8 @@ class Fleet:
         rollouts = g.groups * self.group_size
         w.rollouts += rollouts
         self.rollouts += rollouts
-        dropped = self.data.submit(g.version, g.groups, worker=w.id, held_s=self.loop.now_s - g.started_s)
+        dropped = self.data.submit(g.version, g.groups, worker=w.id, held_s=self.loop.now_s - g.started_s,
+                                   tokens=g.tokens(self.tokens_per_group, self.loop.now_s))
         self.on_finished(w, g, dropped)
         self.on_submit()
         self.fill(w)

@@ -43,6 +43,18 @@ def _uninformative_row(result: SimResult) -> list[tuple[str, str, str]]:
              f"workload.uninformative_share: {result.uninformative_share:.1%}")]
 
 
+def _token_rows(result: SimResult) -> list[tuple[str, str, str]]:
+    """With workload.segment_s: how old the trained tokens were and how many were masked."""
+    if result.segment_s is None:
+        return []
+    t, plan = result.tokens, result.plan
+    share = t["masked_token_share"]
+    return [("tokens: staleness p50 / p95, masked stale",
+             f"{t['token_staleness_p50']} / {t['token_staleness_p95']}, {t['tokens_masked_stale']:,} "
+             f"({_pct(share)})", f"segment swaps every {result.segment_s:g} s; planner masked: "
+             + _pct(plan.get("masked_share")))]
+
+
 def _run_rows(result: SimResult) -> list[tuple[str, str, str]]:
     """Steps, fleet, time, throughput, staleness and broadcast."""
     plan, base = result.plan, result.baseline
@@ -70,6 +82,7 @@ def _run_rows(result: SimResult) -> list[tuple[str, str, str]]:
         ("groups dropped stale / requeued", f"{g['dropped_stale']} / {g['requeued']} of {g['leased']} leased", ""),
         *_uninformative_row(result),
         ("staleness of trained groups", str(result.staleness_hist), ""),
+        *_token_rows(result),
         (
             "broadcast: last worker holds version",
             f"mean {_seconds(result.round_latency_s['mean'])}, max {_seconds(result.round_latency_s['max'])}",

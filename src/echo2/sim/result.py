@@ -48,6 +48,12 @@ class SimResult:
     trained_rollouts_per_s: float
     groups: dict[str, int]
     staleness_hist: dict[str, int]
+    segment_s: float | None
+    """workload.segment_s: T_seg of in-flight weight updates (None: no swaps mid-generation)."""
+    tokens: dict
+    """Trained groups' tokens per staleness (masked ones left out, as the learner's
+    token_staleness_hist), its p50 and p95, and the tokens masked as older than S with their
+    share of all the trained groups' tokens (`token_staleness`)."""
     rounds: int
     round_latency_s: dict[str, float]
     """Publish until the last worker of a round holds the version (transfer only)."""
@@ -106,6 +112,24 @@ def percentiles(values: list[float]) -> dict[str, float]:
         "max": float(arr.max()),
         "n": len(values),
     }
+
+
+def token_staleness(hist: Counter[int], masked: int) -> dict:
+    """The run summary's token staleness keys (report.summary), from the simulated counts."""
+    trained = sum(hist.values())
+    return {"token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+            "token_staleness_p50": _percentile(hist, 0.50), "token_staleness_p95": _percentile(hist, 0.95),
+            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None}
+
+
+def _percentile(hist: Counter[int], q: float) -> int | None:
+    """The smallest staleness with at least a share q of the tokens at or below it."""
+    total, seen = sum(hist.values()), 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen >= q * total:
+            return value
+    return None
 
 
 def centralized_baseline(scenario: ScenarioConfig, steps: int) -> CentralizedRun | None:

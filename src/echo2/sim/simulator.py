@@ -9,6 +9,7 @@ import random
 import time
 
 from echo2.config.sim import ScenarioConfig
+from echo2.planner.capacity import swap_ahead_steps
 from echo2.planner.cost import SECONDS_PER_HOUR
 from echo2.sim import result as res
 from echo2.sim.broadcast import Network
@@ -33,10 +34,7 @@ class Simulator:
         loop = EventLoop()
 
         # the data plane: the policy core the coordinator drives, over counts
-        groups_per_step = work.prompts_per_step
-        data = SimDataPlane(work.max_staleness, groups_per_step, fresh_leases=sim.fresh_leases,
-                            slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
-                            rng=random.Random(f"{sim.seed}:uninformative"))  # its own stream: d = 0 changes no draw
+        data = self._data_plane()
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
@@ -86,6 +84,16 @@ class Simulator:
             run_s=time.perf_counter() - started,
         )
 
+    def _data_plane(self) -> SimDataPlane:
+        work, sim = self.scenario.workload, self.scenario.sim
+        return SimDataPlane(work.max_staleness, work.prompts_per_step, fresh_leases=sim.fresh_leases,
+                            slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
+                            rng=random.Random(f"{sim.seed}:uninformative"),  # its own stream: d = 0 changes no draw
+                            max_masked_fraction=work.max_masked_fraction,
+                            swap_ahead_steps=swap_ahead_steps(work.generation_time_s, work.step_time_s,
+                                                              segment_s=work.segment_s,
+                                                              max_masked_fraction=work.max_masked_fraction))
+
     def _network(self) -> Network:
         net, s = self.scenario.broadcast, self.scenario
         return Network(
@@ -129,6 +137,8 @@ class Simulator:
                     "dropped_stale": c.dropped_stale, "requeued": c.requeued,
                     "dropped_uninformative": c.dropped_uninformative},
             staleness_hist={str(k): v for k, v in sorted(c.staleness_hist.items())},
+            segment_s=scenario.workload.segment_s,
+            tokens=res.token_staleness(c.token_staleness_hist, c.tokens_masked_stale),
             rounds=len(broadcaster.rounds),
             round_latency_s=res.percentiles([r.last_s for r in broadcaster.rounds]),
             publish_to_loaded_s=res.percentiles(fleet.loaded_latency_s),

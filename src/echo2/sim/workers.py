@@ -11,13 +11,52 @@ from echo2.config.sim import ScenarioConfig, SimWorkerClass
 
 @dataclass(eq=False)
 class Generation:
-    """One lease being generated on one slot; `live` is cleared when it is rescheduled."""
+    """One lease being generated on one slot; `live` is cleared when it is rescheduled.
+
+    With segment swaps its tokens span versions: tokens come evenly over its generating time, so
+    the seconds spent under each version (`sampled_s`, the open stretch since `since_s` under
+    `sampling`) give its tokens per version without simulating tokens."""
 
     groups: int
     version: int
+    """The version it was leased with (its group's version at the coordinator)."""
     done_s: float
     started_s: float
     live: bool = True
+    sampling: int = -1
+    """The version sampling its tokens now (-1: `version`); None of `since_s`: paused for a swap."""
+    since_s: float | None = None
+    sampled_s: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sampling < 0:
+            self.sampling = self.version
+        if self.since_s is None and not self.sampled_s:
+            self.since_s = self.started_s
+
+    def rescheduled(self, done_s: float) -> Generation:
+        """The same generation finishing at `done_s` (a swap paused it)."""
+        self.live = False
+        return Generation(self.groups, self.version, done_s, self.started_s, sampling=self.sampling,
+                          since_s=self.since_s, sampled_s=self.sampled_s)
+
+    def pause(self, now_s: float) -> None:
+        """A swap starts: the tokens so far are the sampling version's."""
+        if self.since_s is not None:
+            self.sampled_s[self.sampling] = self.sampled_s.get(self.sampling, 0.0) + now_s - self.since_s
+            self.since_s = None
+
+    def resume(self, version: int, now_s: float) -> None:
+        """The swap is done: the rest of the tokens are `version`'s."""
+        self.sampling, self.since_s = version, now_s
+
+    def tokens(self, total: int, now_s: float) -> dict[int, int]:
+        """`total` tokens split over the versions by time spent sampling under each."""
+        self.pause(now_s)
+        spent_s = sum(self.sampled_s.values())
+        if spent_s <= 0 or len(self.sampled_s) < 2:
+            return {self.version if spent_s <= 0 else self.sampling: total}
+        return {v: round(total * t / spent_s) for v, t in sorted(self.sampled_s.items())}
 
 
 @dataclass(eq=False)
@@ -47,6 +86,8 @@ class SimWorker:
     incoming: int = -1
     """Version a broadcast round is bringing (no second round sends it again)."""
     swapping: bool = False
+    segment_swap: bool = False
+    """A swap waits for the next segment boundary of its generations (workload.segment_s)."""
     receiving: bool = False
     """Downloading without background fetch: no new work until the version is in."""
     generations: list[Generation] = field(default_factory=list)
