@@ -9,7 +9,7 @@ import io
 
 import pytest
 from rich.console import Console
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+from tests.unit.coordinator_helpers import SAMPLING, FakeClock, lease, make_state, publish, register, submission
 from tests.unit.metrics_fixtures import synthetic_run
 
 from echo2.coordinator.errors import RequestError
@@ -123,3 +123,32 @@ def test_the_summary_reports_the_staleness_of_trained_tokens_and_the_masked_shar
     assert "staleness of trained tokens" in render_text(summary) and "p50 1, p95 1" in render_text(summary)
     old = summarize(synthetic_run(2))  # records from before per-token versions: nothing to report
     assert old["token_staleness_p50"] is None and old["masked_token_share"] is None
+
+
+def test_with_segment_swaps_leases_reach_as_far_ahead_as_the_measured_generations_allow():
+    plane = DataPlane(2, 4, lambda v: v, current_version=0, segment_swaps=True, max_masked_fraction=0.5)
+    assert plane.ahead_steps() == 0  # nothing measured yet
+    plane.step_time_s = 80.0
+    for held_s in (290.0, 300.0, 310.0, 330.0):
+        plane.observe_generation(held_s, 5.0)
+    assert plane.ahead_steps() == 1  # quartile 300 s: 80 + 5 < 0.5 * 300, 160 + 5 is not
+    base = DataPlane(2, 4, lambda v: v, current_version=0)
+    base.step_time_s = 80.0
+    base.observe_generation(300.0, 5.0)  # not swapping: nothing observed, the window as it was
+    assert base.ahead_steps() == 0
+    assert (plane.window_groups(), base.window_groups()) == (16, 12)  # (S + 1 + ahead) x P groups in flight
+
+
+def test_the_coordinator_measures_how_long_swapping_leases_take(tmp_path, tiny_model_dir):
+    clock = FakeClock()
+    sampling = SAMPLING.model_copy(update={"segment_tokens": 2})
+    state = make_state(tmp_path, tiny_model_dir, clock, sampling=sampling)
+    register(state, "a")
+    publish(state, 0)
+    task = lease(state, "a", 0).tasks[0]
+    clock.now += 30.0
+    ok = submission(state, "a", task.lease_id, 0)
+    state.submit(ok)
+    longest = max(len(c.token_ids) for c in ok.completions)
+    assert state.groups.plane.segment_swaps
+    assert list(state.groups.plane.generations) == [(30.0, 30.0 * min(1.0, 2 / longest))]

@@ -83,7 +83,7 @@ def _tokens(group: TrainGroup) -> dict[int, int]:
 class GroupBook:
     def __init__(self, store: Store, counters: Counters, *, max_staleness: int, groups_per_step: int,
                  max_leases_per_worker: int, fresh_leases: bool, current_version: int,
-                 max_worker_share: float, max_masked_fraction: float = 1.0) -> None:
+                 max_worker_share: float, max_masked_fraction: float = 1.0, segment_swaps: bool = False) -> None:
         self.store, self.counters = store, counters
         # steps before the learner's newest checkpoint have no batch left (see `compact`)
         self.durable_step: int = store.get_meta("durable_step", 0)
@@ -92,7 +92,7 @@ class GroupBook:
             buffer=store.groups_in_state(GroupState.BUFFERED), learner_step=store.get_meta("learner_step", 0),
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=current_version,
             fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share, tokens_of=_tokens,
-            max_masked_fraction=max_masked_fraction,
+            max_masked_fraction=max_masked_fraction, segment_swaps=segment_swaps,
         )
         self.seq = store.max_seq() + 1
         self.since_batch = SinceBatch()

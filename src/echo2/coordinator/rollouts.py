@@ -25,6 +25,7 @@ from echo2.coordinator.store import Store
 from echo2.coordinator.validation import check_submission
 from echo2.coordinator.versions import VersionDesk
 from echo2.policy.controller import ActivationController
+from echo2.policy.dataplane import segment_seconds
 from echo2.policy.rewards import RewardRules, is_uninformative, truncated
 from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
 
@@ -108,7 +109,11 @@ class RolloutIntake:
         fresh = self.groups.plane.admits(group)
         uninformative = fresh and self._drops(rewards, req.worker_id)
         self.controller.observe_outcome(req.worker_id, admitted=fresh)
-        self.groups.plane.trust.submitted(req.worker_id, self.clock() - lease.leased_at, accepted=fresh)
+        held_s = self.clock() - lease.leased_at
+        self.groups.plane.trust.submitted(req.worker_id, held_s, accepted=fresh)
+        if self.sampling.segment_tokens > 0:  # how far ahead swapping workers may lease (DataPlane.ahead_steps)
+            longest = max(len(c.token_ids) for c in req.completions)
+            self.groups.plane.observe_generation(held_s, segment_seconds(held_s, self.sampling.segment_tokens, longest))
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
             if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done

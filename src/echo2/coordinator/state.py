@@ -68,7 +68,8 @@ class CoordinatorState:
                                 max_leases_per_worker=s.max_leases_per_worker, fresh_leases=s.fresh_leases,
                                 current_version=self.versions.current,
                                 max_worker_share=s.activation.max_worker_share,
-                                max_masked_fraction=s.max_masked_fraction)
+                                max_masked_fraction=s.max_masked_fraction,
+                                segment_swaps=s.sampling.segment_tokens > 0)
         self.limits = ScoringLimits(strikes=s.scoring.strikes, window_s=s.scoring.strike_window_s, events=self.events,
                                     clock=clock)
         self.evaluation = self._evaluation_desk() if s.eval_on_workers else None

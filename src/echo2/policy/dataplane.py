@@ -8,7 +8,9 @@ B = P x group_size is rollouts, as in the planner). A group is anything the call
 keeps (a stored record, or just its version); `version_of` reads its policy version.
 
 - lease: refused before the first version and while the worker is more than S versions behind;
-  otherwise up to `lease_capacity` groups, where outstanding = leased + buffered, and at most
+  otherwise up to `lease_capacity` groups (with workers that swap versions mid-generation, over
+  a window `ahead_steps` longer: a group trained that much later still has under
+  train.max_masked_fraction of its tokens older than S), where outstanding = leased + buffered, and at most
   `max_leases_per_worker` held by one worker; a worker named by its id is held to what it has
   earned (`policy.trust`: slow start for new ids, whose leases share a quarter of the window);
 - submit: a group is buffered iff it is admissible at the current learner step: one version
@@ -23,14 +25,24 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from echo2.planner.capacity import swap_ahead_steps
 from echo2.policy.admission import admits_tokens, lease_capacity, worker_may_lease
 from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
+
+GENERATIONS_KEPT = 64
+"""Recent leases whose generation times set how far ahead swapping workers may lease."""
+
+
+def segment_seconds(held_s: float, segment_tokens: int, longest_tokens: int) -> float:
+    """Seconds between a generation's swap points: a lease's `held_s` over its longest
+    completion's tokens (the rows advance together), times sampling.segment_tokens."""
+    return held_s * min(1.0, segment_tokens / max(1, longest_tokens))
 
 G = TypeVar("G")
 
@@ -70,18 +82,19 @@ class DataPlane(Generic[G]):
         max_worker_share: float = 1.0,
         tokens_of: Callable[[G], Mapping[int, int]] | None = None,
         max_masked_fraction: float = 1.0,
-        swap_ahead_steps: int = 0,
+        segment_swaps: bool = False,
     ) -> None:
         """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
         whole window of S steps. `worker_of` (None: groups carry no worker, no share cap) and
         `max_worker_share` bound one worker's part of a batch. `tokens_of`: a group's trained
         tokens per version that sampled them (None: one version sampled each group, its
-        `version_of`), bounded by `max_masked_fraction`. `swap_ahead_steps`: steps a worker may
-        lease beyond the window because it swaps newer versions in mid-generation, so a group
-        trained that much later is still fresh enough per token (planner.capacity.swap_ahead_steps;
-        0: the per-group rule, every group trained by its version + S)."""
-        self.swap_ahead_steps = swap_ahead_steps
+        `version_of`), bounded by `max_masked_fraction`. `segment_swaps`: workers swap newer
+        versions in mid-generation (sampling.segment_tokens), so leases may reach
+        `ahead_steps()` steps past the window (False: every group trained by its version + S)."""
+        self.segment_swaps = segment_swaps
+        self.generations: deque[tuple[float, float]] = deque(maxlen=GENERATIONS_KEPT)
+        """Recent leases' (seconds held, seconds per segment), for `ahead_steps`."""
         self.tokens_of = tokens_of or (lambda group: {version_of(group): 1})
         self.max_masked_fraction = max_masked_fraction
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
@@ -131,7 +144,7 @@ class DataPlane(Generic[G]):
         if own_room <= 0:
             earned = "" if cap == self.max_leases_per_worker else f" (allowed {cap} until more of its groups are accepted)"
             return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first")
-        room = lease_capacity(max_staleness=self.window.steps + self.swap_ahead_steps, groups_per_step=self.groups_per_step,
+        room = lease_capacity(max_staleness=self.window.steps + self.ahead_steps(), groups_per_step=self.groups_per_step,
                               worker_version=worker_version, steps_taken=self.steps_taken,
                               outstanding_groups=leased + len(self.buffer))
         if worker_id is not None and room > 0 and self.trust.is_new(worker_id):
@@ -149,10 +162,28 @@ class DataPlane(Generic[G]):
 
     def window_groups(self) -> int:
         """Groups the lease window holds at the newest version (leased, buffered or waiting)."""
-        return lease_capacity(max_staleness=self.window.steps + self.swap_ahead_steps,
+        return lease_capacity(max_staleness=self.window.steps + self.ahead_steps(),
                               groups_per_step=self.groups_per_step,
                               worker_version=max(0, self.current_version), steps_taken=self.steps_taken,
                               outstanding_groups=0)
+
+    def observe_generation(self, held_s: float, segment_s: float) -> None:
+        """A lease came back `held_s` after it was leased, its generation swapping versions every
+        `segment_s` at most (`segment_seconds`)."""
+        if self.segment_swaps:
+            self.generations.append((held_s, segment_s))
+
+    def ahead_steps(self) -> int:
+        """Steps past the window a lease may reach when workers swap versions mid-generation:
+        planner.capacity.swap_ahead_steps on what the leases took (the quartile of the recent
+        generation times, the median segment: leasing too far ahead drops groups as stale) and
+        the learner's step time. 0 without swaps, and until both are measured."""
+        if not self.segment_swaps or not self.generations or not self.step_time_s:
+            return 0
+        held = sorted(h for h, _ in self.generations)
+        segments = sorted(s for _, s in self.generations)
+        return swap_ahead_steps(held[len(held) // 4], self.step_time_s, segment_s=segments[len(segments) // 2],
+                                max_masked_fraction=self.max_masked_fraction)
 
     # ---- rollouts ----
     def admits(self, group: G) -> bool:

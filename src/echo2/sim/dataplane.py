@@ -68,15 +68,17 @@ class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
                  fresh_leases: bool = False, *, slow_start: bool = False, uninformative_share: float = 0.0,
                  rng: random.Random | None = None, max_masked_fraction: float = 1.0,
-                 swap_ahead_steps: int = 0) -> None:
+                 segment_s: float | None = None) -> None:
         """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start);
         `uninformative_share`: d, drawn per admitted group with `rng`; `max_masked_fraction`: f of
-        the per-token rule (workload.max_masked_fraction); `swap_ahead_steps`: how far past the
-        window workers that swap mid-generation may lease (`DataPlane`)."""
+        the per-token rule (workload.max_masked_fraction); `segment_s`: workers swap versions in
+        mid-generation at most this far apart (None: between generations only), so leases reach
+        past the window as far as the leases' generation times allow (`DataPlane.ahead_steps`)."""
+        self.segment_s = segment_s
         self.core: DataPlane[SimGroup] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             fresh_leases=fresh_leases, tokens_of=_tokens, max_masked_fraction=max_masked_fraction,
-            swap_ahead_steps=swap_ahead_steps,
+            segment_swaps=segment_s is not None,
         )
         self.slow_start = slow_start
         self.uninformative_share, self.rng = uninformative_share, rng or random.Random(0)
@@ -142,6 +144,8 @@ class SimDataPlane:
         worker = self._tracked(worker)
         group = SimGroup(version, tokens or {version: 1})
         admitted = self.core.admits(group)
+        if self.segment_s is not None:  # what the coordinator measures of each lease, as it does
+            self.core.observe_generation(held_s, self.segment_s)
         was_new = worker is not None and self.core.trust.is_new(worker)
         for _ in range(groups if worker is not None else 0):
             self.core.trust.submitted(worker, held_s, accepted=admitted)

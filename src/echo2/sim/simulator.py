@@ -9,7 +9,6 @@ import random
 import time
 
 from echo2.config.sim import ScenarioConfig
-from echo2.planner.capacity import swap_ahead_steps
 from echo2.planner.cost import SECONDS_PER_HOUR
 from echo2.sim import result as res
 from echo2.sim.broadcast import Network
@@ -89,10 +88,7 @@ class Simulator:
         return SimDataPlane(work.max_staleness, work.prompts_per_step, fresh_leases=sim.fresh_leases,
                             slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
                             rng=random.Random(f"{sim.seed}:uninformative"),  # its own stream: d = 0 changes no draw
-                            max_masked_fraction=work.max_masked_fraction,
-                            swap_ahead_steps=swap_ahead_steps(work.generation_time_s, work.step_time_s,
-                                                              segment_s=work.segment_s,
-                                                              max_masked_fraction=work.max_masked_fraction))
+                            max_masked_fraction=work.max_masked_fraction, segment_s=work.segment_s)
 
     def _network(self) -> Network:
         net, s = self.scenario.broadcast, self.scenario
