@@ -50,8 +50,11 @@ before and after is what this comparison reads."""
 TARGETS = {"embedded": 0.65, "real": 0.95}
 NOTES = ("2026-12-02: the embedded objective runs ran at commit 4cc54ba (before dynamic sampling existed) beside "
          "unit tests on the same 2 cores, so their wall times are noisy; the drop-on/drop-off runs ran alone at "
-         "f97f160. The real-model part was not run: a SmolLM2 learner step took 30-42 s here (15 s in the runs of "
-         "real_model_learning.json), 12 minutes a run.")
+         "f97f160. The real-model runs (10 steps, evaluated at versions 0, 5, 10) ran at 5174763..408d02c: the "
+         "learner and coordinator gained per-token staleness meanwhile (issue 27), which changes nothing for "
+         "one-version groups. grpo (both seeds) and dr_grpo seed 0 shared the cores with tests and a smoke run, so "
+         "their wall times are inflated. dapo, bnpo and cispo ran seed 0 only (they have tis's gradient here); the "
+         "real drop comparison is seed 0 only, its drop-on run being tis seed 0.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
