@@ -74,7 +74,8 @@ def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_
 
 
 def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
-    body = {"protocol": 7, "release": "9.9.9", "kind": "register", "engine": "hf", "some_new_field": 1}
+    newer = PROTOCOL_VERSION + 1
+    body = {"protocol": newer, "release": "9.9.9", "kind": "register", "engine": "hf", "some_new_field": 1}
 
     async def scenario(session, url):
         return await _post(session, url, "/v1/register", body)
@@ -83,7 +84,7 @@ def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
     assert status == 426
     # the error says what this protocol changed, so an operator knows what the other side lacks
     assert (f"this coordinator speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
-            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the request speaks protocol 7 (echo2 9.9.9)") in reply["error"]
+            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the request speaks protocol {newer} (echo2 9.9.9)") in reply["error"]
 
 
 def test_a_wrong_url_is_reported_within_seconds_and_the_worker_gives_up(tmp_path):
