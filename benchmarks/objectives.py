@@ -53,8 +53,9 @@ NOTES = ("2026-12-02: the embedded objective runs ran at commit 4cc54ba (before 
          "f97f160. The real-model runs (10 steps, evaluated at versions 0, 5, 10) ran at 5174763..408d02c: the "
          "learner and coordinator gained per-token staleness meanwhile (issue 27), which changes nothing for "
          "one-version groups. grpo (both seeds) and dr_grpo seed 0 shared the cores with tests and a smoke run, so "
-         "their wall times are inflated. dapo, bnpo and cispo ran seed 0 only (they have tis's gradient here); the "
-         "real drop comparison is seed 0 only, its drop-on run being tis seed 0.")
+         "their wall times are inflated. dapo, bnpo and cispo seed 1 and the real drop-off run of seed 1 ran at "
+         "2b469a4 beside a warm start and a pip install at the lowest CPU priority, which still slowed them "
+         "(dapo seed 1: 484 s to 0.95). Each real drop-on run is the objectives' tis run of its seed.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
