@@ -194,6 +194,19 @@ def test_measured_latencies_give_s_min():
     assert ctl.s_min() == 3  # ceil((1.5 + 1.2) / 1.0)
 
 
+def test_measured_segment_swaps_lower_s_min_by_the_planners_rule():
+    """Workers that swap versions in mid-generation (sampling.segment_tokens): S_min is the
+    planner's swap rule on what was measured, T_dis + T_seg + (1 - f) T_gen < S*T_train."""
+    ctl = make(max_staleness=8)
+    feed(ctl, dict.fromkeys(PRICES, 100.0), step_time_s=1.0)
+    for worker_id in PRICES:
+        ctl.observe_latencies(worker_id, dissemination_s=0.5, generation_s=6.0)
+    assert ctl.s_min() == 7  # ceil(6.5): the window must cover the whole generation
+    ctl.observe_segment(0.6)
+    assert ctl.s_min() == 5  # 0.5 + 0.6 + 0.5 * 6.0 = 4.1 < 5 (f = 0.5, the default)
+    assert ctl.snapshot()["s_min_measured"] == 5
+
+
 def test_unmeasured_workers_are_on_probation_and_never_displace_measured_ones():
     """A stream of fresh registrations claiming $0 (that never lease) once switched every honest
     worker off: an unmeasured worker now runs beside the cheapest measured cover, never in its

@@ -49,7 +49,7 @@ def test_an_uninformative_group_is_counted_never_trained_and_its_prompt_is_done(
     assert dropped_prompt not in state.store.pending_prompts()  # done: a restart does not lease it again
     dropped = [r for r in event_records(state) if r["kind"] == "groups_dropped"]
     assert dropped == [{"kind": "groups_dropped", "reason": "uninformative", "step": 0,
-                        "prompt_indices": [dropped_prompt]}]
+                        "prompt_indices": [dropped_prompt], "straddling": 0}]
     # the worker is credited with delivered work: its group counts as admitted, not stale
     assert state.controller.workers["a"].admitted.value == 1.0
     for task in kept:

@@ -138,6 +138,7 @@ def test_the_loss_on_a_mixed_version_group_equals_the_token_by_token_reference(t
     old = sum(min(SEGMENT, len(c.token_ids)) for g in groups for c in g)
     assert stats["tokens_masked_stale"] == old and stats["tokens"] == sum(len(c.token_ids) for g in groups for c in g) - old
     assert stats["token_staleness_hist"] == {"1": stats["tokens"]} and stats["staleness_hist"] == {"2": 2}
+    assert stats["groups_straddling"] == 2
     assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-6)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
@@ -170,3 +171,21 @@ def test_the_audit_checks_each_segment_under_its_version_and_catches_old_tokens_
         assert v.recomputed and not v.failed and v.mean_abs_logprob_diff < 1e-4 and v.sampler_violations == 0
     for g in liar:
         assert by_lease[g.lease_id].failed and by_lease[g.lease_id].sampler_violations > 0
+
+
+def test_the_emulated_slowdown_paces_each_decode_step_and_changes_no_token(tiny_model_dir):
+    """worker.slowdown on the HF engine idles after every decode step (so a version can arrive
+    mid-generation, as on slower hardware): the same seeded tokens, several times the time."""
+    import time
+
+    engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    requests = [GenRequest(tokenizer.encode("3+4=", add_special_tokens=False), 4, TEMPERATURE, MAX_NEW, seed=5)]
+    engine.generate(requests)  # warm
+    timed = {}
+    for slowdown in (1.0, 4.0):
+        engine.slowdown = slowdown
+        started = time.perf_counter()
+        timed[slowdown] = (engine.generate(requests), time.perf_counter() - started)
+    assert [c.token_ids for c in timed[1.0][0][0]] == [c.token_ids for c in timed[4.0][0][0]]
+    assert timed[4.0][1] > 2.0 * timed[1.0][1]

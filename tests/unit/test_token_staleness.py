@@ -9,7 +9,15 @@ import io
 
 import pytest
 from rich.console import Console
-from tests.unit.coordinator_helpers import SAMPLING, FakeClock, lease, make_state, publish, register, submission
+from tests.unit.coordinator_helpers import (
+    SAMPLING,
+    FakeClock,
+    lease,
+    make_state,
+    publish,
+    register,
+    submission,
+)
 from tests.unit.metrics_fixtures import synthetic_run
 
 from echo2.coordinator.errors import RequestError
@@ -115,11 +123,12 @@ def test_the_summary_reports_the_staleness_of_trained_tokens_and_the_masked_shar
     steps = [r for r in records if r["kind"] == "train_step"]
     for r, hist, masked in zip(steps, [{"0": 90, "1": 10}, {"0": 50, "1": 40, "2": 10}, {}, {"1": 100}],
                                [0, 20, 0, 180], strict=True):
-        r.update(token_staleness_hist=hist, tokens_masked_stale=masked)
+        r.update(token_staleness_hist=hist, tokens_masked_stale=masked, groups_straddling=1 if masked else 0)
     summary = summarize(records)
     assert summary["token_staleness_hist"] == {"0": 140, "1": 150, "2": 10}
     assert summary["token_staleness_p50"] == 1 and summary["token_staleness_p95"] == 1
     assert summary["tokens_masked_stale"] == 200 and summary["masked_token_share"] == pytest.approx(200 / 500)
+    assert summary["groups_straddling"] == 2
     assert "staleness of trained tokens" in render_text(summary) and "p50 1, p95 1" in render_text(summary)
     old = summarize(synthetic_run(2))  # records from before per-token versions: nothing to report
     assert old["token_staleness_p50"] is None and old["masked_token_share"] is None

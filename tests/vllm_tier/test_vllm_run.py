@@ -27,9 +27,8 @@ def _vllm_run(tmp_path: Path, name: str, **sections):
         task={"digits": 2, "eval_size": 200},
         # a base that is sometimes right whatever the initial draw (see warmstart.stop_at_accuracy)
         warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
-        sampling={"max_new_tokens": 6, "group_size": 8},
         workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
-        **sections,
+        **{"sampling": {"max_new_tokens": 6, "group_size": 8}, **sections},
     )
     config = write_config(tmp_path / f"{name}.toml", cfg)
     with processes() as start:
@@ -61,6 +60,21 @@ def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
     loaded = records(cfg.run_path, "weights_loaded")
     assert {r["worker_id"] for r in loaded} == {"w0", "w1"}
     assert max(r["version"] for r in loaded) >= 140  # they followed the learner to the end
+    _assert_sampler_checks_pass(cfg)
+
+
+def test_run_with_vllm_workers_swapping_versions_mid_generation(tmp_path):
+    """sampling.segment_tokens with vLLM workers: generations straddle versions, their groups are
+    trained token by token within S, and the audit's per-version sampler checks pass them all."""
+    cfg, summary = _vllm_run(
+        tmp_path, "vllm-inflight-run", grpo={"prompts_per_step": 16}, sampling={"max_new_tokens": 6, "group_size": 8,
+                                                                               "segment_tokens": 2},
+        train={"steps": 30, "max_staleness": 1, "checkpoint_every": 30, "eval_every": 30},
+    )
+    assert summary["steps"] == 30
+    steps = records(cfg.run_path, "train_step")
+    assert summary["groups_straddling"] > 0, summary  # the learner publishes every step: swaps land mid-generation
+    assert all(int(k) <= 1 for s in steps for k in s["token_staleness_hist"])
     _assert_sampler_checks_pass(cfg)
 
 

@@ -63,8 +63,11 @@ class WorkerConfig(Frozen):
     claim, trusted for activation.probation_timeout_s at most). Empty: none."""
     """What this worker costs; the coordinator's cost accounting and activation use it."""
     slowdown: float = Field(1.0, ge=1.0, le=1000.0)
-    """EMULATION ONLY, for local runs: after each generation the worker idles (slowdown - 1) x
-    the time it took, so one CPU box can stand in for GPUs of different speeds."""
+    """EMULATION ONLY, for local runs: the worker idles (slowdown - 1) x the time it computed, so
+    one CPU box can stand in for GPUs of different speeds: after each generation, or, where it
+    swaps versions mid-generation (sampling.segment_tokens, HF engine), after each decode step,
+    so a generation lasts that much longer token by token and versions arrive during it as they
+    would on that hardware."""
     relay_host: str = "127.0.0.1"
     """Address this worker's relay server binds (peers pull weight chunks from it)."""
     relay_port: int = Field(0, ge=0, le=65535)

@@ -125,6 +125,9 @@ class GroupsDropped(Event):
     reason: str
     step: int
     prompt_indices: list[int]
+    straddling: int = 0
+    """How many of them several versions sampled (sampling.segment_tokens): stale for too many
+    old tokens, not for their first version alone."""
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,9 @@ class LearnerDesk:
         for group in stale:
             self.controller.observe_outcome(group.worker_id, admitted=False)
         if stale:
-            self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale]))
+            self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale],
+                                                straddling=sum(any(c.token_versions for c in g.completions)
+                                                               for g in stale)))
         batch = self.groups.take(step, now_s=self.clock(), producing=self.leases_book.holders())
         if batch is not None:
             hist = Counter(staleness(step, g.version) for g in batch)

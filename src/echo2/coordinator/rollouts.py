@@ -113,7 +113,9 @@ class RolloutIntake:
         self.groups.plane.trust.submitted(req.worker_id, held_s, accepted=fresh)
         if self.sampling.segment_tokens > 0:  # how far ahead swapping workers may lease (DataPlane.ahead_steps)
             longest = max(len(c.token_ids) for c in req.completions)
-            self.groups.plane.observe_generation(held_s, segment_seconds(held_s, self.sampling.segment_tokens, longest))
+            segment_s = segment_seconds(held_s, self.sampling.segment_tokens, longest)
+            self.groups.plane.observe_generation(held_s, segment_s)
+            self.controller.observe_segment(segment_s)
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
             if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done
@@ -153,8 +155,9 @@ class RolloutIntake:
             return SubmitResponse(accepted=True, rewards=rewards, reason="uninformative: every reward equal, not trained")
         if fresh:
             return SubmitResponse(accepted=True, rewards=rewards)
-        self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index]))
         straddled = any(c.token_versions for c in req.completions)
+        self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[lease.prompt_index],
+                                            straddling=int(straddled)))
         why = "too many of its tokens older than S" if straddled else f"step {step} - version {req.version} > S"
         return SubmitResponse(accepted=False, rewards=rewards, reason=f"stale: {why}")
 

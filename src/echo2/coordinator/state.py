@@ -56,7 +56,8 @@ class CoordinatorState:
                                                batch_rollouts=s.groups_per_step * s.sampling.group_size,
                                                max_staleness=s.max_staleness,
                                                learner_price_per_hour=s.learner_price_per_hour, now=clock(),
-                                               catalog=s.activation_catalog)
+                                               catalog=s.activation_catalog,
+                                               max_masked_fraction=s.max_masked_fraction)
         for offered in s.offered_workers:
             self.controller.offer(*offered)
         self.versions = VersionDesk(store, s.broadcast, s.learner_upload_bps)

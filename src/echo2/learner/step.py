@@ -173,6 +173,7 @@ def _step_metrics(groups: list[TrainGroup], samples: Samples, *, step: int, pass
         # tokens younger; those older than S were masked (kept as context)
         "token_staleness_hist": {str(k): v for k, v in by_staleness.items()},
         "tokens_masked_stale": samples.masked_stale,
+        "groups_straddling": sum(any(c.token_versions for c in g.completions) for g in groups),
         "prompt_indices": [g.prompt_index for g in groups],
         "lease_ids": [g.lease_id for g in groups],
         "groups_by_worker": dict(Counter(g.worker_id for g in groups)),

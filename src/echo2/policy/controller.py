@@ -31,11 +31,12 @@ from echo2.planner import (
     fleet_totals,
     keep_or_switch,
     min_staleness,
+    swapped_lateness_s,
 )
 from echo2.policy.credit import audit_credit, capped_offers
 from echo2.policy.planned import PlannedCover
 from echo2.policy.rewards import measured_uninformative_share
-from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView
+from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView, candidate, delivering, value_or_zero
 
 __all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
 
@@ -45,15 +46,20 @@ MIN_SAMPLE_BUSY_S = 0.05
 
 class ActivationController:
     def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
-                 learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None) -> None:
+                 learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None,
+                 max_masked_fraction: float = 0.5) -> None:
         """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
-        that declare a class in it are chosen by the planner's model (`policy.planned`)."""
+        that declare a class in it are chosen by the planner's model (`policy.planned`).
+        `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen."""
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
         self.planned = None if catalog is None else PlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
         self.learner_price_per_hour = learner_price_per_hour
         self.workers: dict[str, WorkerView] = {}
         self.step_time_s = Ewma(cfg.ewma_alpha)
         self.swap_s = Ewma(cfg.ewma_alpha)
+        self.segment_s = Ewma(cfg.ewma_alpha)
+        """Seconds between a generation's swap points (sampling.segment_tokens; unmeasured: off)."""
+        self.max_masked_fraction = max_masked_fraction
         self.started, self.last_tick, self.last_change = now, now, now
         self.learner_cost = 0.0
         self.uninformative_share = 0.0 if catalog is None else catalog.workload.uninformative_share
@@ -131,7 +137,7 @@ class ActivationController:
         rollouts, busy_s = rollouts_total - view.last_counters[0], working_s_total - view.last_counters[1]
         if busy_s < 0 or rollouts < 0:  # the worker restarted: its counters began again
             view.last_counters = (rollouts_total, working_s_total)
-        elif busy_s >= max(MIN_SAMPLE_BUSY_S, _value(view.generation_s)):
+        elif busy_s >= max(MIN_SAMPLE_BUSY_S, value_or_zero(view.generation_s)):
             view.rollouts_per_s.add(rollouts / busy_s)
             view.last_counters = (rollouts_total, working_s_total)
 
@@ -171,6 +177,11 @@ class ActivationController:
     def observe_swap(self, swap_s: float) -> None:
         if swap_s >= 0:
             self.swap_s.add(swap_s)
+
+    def observe_segment(self, segment_s: float) -> None:
+        """A lease's generation could swap versions in every `segment_s` seconds."""
+        if segment_s >= 0:
+            self.segment_s.add(segment_s)
 
     def is_active(self, worker_id: str) -> bool:
         view = self.workers.get(worker_id)
@@ -229,7 +240,7 @@ class ActivationController:
         probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
         measured_ids = {o.id for o in offers}
         current = {worker_id: 1 for worker_id, v in self.workers.items()
-                   if _candidate(v) and v.active and worker_id in measured_ids}
+                   if candidate(v) and v.active and worker_id in measured_ids}
         required = self.required_rps()
         everyone = measured_ids | probation
         if not everyone:
@@ -247,7 +258,7 @@ class ActivationController:
         return self._apply(decision, now)
 
     def _apply(self, decision: ControlDecision, now: float) -> ControlDecision:
-        previous = {w for w, v in self.workers.items() if _candidate(v) and v.active}
+        previous = {w for w, v in self.workers.items() if candidate(v) and v.active}
         decision.changed = decision.active != previous
         if decision.changed:
             self.last_change = now
@@ -295,7 +306,7 @@ class ActivationController:
             # billed for over an hour while a full window let few of them be measured)
             # (those credited next to nothing aside: a worker too stale to ever lease, or failed
             # by the audit, adds only its bill)
-            useful = _delivering(offers)
+            useful = delivering(offers)
             decision = ControlDecision(useful, required,
                                        f"no measured set covers demand ({proposal.reason}): all measured that deliver",
                                        False)
@@ -339,7 +350,7 @@ class ActivationController:
         """One offer per measured worker that is live or released (its provider can acquire it
         again), at its admissible rate."""
         return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
-                for worker_id, v in sorted(self.workers.items()) if _candidate(v) and self._measured(v)]
+                for worker_id, v in sorted(self.workers.items()) if candidate(v) and self._measured(v)]
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
@@ -347,19 +358,22 @@ class ActivationController:
         if math.isnan(rate) or self.step_time_s.samples == 0:
             return rate * admitted
         # workers swap in every version, so each step costs them one swap of generation time
-        stall = min(1.0, _value(self.swap_s) / self.step_time_s.value)
+        stall = min(1.0, value_or_zero(self.swap_s) / self.step_time_s.value)
         return rate * admitted * (1.0 - stall)
 
     def s_min(self) -> int | None:
         """Smallest S whose window hides the fleet's mean dissemination + generation latency
-        (the overlap condition), from measurements; None until they exist."""
+        (the overlap condition; with segment swaps measured, the planner's swap rule on them),
+        from measurements; None until they exist."""
         latencies = [(v.dissemination_s.value, v.generation_s.value) for v in self.workers.values()
                      if v.alive and v.dissemination_s.samples and v.generation_s.samples]
         if not latencies or self.step_time_s.samples == 0:
             return None
         dis = sum(d for d, _ in latencies) / len(latencies)
         gen = sum(g for _, g in latencies) / len(latencies)
-        return min_staleness(dis, gen, self.step_time_s.value)
+        swapped = None if not self.segment_s.samples else swapped_lateness_s(
+            gen, segment_s=self.segment_s.value, max_masked_fraction=self.max_masked_fraction)
+        return min_staleness(dis, gen, self.step_time_s.value, swapped_s=swapped)
 
     def snapshot(self) -> dict:
         return {
@@ -377,23 +391,3 @@ class ActivationController:
                 for worker_id, v in sorted(self.workers.items())
             },
         }
-
-
-NEGLIGIBLE_RATE_SHARE = 0.05
-"""A measured worker credited less than this share of the median credited rate delivers next
-to nothing (its EWMA decays toward 0 while it is too stale to lease)."""
-
-
-def _delivering(offers: list[Offer]) -> set[str]:
-    rates = sorted(o.rollouts_per_s for o in offers)
-    median = rates[len(rates) // 2]
-    return {o.id for o in offers if o.rollouts_per_s > NEGLIGIBLE_RATE_SHARE * median} or {o.id for o in offers}
-
-
-def _candidate(view: WorkerView) -> bool:
-    """Live, or released and so acquirable again; a crashed or departed worker is neither."""
-    return view.alive or view.released
-
-
-def _value(ewma: Ewma) -> float:
-    return ewma.value if ewma.samples else 0.0

@@ -1,11 +1,13 @@
 """What the activation controller knows of each worker, and the decision it returns. Plain data:
 the controller (`policy.controller`) updates these from the coordinator's observations and the
-planned cover (`policy.planned`) reads them."""
+planned cover (`policy.planned`) reads them; and the small rules over them both use."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from echo2.planner import Offer
 
 
 class Ewma:
@@ -78,3 +80,23 @@ class ControlDecision:
 def natural_key(worker_id: str) -> tuple[int, str]:
     """w2 before w10: ids in the order workers were numbered."""
     return len(worker_id), worker_id
+
+
+NEGLIGIBLE_RATE_SHARE = 0.05
+"""A measured worker credited less than this share of the median credited rate delivers next
+to nothing (its EWMA decays toward 0 while it is too stale to lease)."""
+
+
+def delivering(offers: list[Offer]) -> set[str]:
+    rates = sorted(o.rollouts_per_s for o in offers)
+    median = rates[len(rates) // 2]
+    return {o.id for o in offers if o.rollouts_per_s > NEGLIGIBLE_RATE_SHARE * median} or {o.id for o in offers}
+
+
+def candidate(view: WorkerView) -> bool:
+    """Live, or released and so acquirable again; a crashed or departed worker is neither."""
+    return view.alive or view.released
+
+
+def value_or_zero(ewma: Ewma) -> float:
+    return ewma.value if ewma.samples else 0.0

@@ -153,7 +153,8 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
 def _token_staleness(steps: list[dict]) -> dict[str, Any]:
     """Staleness per trained token (a group that straddled versions is as old as its oldest
     tokens; its later tokens are younger), its p50 and p95, and the tokens masked out of the loss
-    as older than S with their share of the model's tokens."""
+    as older than S with their share of the model's tokens; and the groups trained whose
+    generation straddled versions."""
     hist: Counter[int] = Counter()
     for s in steps:
         hist.update({int(k): v for k, v in s.get("token_staleness_hist", {}).items()})
@@ -161,7 +162,8 @@ def _token_staleness(steps: list[dict]) -> dict[str, Any]:
     trained = sum(hist.values())
     return {"token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
             "token_staleness_p50": _percentile(hist, 0.50), "token_staleness_p95": _percentile(hist, 0.95),
-            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None}
+            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None,
+            "groups_straddling": sum(s.get("groups_straddling", 0) for s in steps)}
 
 
 def _percentile(hist: Counter[int], q: float) -> int | None:

@@ -62,7 +62,7 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
         """One list of `n` completions per request, in request order. Blocking. `inflight`: swap
-        newer versions in at segment boundaries (an engine that cannot ignores it and swaps
+        newer versions in at segment boundaries (an engine that cannot would ignore it and swap
         between generations only)."""
 
     @abstractmethod

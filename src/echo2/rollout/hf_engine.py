@@ -3,6 +3,8 @@ processed scores, i.e. exactly the distribution each token was sampled from."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -38,6 +40,21 @@ class SeededSampler:
         return out
 
 
+class _Pace:
+    """EMULATION ONLY (worker.slowdown): after each decode step, idle (slowdown - 1) x the time
+    the step took, so a generation lasts as long as on hardware that much slower, token by
+    token (a version can arrive mid-generation as it would there), and leaves the CPU to the
+    learner meanwhile. A logits processor that changes nothing."""
+
+    def __init__(self, slowdown: float) -> None:
+        self.slowdown, self.last = slowdown, time.perf_counter()
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        time.sleep((self.slowdown - 1) * (time.perf_counter() - self.last))
+        self.last = time.perf_counter()
+        return scores
+
+
 class _SegmentStop(StoppingCriteria):
     """Ends a generate call for every row at a segment boundary (a multiple of segment_tokens
     new tokens, counting the `offset` generated before this call) where a newer version waits."""
@@ -60,6 +77,8 @@ class HFEngine(Engine):
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.lora: LoraConfig | None = None  # set once the first adapter version arrives
+        self.slowdown = 1.0
+        """EMULATION ONLY: worker.slowdown, paced per decode step (`_Pace`)."""
 
     @classmethod
     def from_pretrained(cls, source: str, device: str = "auto", dtype: str = "auto") -> HFEngine:
@@ -167,6 +186,9 @@ class HFEngine(Engine):
             sampling = {"do_sample": False, "logits_processor": LogitsProcessorList([sampler]), "output_logits": True}
         else:  # no truncation: the learner scores tokens under the full softmax
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "output_scores": True}
+        if self.slowdown > 1:
+            sampling["logits_processor"] = LogitsProcessorList([*sampling.get("logits_processor", []),
+                                                                _Pace(self.slowdown)])
         if stop is not None:
             stop.width = width
             sampling["stopping_criteria"] = StoppingCriteriaList([stop])

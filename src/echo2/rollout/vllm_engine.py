@@ -12,6 +12,15 @@ drawn the same way under a seed this engine draws itself (from `vllm.seed` when 
 is G requests of one completion, each with its sample index: vLLM splits an n-completion
 request into n child requests anyway, and prefix caching shares the prompt's KV blocks.
 
+In-flight weight updates (sampling.segment_tokens, `InFlight`): the completions are generated
+a segment at a time, each segment a new request that continues its row from the tokens so far
+(`max_tokens` up to the next multiple of segment_tokens, the seeded sampler's first position
+moved on by as many), so the draws are the ones one request would make. At each boundary a
+newer version that waits is swapped in (`InFlight.swap`, run from the calling thread while
+vLLM's thread is idle) and the rows go on under it. Within a version prefix caching keeps the
+KV blocks of the tokens so far; a swap resets the cache. vLLM's `AsyncLLM.pause_generation`
+would keep requests alive across the swap, but this engine drives the synchronous `LLM`.
+
 New versions go in place: the tensors the broadcast verified are handed to vLLM's
 `reload_weights` through `collective_rpc`, with vLLM's engine core running in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so no tensor is serialised to another process, nothing is
@@ -31,10 +40,12 @@ import random
 import secrets
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from echo2.config.run import LoraConfig
 from echo2.config.worker import VLLMConfig
 from echo2.models.device import resolve_device, resolve_dtype
+from echo2.protocol.token_versions import encode
 from echo2.rollout.engine import Completion, Engine, GenRequest, InFlight
 from echo2.rollout.vllm_sampler import processor_class, seeded_request
 
@@ -61,10 +72,15 @@ class VLLMEngine(Engine):
         """The LoRARequest generations name once an adapter version is loaded."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm")
         self.llm = self._call(_make_llm, model_source, device, cfg, lora)
+        self.context_tokens = self.llm.llm_engine.model_config.max_model_len
+        """Prompt and completion together: a row that fills it ends (vLLM finishes it as "length")."""
 
     def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
-        """`inflight` is not taken yet: a vLLM worker swaps versions between generations."""
-        return self._call(self._generate, requests) if requests else []
+        if not requests:
+            return []
+        if inflight is None or inflight.segment_tokens <= 0:
+            return self._call(self._generate, requests)
+        return self._segments(requests, inflight)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         return self._call(self._greedy, prompts, max_new_tokens) if prompts else []
@@ -89,13 +105,40 @@ class VLLMEngine(Engine):
     def _generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         params, prompts = [], []
         for r in requests:
-            seed = r.seed if r.seed is not None else self.own_seeds.getrandbits(32)
+            seed = self._seed_of(r)
             for i in range(r.n):
                 params.append(seeded_request(seed=seed, sample=r.first_sample + i, first_position=r.first_position,
                                              temperature=r.temperature, max_tokens=r.max_new_tokens))
                 prompts.append({"prompt_token_ids": r.prompt_ids})
         outputs = iter(self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.adapter))
         return [[_completion(next(outputs).outputs[0]) for _ in range(r.n)] for r in requests]
+
+    def _segments(self, requests: list[GenRequest], inflight: InFlight) -> list[list[Completion]]:
+        """Every completion a segment at a time (on the calling thread: a swap loads the version
+        through this engine's thread, which must be idle then)."""
+        rows = [_Row(r, self._seed_of(r), r.first_sample + i) for r in requests for i in range(r.n)]
+        version = inflight.version
+        while todo := [row for row in rows if not row.done]:
+            outputs = self._call(self._segment, todo, inflight.segment_tokens)
+            for row, sample in zip(todo, outputs, strict=True):
+                row.extend(sample, version)
+                row.done |= len(row.request.prompt_ids) + len(row.ids) >= self.context_tokens
+            if any(not row.done for row in todo) and inflight.pending():
+                version = inflight.swap()
+        made = iter(rows)
+        return [[next(made).completion() for _ in range(r.n)] for r in requests]
+
+    def _segment(self, rows: list[_Row], segment_tokens: int) -> list:
+        """Each row's tokens up to its next segment boundary (or its max_new_tokens, or EOS)."""
+        params = [seeded_request(seed=row.seed, sample=row.sample, first_position=row.request.first_position
+                                 + len(row.ids), temperature=row.request.temperature,
+                                 max_tokens=row.budget(segment_tokens)) for row in rows]
+        prompts = [{"prompt_token_ids": row.request.prompt_ids + row.ids} for row in rows]
+        return [out.outputs[0] for out in self.llm.generate(prompts, params, use_tqdm=False,
+                                                             lora_request=self.adapter)]
+
+    def _seed_of(self, request: GenRequest) -> int:
+        return request.seed if request.seed is not None else self.own_seeds.getrandbits(32)
 
     def _greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams
@@ -123,6 +166,34 @@ class VLLMEngine(Engine):
             # generations name the loaded adapter; without load_inplace they do not reload it
             self.adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, folder)
         self.llm.reset_prefix_cache()
+
+
+@dataclass
+class _Row:
+    """One completion generated in segments: its tokens, log-probs and versions so far."""
+
+    request: GenRequest
+    seed: int
+    sample: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    done: bool = False
+
+    def budget(self, segment_tokens: int) -> int:
+        """Tokens to the next multiple of segment_tokens, within max_new_tokens."""
+        return min(segment_tokens - len(self.ids) % segment_tokens, self.request.max_new_tokens - len(self.ids))
+
+    def extend(self, sample, version: int) -> None:
+        part = _completion(sample)
+        self.ids += part.token_ids
+        self.logprobs += part.logprobs
+        self.versions += [version] * len(part.token_ids)
+        # "stop": EOS ended it; "length": the segment's max_tokens did, so it goes on unless full
+        self.done = sample.finish_reason != "length" or len(self.ids) >= self.request.max_new_tokens
+
+    def completion(self) -> Completion:
+        return Completion(token_ids=self.ids, logprobs=self.logprobs, token_versions=encode(self.versions))
 
 
 def _completion(sample) -> Completion:

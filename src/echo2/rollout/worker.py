@@ -340,8 +340,14 @@ class Worker:
     async def _generate_and_submit(self, tasks: list[Task]) -> None:
         version = self.version
         started = time.perf_counter()
-        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, self._inflight(tasks))
-        if self.cfg.slowdown > 1:  # emulated slower hardware (config: slowdown)
+        inflight = self._inflight(tasks)
+        # emulated slower hardware (config: slowdown): paced token by token where versions may
+        # arrive mid-generation (HF engine), else idle after the generation
+        paced = inflight is not None and hasattr(self.engine, "slowdown")
+        if paced:
+            self.engine.slowdown = self.cfg.slowdown
+        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
+        if self.cfg.slowdown > 1 and not paced:
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
         per_task_s = gen_s / len(tasks)

@@ -81,7 +81,7 @@ class Controller:
             self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
                                              max_staleness=work.max_staleness,
                                              learner_price_per_hour=scenario.learner.price_per_hour, now=0.0,
-                                             catalog=catalog)
+                                             catalog=catalog, max_masked_fraction=work.max_masked_fraction)
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
             if mode == "online" and self.releasable:  # all offered with their class; the first decision rents
@@ -114,6 +114,8 @@ class Controller:
         wid = worker_id(w)
         self.core.observe_busy(wid, w.rollouts, self._busy_s(w), self.fleet.stale_s_total(w))
         self.core.observe_latencies(wid, None, self.loop.now_s - g.started_s)
+        if self.fleet.segment_s is not None:  # as the coordinator measures it of each lease
+            self.core.observe_segment(self.fleet.segment_s)
         for i in range(g.groups):
             self.core.observe_outcome(wid, admitted=i >= dropped)
 
