@@ -51,7 +51,15 @@ starts with room to learn), 40 steps evaluated every 5 versions, two workers lea
 (a whole batch) at a time, so a lease's generation outlasts a learner step; no activation (the
 swap rule's comparison, not the fleet's)."""
 MODES = {"between": ["sampling.segment_tokens=0"], "inflight": [f"sampling.segment_tokens={SEGMENT_TOKENS}"]}
-NOTES = ""
+NOTES = ("2026-12-02, at 2582a37, alone on the machine: both goals missed. (1) Six paced workers (slowdown 4) and the "
+         "learner share 2 cores: a prompt's 8 completions cost 0.09-0.10 CPU-s (worker gen_s / slowdown), and with "
+         "28% of groups uninformative a 1.0 s learner step needs about 21 prompts/s, 1.9 cores of generation beside "
+         "the learner's one; measured, generation took 1.2 cores and the learner 0.5, so both modes are bound by CPU "
+         "near 50% learner utilization and the window the in-flight swaps open cannot be filled. (2) Greedy held-out accuracy on the "
+         "padded task swings by up to 0.45 between evaluations 5 versions apart (0.57 to 0.0), so the time to the "
+         "baseline's final accuracy measures noise here. (3) The groups dropped in-flight are buffered groups that "
+         "went stale as the learner advanced (dropped 2-5 at a time), not late submissions: leasing ahead "
+         "(swap_ahead_steps on the quartile of hold times) over-fills the buffer for the shorter generations.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
