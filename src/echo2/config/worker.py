@@ -65,9 +65,13 @@ class WorkerConfig(Frozen):
     slowdown: float = Field(1.0, ge=1.0, le=1000.0)
     """EMULATION ONLY, for local runs: the worker idles (slowdown - 1) x the time it computed, so
     one CPU box can stand in for GPUs of different speeds: after each generation, or, where it
-    swaps versions mid-generation (sampling.segment_tokens, HF engine), after each decode step,
-    so a generation lasts that much longer token by token and versions arrive during it as they
-    would on that hardware."""
+    swaps versions mid-generation (sampling.segment_tokens, HF engine) or `slowdown_per_token`
+    says so, after each decode step, so a generation lasts that much longer token by token and
+    versions arrive during it as they would on that hardware."""
+    slowdown_per_token: bool = False
+    """EMULATION ONLY: pace `slowdown` after each decode step (HF engine) even without in-flight
+    updates, so runs with and without them emulate the same hardware alike
+    (benchmarks/inflight.py)."""
     relay_host: str = "127.0.0.1"
     """Address this worker's relay server binds (peers pull weight chunks from it)."""
     relay_port: int = Field(0, ge=0, le=65535)

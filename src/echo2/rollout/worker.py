@@ -343,7 +343,7 @@ class Worker:
         inflight = self._inflight(tasks)
         # emulated slower hardware (config: slowdown): paced token by token where versions may
         # arrive mid-generation (HF engine), else idle after the generation
-        paced = inflight is not None and hasattr(self.engine, "slowdown")
+        paced = (inflight is not None or self.cfg.slowdown_per_token) and hasattr(self.engine, "slowdown")
         if paced:
             self.engine.slowdown = self.cfg.slowdown
         groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
