@@ -344,8 +344,8 @@ class Worker:
         # emulated slower hardware (config: slowdown): paced token by token where versions may
         # arrive mid-generation (HF engine), else idle after the generation
         paced = (inflight is not None or self.cfg.slowdown_per_token) and hasattr(self.engine, "slowdown")
-        if paced:
-            self.engine.slowdown = self.cfg.slowdown
+        if hasattr(self.engine, "slowdown"):
+            self.engine.slowdown = self.cfg.slowdown if paced else 1.0
         groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
         if self.cfg.slowdown > 1 and not paced:
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
