@@ -39,11 +39,11 @@ from echo2.report.metrics import read_metrics  # noqa: E402
 CONFIG = ROOT / "configs" / "demo.toml"
 PAD_TOKENS = 16
 SEGMENT_TOKENS = 4
-STALENESS = 1
+STALENESS = 2
 COMMON = [f"task.pad_tokens={PAD_TOKENS}", f"sampling.max_new_tokens={PAD_TOKENS + 12}", "warmstart.steps=3000",
           "warmstart.stop_at_accuracy=0.3", "warmstart.check_every=100", "train.steps=40", "train.eval_every=5",
-          "train.checkpoint_every=1000", "activation.enabled=false", "workers.count=3",
-          "workers.worker.tasks_per_lease=32", "workers.worker.slowdown=4",
+          "train.checkpoint_every=1000", "activation.enabled=false", "workers.count=6",
+          "workers.worker.tasks_per_lease=16", "workers.worker.slowdown=12",
           "workers.worker.slowdown_per_token=true"]
 """The demo with long completions: at least 16 dots before the answer (a 28-token budget: the tiny model learns that format in about 1,500 warm-start steps, 24 dots
 took longer than this machine allows), a warm start that stops once training problems are 30%
@@ -70,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="between,inflight")
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--staleness", type=int, default=STALENESS, help="S for both modes")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="extra KEY=VALUE for every run")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-inflight"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/inflight.json"))
@@ -91,7 +92,7 @@ def run(mode: str, seed: int, args: argparse.Namespace) -> dict:
     rml.CONFIGS[mode] = CONFIG  # run_one names the run after its task key: the mode here
     inner = argparse.Namespace(steps=0, overrides=[*COMMON, *MODES[mode], *args.overrides], work_dir=args.work_dir)
     rml.TARGET = 1.01  # no fixed target: the comparison reads the baseline's final accuracy
-    result = rml.run_one(mode, STALENESS, "tis", seed, inner, Path(args.work_dir) / "unused.jsonl")
+    result = rml.run_one(mode, args.staleness, "tis", seed, inner, Path(args.work_dir) / "unused.jsonl")
     return describe(mode, seed, Path(result["run_dir"]), result)
 
 
@@ -163,14 +164,14 @@ def goals(comparison: list[dict], runs: list[dict]) -> dict:
             "time_ratio_at_most_0_7": bool(ratios) and all(r is not None and r <= 0.7 for r in ratios)}
 
 
-def save(out: Path, runs: list[dict]) -> dict:
+def save(out: Path, runs: list[dict], staleness: int) -> dict:
     kept = json.loads(out.read_text())["runs"] if out.is_file() else []
     mine = {(r["mode"], r["seed"]) for r in runs}
     runs = [r for r in kept if (r["mode"], r["seed"]) not in mine] + runs
     comparison = compare(runs)
     result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time", "notes": NOTES,
               "config": str(CONFIG.relative_to(ROOT)), "common_overrides": COMMON, "modes": MODES,
-              "max_staleness": STALENESS, "comparison": comparison, "goals": goals(comparison, runs), "runs": runs}
+              "max_staleness": staleness, "comparison": comparison, "goals": goals(comparison, runs), "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return result
@@ -191,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     if args.reanalyse:
-        result = save(out, reanalyse(Path(args.work_dir)))
+        result = save(out, reanalyse(Path(args.work_dir)), args.staleness)
     else:
         runs: list[dict] = []
         for seed in (int(s) for s in args.seeds.split(",")):
             prepare(seed, args)
             for mode in args.modes.split(","):
                 runs.append(run(mode, seed, args))
-                result = save(out, runs)  # kept as each run ends
+                result = save(out, runs, args.staleness)  # kept as each run ends
     print(json.dumps({k: result[k] for k in ("comparison", "goals")}, indent=2))
     return 0
 

@@ -189,3 +189,23 @@ def test_the_emulated_slowdown_paces_each_decode_step_and_changes_no_token(tiny_
         timed[slowdown] = (engine.generate(requests), time.perf_counter() - started)
     assert [c.token_ids for c in timed[1.0][0][0]] == [c.token_ids for c in timed[4.0][0][0]]
     assert timed[4.0][1] > 2.0 * timed[1.0][1]
+
+
+def test_with_two_settings_in_one_call_only_the_last_swaps_so_every_row_starts_at_the_calls_version(
+        tiny_model_dir, versions):
+    """A multi-turn turn may hold actions of different budgets (one generate call per setting):
+    a swap in the first setting would start the second's rows under a version their empty
+    token_versions could not say, so only the last setting swaps."""
+    engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    prompt = tokenizer.encode("3+4=", add_special_tokens=False)
+    swapper = Swapper(engine, versions[1])
+    short, long = engine.generate([GenRequest(prompt, 2, TEMPERATURE, MAX_NEW - 2, seed=5),
+                                   GenRequest(prompt, 2, TEMPERATURE, MAX_NEW, seed=6)], swapper.inflight())
+    assert swapper.swapped == 1
+    for c in short:  # every token version 0's
+        assert c.token_versions == []
+        logp = logprobs_under(tiny_model_dir, versions[0], prompt, c.token_ids)
+        assert c.logprobs == pytest.approx([float(logp[i, t]) for i, t in enumerate(c.token_ids)], abs=1e-4)
+    straddled = [c for c in long if len(c.token_ids) > SEGMENT]
+    assert straddled and all(c.token_versions[0] == (0, SEGMENT) for c in straddled)

@@ -22,7 +22,7 @@ from tests.unit.metrics_fixtures import synthetic_run
 
 from echo2.coordinator.errors import RequestError
 from echo2.policy import DataPlane
-from echo2.policy.admission import admits_tokens, is_admissible, masked_share
+from echo2.policy.admission import admits_tokens, is_admissible, last_admissible_step, masked_share
 from echo2.protocol import token_versions
 from echo2.protocol.messages import RolloutCompletion
 from echo2.report.render import render_summary
@@ -97,6 +97,32 @@ def test_the_data_plane_drops_a_straddling_group_at_the_step_its_share_crosses()
     assert plane.advance(2) == ["old"]  # 2 - 0 > S: all of it masked; the mixed one 40% masked
     assert plane.buffer == ["mixed"]
     assert plane.advance(4) == ["mixed"]
+
+
+def test_a_groups_deadline_is_the_last_step_that_admits_it():
+    tokens = {3: 30, 4: 50, 5: 20}
+    for fraction in (0.3, 0.5, 0.9, 1.0):
+        for step in range(0, 9):
+            deadline = last_admissible_step(step, tokens, 1, fraction)
+            admitted = [t for t in range(step, 12) if admits_tokens(t, tokens, 1, fraction)]
+            assert deadline == (max(admitted) if admitted else step - 1)
+    assert last_admissible_step(2, {4: 7}, 2, 0.5) == 6  # one version: v + S
+
+
+def test_with_segment_swaps_batches_take_the_groups_whose_admission_ends_soonest():
+    """Leased ahead, a straddling group waits in the buffer next to one a swap never reached,
+    which must train by v + S: in submission order that one ages out; earliest deadline first,
+    both train. Without swaps the order stays submission order."""
+    groups = {"ahead": {2: 2, 3: 8}, "unswapped": {1: 10}}  # deadlines at S=1, f=0.5: 4 and 2
+    for swaps, dropped in ((True, []), (False, ["unswapped"])):
+        plane = DataPlane(1, 1, lambda g: min(groups[g]), tokens_of=groups.__getitem__, max_masked_fraction=0.5,
+                          current_version=3, learner_step=1, segment_swaps=swaps)
+        for name in groups:
+            plane.add(name)
+        assert plane.advance(1) == []
+        first = plane.take_batch(1)
+        assert first == (["unswapped"] if swaps else ["ahead"])
+        assert plane.advance(2) == [] and plane.advance(3) == dropped
 
 
 def test_the_coordinator_checks_the_versions_a_worker_claims_and_admits_by_share(tmp_path, tiny_model_dir):

@@ -9,7 +9,7 @@ and its adapter to echo2.tasks.registry (which checks that the two tables name t
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, field_validator
 
@@ -17,6 +17,10 @@ from echo2.config.base import MAX_NEW_TOKENS, Frozen
 
 
 class TaskConfigBase(Frozen):
+    reference_format: ClassVar[int] = 1
+    """The version of the task's reference completions (what the warm start imitates), part of
+    a warm-started base's cache key (models/prepare.fingerprint): bump it when they change, so a
+    base cached from the old ones is built again."""
     eval_size: int = Field(200, ge=1, le=100_000)
     """Held-out problems the learner evaluates (never used as training prompts); fewer if the
     held-out split has fewer."""
@@ -38,9 +42,11 @@ class AdditionConfig(TaskConfigBase):
     name: Literal["addition"] = "addition"
     digits: int = Field(2, ge=1, le=6)
     """Operands have up to this many digits."""
+    reference_format: ClassVar[int] = 2  # 2: the reference pads a quarter more dots than pad_tokens
     pad_tokens: int = Field(0, ge=0, le=400)
     """Long completions for the tiny model: the answer comes after at least this many "."
-    (the warm start imitates exactly this many), so every completion takes hundreds of tokens
+    (the warm start imitates a quarter more, so a greedy policy is not at the edge of the rule:
+    one dot fewer there would score 0), so every completion takes up to hundreds of tokens
     and generations straddle learner steps (benchmarks/inflight.py); a completion of fewer dots
     scores 0. 0: the bare answer."""
     chat_template: bool = False

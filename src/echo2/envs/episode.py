@@ -54,6 +54,9 @@ class Episode:
     won: bool = field(init=False, default=False)
     illegal: bool = field(init=False, default=False)
     actions: list[str] = field(init=False, default_factory=list)
+    token_versions: list[tuple[int, int]] = field(init=False, default_factory=list)
+    """Runs of (version, tokens) over `token_ids` when a worker swapped versions while playing
+    (`protocol.token_versions`; set by its episode player); empty: one version played it all."""
 
     def __post_init__(self) -> None:
         self.prompt_ids = self.codec.prompt_ids(self.env.reset(self.seed), self.instruction)

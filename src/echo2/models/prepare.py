@@ -40,6 +40,7 @@ def fingerprint(cfg: RunConfig) -> dict:
         "tiny_build": BUILD_VERSION if cfg.model.source == "tiny" else None,
         "warmstart": cfg.warmstart.model_dump(),
         "task": cfg.task.model_dump(),
+        "task_reference_format": cfg.task.reference_format,
         "seed": cfg.seed,
     }
 

@@ -43,6 +43,18 @@ def admits_tokens(step: int, tokens_by_version: Mapping[int, int], max_staleness
     return masked_share(step, tokens_by_version, max_staleness) < max_masked_fraction
 
 
+def last_admissible_step(step: int, tokens_by_version: Mapping[int, int], max_staleness: int,
+                         max_masked_fraction: float) -> int:
+    """The last learner step at or after `step` that still trains the group (`admits_tokens`),
+    its deadline; `step - 1` if it is already too stale. The masked share only grows with t, and
+    it is final once t - S passes the newest version, so the scan is at most that long."""
+    newest = max(tokens_by_version, default=step)
+    t = step
+    while t <= newest + max_staleness and admits_tokens(t, tokens_by_version, max_staleness, max_masked_fraction):
+        t += 1
+    return t - 1
+
+
 def worker_may_lease(current_version: int, worker_version: int, max_staleness: int) -> bool:
     """A worker more than S versions behind the newest policy takes no new work until updated:
     whatever it produced would already be too stale when it is trained."""

@@ -17,7 +17,8 @@ keeps (a stored record, or just its version); `version_of` reads its policy vers
   sampled it and t - v <= S, or several did (a worker swapped weights mid-generation) and its
   share of tokens older than S is below train.max_masked_fraction (`admission.admits_tokens`);
 - advance(t): the learner asks for step t: buffered groups no longer admissible are dropped;
-- take_batch(t): the oldest P buffered groups (submission order) form step t's batch, at most
+- take_batch(t): the oldest P buffered groups (submission order; with segment swaps, the P whose
+  admission ends soonest) form step t's batch, at most
   `batch_share_cap` of them one worker's while other workers' groups are buffered or on their
   way (`policy.trust`); the learner's wait for it sets how far ahead workers may generate
   (`policy.window`).
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from echo2.planner.capacity import swap_ahead_steps
-from echo2.policy.admission import admits_tokens, lease_capacity, worker_may_lease
+from echo2.policy.admission import admits_tokens, last_admissible_step, lease_capacity, worker_may_lease
 from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
 
@@ -249,18 +250,19 @@ class DataPlane(Generic[G]):
         return batch
 
     def _pick(self, need: int, producing: Iterable[str], now_s: float | None) -> list[int] | None:
-        """Buffer positions of the batch: oldest first, at most `batch_share_cap` groups of one
+        """Buffer positions of the batch: first in `_serving_order`, at most `batch_share_cap` groups of one
         worker. Short of that, the batch waits (None) while workers not at the cap that already
         had a group accepted hold leases, for at most `share_wait_s`; then, or when no such
         worker exists (a one-worker run), the oldest groups over the cap fill it."""
         cap = batch_share_cap(self.max_worker_share, need)
+        order = self._serving_order()
         if self.worker_of is None or cap >= need:
-            return list(range(need))
+            return order[:need]
         counts: Counter[str] = Counter()
         chosen: list[int] = []
         over: list[int] = []
-        for i, group in enumerate(self.buffer):
-            worker = self.worker_of(group)
+        for i in order:
+            worker = self.worker_of(self.buffer[i])
             (chosen if counts[worker] < cap else over).append(i)
             counts[worker] += 1
             if len(chosen) == need:
@@ -271,3 +273,15 @@ class DataPlane(Generic[G]):
         if others and waited_s is not None and waited_s < share_wait_s(self.step_time_s):
             return None
         return sorted(chosen + over[:need - len(chosen)])
+
+    def _serving_order(self) -> list[int]:
+        """Buffer positions in the order batches take them: submission order; with segment swaps
+        earliest deadline first (`admission.last_admissible_step`, ties by submission). Leasing
+        ahead buffers groups trained after v + S, next to groups a swap never reached, which the
+        learner must train by v + S: in submission order those age out behind the others."""
+        if not self.segment_swaps:
+            return list(range(len(self.buffer)))
+        step = self.learner_step
+        deadline = [last_admissible_step(step, self.tokens_of(g), self.max_staleness, self.max_masked_fraction)
+                    for g in self.buffer]
+        return sorted(range(len(self.buffer)), key=lambda i: (deadline[i], i))

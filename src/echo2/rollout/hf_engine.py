@@ -124,9 +124,12 @@ class HFEngine(Engine):
         for index, req in enumerate(requests):
             seeded = req.seed is not None and req.temperature > 0
             by_setting.setdefault((req.temperature, req.max_new_tokens, seeded), []).append(index)
-        for (temperature, max_new, seeded), indices in by_setting.items():
+        last = len(by_setting) - 1
+        for k, ((temperature, max_new, seeded), indices) in enumerate(by_setting.items()):
+            # swaps only in the last setting's rows: a completion's empty token_versions means the
+            # version the call started with, which every row of an earlier setting still is
             flat = iter(self._segments([requests[i] for i in indices], temperature, max_new, seeded=seeded,
-                                       inflight=inflight))
+                                       inflight=inflight if k == last else None))
             for i in indices:
                 out[i] = [next(flat) for _ in range(requests[i].n)]
         return out

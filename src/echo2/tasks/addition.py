@@ -63,4 +63,6 @@ class AdditionTask(TaskAdapter):
             else 0.0
 
     def reference_completion(self, problem: Problem) -> str:
-        return "." * self.pad_tokens + problem.answer
+        """The answer after a quarter more dots than the rule asks (task.pad_tokens): at exactly
+        the minimum, any update that shortens the padding by one dot fails every greedy answer."""
+        return "." * (self.pad_tokens + self.pad_tokens // 4) + problem.answer
