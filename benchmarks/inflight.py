@@ -45,25 +45,25 @@ COMMON = [f"task.pad_tokens={PAD_TOKENS}", f"sampling.max_new_tokens={PAD_TOKENS
           "train.checkpoint_every=1000", "activation.enabled=false", "workers.count=6",
           "workers.worker.tasks_per_lease=16", "workers.worker.slowdown=12",
           "workers.worker.slowdown_per_token=true"]
-"""The demo with long completions: at least 16 dots before the answer (a 28-token budget: the tiny model learns that format in about 1,500 warm-start steps, 24 dots
-took longer than this machine allows), a warm start that stops once training problems are 30%
-right (so each seed starts with room to learn), 40 steps evaluated every 5 versions, three
-workers leasing two batches (32 prompts) at a time and paced 4x slower token by token in both
-modes (worker.slowdown and slowdown_per_token: emulated slower GPUs, whose generations outlast a
-learner step), few enough
-that generation leaves the learner its core; no activation (the swap rule's comparison, not the
-fleet's)."""
+"""The demo with long completions: at least 16 dots before the answer (a 28-token budget; the
+warm start imitates 20), a warm start that stops once training problems are 30% right (so each
+seed starts with room to learn), 40 steps evaluated every 5 versions, six workers leasing one
+batch (16 prompts) at a time and paced 12x slower token by token in both modes
+(worker.slowdown and slowdown_per_token: emulated slower GPUs, whose generations outlast
+several learner steps while they mostly sleep, so generation leaves the learner its core); no
+activation (the swap rule's comparison, not the fleet's)."""
 MODES = {"between": ["sampling.segment_tokens=0"], "inflight": [f"sampling.segment_tokens={SEGMENT_TOKENS}"]}
-NOTES = ("2026-12-02, alone on the machine, both modes paced token by token: no group dropped for straddling "
-         "versions (147 and 174 of 640 trained groups straddled), but the time goal is missed: the in-flight run "
-         "reached the baseline's final accuracy at 1.006x its time on seed 0, and on seed 1 the baseline ended below "
-         "where it started (0.465 -> 0.365), so there is nothing to time. Learner utilization 0.36/0.29 in-flight "
-         "against 0.33/0.27: the learner waits on the three paced workers' capacity on 2 shared cores, not on the "
-         "staleness window that in-flight swaps widen (a prompt's 8 completions take 0.028 s alone, 3-4x that "
-         "beside the learner). Greedy held-out accuracy on the padded task swings by up to 0.4 between evaluations "
-         "5 versions apart. An earlier configuration (S = 2, six workers, 16-prompt leases, only in-flight runs "
-         "paced) is in inflight_s2_six_workers.json: there straddling groups were dropped from the buffer as the "
-         "learner advanced (26 and 4), leasing ahead over-filling it.")
+NOTES = ("2026-12-02, at 985f199, alone on the machine, S = 2, six workers paced 12x token by token (emulated slow "
+         "GPUs: a 16-prompt lease takes about 20 s against a learner busy about 1.2 s per step), the pad task's "
+         "reference with a quarter more dots than the rule (greedy accuracy no longer collapses at one dot short). "
+         "Both goals missed. Seed 0: the in-flight run reached the baseline's final accuracy (0.70) at 0.90x its "
+         "time (237.8 s against 264.2 s), utilization 0.28 against 0.20, 40 steps in 0.90x the wall time. Seed 1: "
+         "the baseline ended below its start (0.46 -> 0.30), nothing to time; in-flight ended at 0.425 in 0.74x the "
+         "baseline's wall time (utilization 0.29 against 0.17). In-flight dropped 203 and 140 straddling groups as "
+         "stale, most at submission: leasing ahead was sized on the learner's busy time, and a learner that waits "
+         "for batches steps slower than that, so leases reached further ahead than their tokens could stay under "
+         "max_masked_fraction. The data plane now sizes it on the step period (the interval between batches when "
+         "longer; not yet measured here). Tokens trained at staleness p50 1 (in-flight) against 2.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -174,6 +174,24 @@ def test_with_segment_swaps_leases_reach_as_far_ahead_as_the_measured_generation
     assert (plane.window_groups(), base.window_groups()) == (16, 12)  # (S + 1 + ahead) x P groups in flight
 
 
+def test_a_learner_that_waits_for_batches_leases_less_far_ahead():
+    """Versions arrive once per step period: while the learner waits for batches that is longer
+    than its busy time, and k steps ahead cover more of a generation, so fewer are allowed
+    (the largest k with k x T + T_seg < f x T_gen = 150 s, T the period)."""
+    plane = DataPlane(2, 1, lambda v: v, current_version=0, segment_swaps=True, max_masked_fraction=0.5)
+    plane.step_time_s = 50.0
+    for held_s in (290.0, 300.0, 310.0, 330.0):
+        plane.observe_generation(held_s, 5.0)
+    assert plane.ahead_steps() == 2 and plane.step_period_s() is None  # 100 + 5 < 150
+    for step, now_s in enumerate((0.0, 100.0, 200.0, 300.0)):
+        plane.add(step)
+        plane.advance(step)
+        assert plane.take_batch(step, now_s=now_s) == [step]
+    assert plane.step_period_s() == 100.0 and plane.ahead_steps() == 1  # 200 + 5 is not below 150
+    plane.step_time_s = 150.0  # busy longer than the batches' interval: the busy time counts
+    assert plane.ahead_steps() == 0
+
+
 def test_the_coordinator_measures_how_long_swapping_leases_take(tmp_path, tiny_model_dir):
     clock = FakeClock()
     sampling = SAMPLING.model_copy(update={"segment_tokens": 2})

@@ -38,6 +38,8 @@ from echo2.policy.window import LeaseWindow
 
 GENERATIONS_KEPT = 64
 """Recent leases whose generation times set how far ahead swapping workers may lease."""
+PERIODS_KEPT = 16
+"""Recent intervals between batches whose median is the learner's step period."""
 
 
 def segment_seconds(held_s: float, segment_tokens: int, longest_tokens: int) -> float:
@@ -113,6 +115,8 @@ class DataPlane(Generic[G]):
         """(step, when) the learner first asked for the batch not yet taken."""
         self.step_time_s: float | None = None
         """The learner's recent busy time per step (the caller keeps it current)."""
+        self.batch_times_s: deque[float] = deque(maxlen=PERIODS_KEPT + 1)
+        """When the recent batches were taken (the caller's clock), for `step_period_s`."""
 
     # ---- versions ----
     def publish(self, version: int) -> None:
@@ -178,13 +182,23 @@ class DataPlane(Generic[G]):
         """Steps past the window a lease may reach when workers swap versions mid-generation:
         planner.capacity.swap_ahead_steps on what the leases took (the quartile of the recent
         generation times, the median segment: leasing too far ahead drops groups as stale) and
-        the learner's step time. 0 without swaps, and until both are measured."""
+        the learner's step period (its step time, or the interval between batches when that is
+        longer). 0 without swaps, and until both are measured."""
         if not self.segment_swaps or not self.generations or not self.step_time_s:
             return 0
         held = sorted(h for h, _ in self.generations)
         segments = sorted(s for _, s in self.generations)
-        return swap_ahead_steps(held[len(held) // 4], self.step_time_s, segment_s=segments[len(segments) // 2],
+        # versions arrive once per step period: the busy time, or longer while the learner
+        # waits for batches (k steps ahead then cover more of a generation than k busy times)
+        period_s = max(self.step_time_s, self.step_period_s() or 0.0)
+        return swap_ahead_steps(held[len(held) // 4], period_s, segment_s=segments[len(segments) // 2],
                                 max_masked_fraction=self.max_masked_fraction)
+
+    def step_period_s(self) -> float | None:
+        """The median interval between the recent batches taken with a clock (None: fewer than two)."""
+        times = list(self.batch_times_s)
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        return gaps[len(gaps) // 2] if gaps else None
 
     # ---- rollouts ----
     def admits(self, group: G) -> bool:
@@ -244,6 +258,8 @@ class DataPlane(Generic[G]):
         batch = [g for i, g in enumerate(self.buffer) if i in chosen]
         self.buffer = [g for i, g in enumerate(self.buffer) if i not in chosen]
         self.steps_taken = max(self.steps_taken, step + 1)
+        if now_s is not None:
+            self.batch_times_s.append(now_s)
         if now_s is not None and self.asked_at is not None:
             self.window.observe(now_s - self.asked_at[1], self.step_time_s)
             self.asked_at = None
