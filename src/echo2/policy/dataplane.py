@@ -197,7 +197,7 @@ class DataPlane(Generic[G]):
     def step_period_s(self) -> float | None:
         """The median interval between the recent batches taken with a clock (None: fewer than two)."""
         times = list(self.batch_times_s)
-        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        gaps = sorted(b - a for a, b in zip(times[:-1], times[1:], strict=True))
         return gaps[len(gaps) // 2] if gaps else None
 
     # ---- rollouts ----
