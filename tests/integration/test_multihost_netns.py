@@ -21,7 +21,7 @@ from tests.conftest import small_run_config
 from tests.integration.runs import TOKEN, records, wait_for, write_config
 
 from echo2.broadcast.lab.netns import HostSpec, LabNetwork, netns_unavailable_reason
-from echo2.coordinator.credentials import SECRET_VARIABLES
+from echo2.coordinator.parts.credentials import SECRET_VARIABLES
 
 pytestmark = [pytest.mark.integration, pytest.mark.system, pytest.mark.netns]
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "multihost.sh"

@@ -21,7 +21,7 @@ from tests.unit.metrics_fixtures import synthetic_run, write_run
 from tests.unit.test_coordinator_http import LEARNER, OPERATOR, _join, _post, run_with_server
 
 from echo2.coordinator.state import RequestError
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.messages import (
     Heartbeat,
     RegisterRequest,

@@ -1,4 +1,4 @@
-"""Each role can do its own job and nothing more (echo2.coordinator.credentials), on a real
+"""Each role can do its own job and nothing more (echo2.coordinator.parts.credentials), on a real
 coordinator over loopback. Every case is one of the attacks a review found with a single shared
 token: with only the join token a client publishes, takes the learner's batches, registers as
 `origin`, or speaks for another worker. Publishes are checked against the pinned learner key and
@@ -15,7 +15,7 @@ from tests.unit.coordinator_helpers import FakeClock, make_state, past_slow_star
 from tests.unit.test_coordinator_http import AUTH, LEARNER, OPERATOR, _join, _post, run_with_server
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
-from echo2.coordinator.credentials import Secrets, coordinator_secrets, key_file
+from echo2.coordinator.parts.credentials import Secrets, coordinator_secrets, key_file
 from echo2.coordinator.state import RequestError
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter, read_metrics

@@ -11,8 +11,8 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.dissemination import Dissemination, Peer
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.parts.dissemination import Dissemination, Peer
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.broadcast import BadPeerReport
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 

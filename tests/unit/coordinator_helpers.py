@@ -13,10 +13,10 @@ from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_m
 from echo2.config.activation import ActivationConfig
 from echo2.config.run import RunConfig
 from echo2.config.task import AdditionConfig
-from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.scoring.scorer import Scorer
 from echo2.coordinator.settings import Settings, resolve
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.store import Store
+from echo2.coordinator.records.store import Store
 from echo2.policy.rewards import RewardRules
 from echo2.policy.trust import Standing
 from echo2.protocol.manifest import build_manifest

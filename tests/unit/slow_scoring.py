@@ -5,7 +5,7 @@ loop, as sympy computing a tower of powers would be)."""
 from __future__ import annotations
 
 from echo2.config.task import AdditionConfig
-from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.scoring.scorer import Scorer
 from echo2.tasks import make_task
 
 HANG = "#"

@@ -17,7 +17,7 @@ from tests.unit.coordinator_helpers import (
 
 from echo2.config.activation import ActivationConfig
 from echo2.coordinator.state import RequestError
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.learner_api import AuditReport, GroupAudit
 from echo2.protocol.messages import RegisterRequest
 
@@ -99,7 +99,7 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
 
 
 def test_the_quarantine_reason_names_the_check_that_failed():
-    from echo2.coordinator.audit import AuditLedger
+    from echo2.coordinator.parts.audit import AuditLedger
 
     def failing(lease_id: str, sampler: int | None, diff: float) -> GroupAudit:
         return GroupAudit(lease_id=lease_id, worker_id="w", version=3, tokens=8, mean_abs_logprob_diff=diff,

@@ -20,7 +20,7 @@ from tests.unit.coordinator_helpers import (
 from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
 
 from echo2.coordinator.state import CoordinatorState, RequestError
-from echo2.coordinator.store import Store
+from echo2.coordinator.records.store import Store
 from echo2.learner.train import Learner
 from echo2.models.loading import load_tokenizer
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state, past_slow_start, publish
 
-from echo2.coordinator.credentials import Secrets
-from echo2.coordinator.server import build_app
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.parts.credentials import Secrets
+from echo2.coordinator.http.server import build_app
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.learner_api import RejectBatchResponse
 from echo2.report.metrics import MetricsWriter
 

@@ -11,9 +11,9 @@ import pytest
 from tests.conftest import small_run_config
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
-from echo2.coordinator import events as ev
+from echo2.coordinator.records import events as ev
 from echo2.coordinator.settings import Settings, resolve
-from echo2.coordinator.store import GroupState, Store
+from echo2.coordinator.records.store import GroupState, Store
 from echo2.protocol.learner_api import BatchRequest
 
 

@@ -19,7 +19,7 @@ from tests.unit.coordinator_helpers import (
 )
 
 from echo2.coordinator.state import CoordinatorState, RequestError
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.messages import Heartbeat, RegisterRequest, RolloutCompletion
 
 
@@ -333,9 +333,9 @@ def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_
 
     from tests.conftest import small_run_config
 
-    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.scoring.scorer import Scorer
     from echo2.coordinator.settings import resolve
-    from echo2.coordinator.store import Store
+    from echo2.coordinator.records.store import Store
     from echo2.tasks import make_task
 
     lora = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
@@ -359,7 +359,7 @@ def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path,
 
     from echo2.broadcast.signing import sign_manifest
     from echo2.config.broadcast import BroadcastConfig
-    from echo2.coordinator.store import Store
+    from echo2.coordinator.records.store import Store
     from echo2.protocol.manifest import build_manifest, content_index
     from echo2.protocol.messages import VersionInfo
 

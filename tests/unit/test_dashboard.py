@@ -13,9 +13,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, past_slow_start, publish, submission
 
-from echo2.coordinator.credentials import ROUTE_ROLES, Secrets
-from echo2.coordinator.dashboard import SESSION_COOKIE
-from echo2.coordinator.server import build_app
+from echo2.coordinator.parts.credentials import ROUTE_ROLES, Secrets
+from echo2.coordinator.http.dashboard import SESSION_COOKIE
+from echo2.coordinator.http.server import build_app
 from echo2.protocol.messages import Heartbeat, RegisterRequest
 from echo2.report.metrics import MetricsWriter
 

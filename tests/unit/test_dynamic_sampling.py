@@ -19,11 +19,11 @@ from tests.unit.coordinator_helpers import (
     submission,
 )
 
-from echo2.coordinator.history import RunHistory
-from echo2.coordinator.prometheus import _run_metrics
+from echo2.coordinator.http.history import RunHistory
+from echo2.coordinator.http.prometheus import _run_metrics
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.store import Store
-from echo2.coordinator.view import run_view
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.http.view import run_view
 from echo2.report.summary import summarize
 
 

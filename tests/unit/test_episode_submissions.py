@@ -11,7 +11,7 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish
 
 from echo2.config.run import load_run_config
-from echo2.coordinator.scoring import make_scorer
+from echo2.coordinator.scoring.scorer import make_scorer
 from echo2.coordinator.state import RequestError
 from echo2.envs.play import play
 from echo2.protocol.messages import (

@@ -14,7 +14,7 @@ from tests.unit.test_loopback_pipeline import _until
 
 from echo2.config.run import RunConfig, load_run_config
 from echo2.config.worker import WorkerConfig
-from echo2.coordinator.scoring import make_scorer
+from echo2.coordinator.scoring.scorer import make_scorer
 from echo2.envs.episode import replay
 from echo2.learner.batching import loss_mask
 from echo2.learner.io import LearnerIO

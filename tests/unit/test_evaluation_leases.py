@@ -21,7 +21,7 @@ from tests.unit.coordinator_helpers import (
 )
 from tests.unit.test_coordinator_http import LEARNER, _join, _post, run_with_server
 
-from echo2.coordinator.evaluations import Evaluations
+from echo2.coordinator.parts.evaluations import Evaluations
 from echo2.coordinator.state import RequestError
 from echo2.protocol.messages import EvalSubmission, LeaseRequest
 
@@ -210,7 +210,7 @@ def test_a_worker_evaluation_scores_what_echo2_eval_scores(tiny_model_dir, tmp_p
     load_tokenizer(str(tiny_model_dir)).save_pretrained(tmp_path / "noisy")
     tiny_model_dir = tmp_path / "noisy"
     from echo2.config.task import AdditionConfig
-    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.scoring.scorer import Scorer
     from echo2.models.evaluation import evaluate, sample_completions
     from echo2.models.loading import load_model, load_tokenizer
     from echo2.rollout.hf_engine import HFEngine

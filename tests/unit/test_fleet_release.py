@@ -8,7 +8,7 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, event_records, make_state
 
 from echo2.config.activation import ActivationConfig
-from echo2.coordinator.view import snapshot
+from echo2.coordinator.http.view import snapshot
 from echo2.protocol.messages import LeaveRequest, RegisterRequest
 
 

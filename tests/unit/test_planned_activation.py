@@ -13,7 +13,7 @@ from echo2.config.activation import ActivationConfig
 from echo2.config.catalog import PlanConfig
 from echo2.config.run import RunConfig
 from echo2.config.sim import load_scenario
-from echo2.coordinator.errors import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.settings import resolve
 from echo2.planner import make_plan
 from echo2.planner.fleet import MeasuredOnTime, class_plans

@@ -3,7 +3,7 @@ needs, across segments; curves that stay bounded on long runs and follow a resum
 
 from __future__ import annotations
 
-from echo2.coordinator.history import MAX_POINTS, Curve, RunHistory
+from echo2.coordinator.http.history import MAX_POINTS, Curve, RunHistory
 from echo2.report.metrics import MetricsTail, MetricsWriter, metrics_segments
 
 

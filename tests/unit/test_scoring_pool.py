@@ -32,10 +32,10 @@ from tests.unit.test_coordinator_http import TIMEOUT, _join, _post, _serve, run_
 
 from echo2.config.scoring import ScoringConfig
 from echo2.config.task import AdditionConfig
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.score_jobs import OverBudget, rollout_jobs
-from echo2.coordinator.score_pool import ScoringPool
-from echo2.coordinator.scoring import scorer_from_recipe, scorer_recipe
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.scoring.jobs import OverBudget, rollout_jobs
+from echo2.coordinator.scoring.pool import ScoringPool
+from echo2.coordinator.scoring.scorer import scorer_from_recipe, scorer_recipe
 from echo2.protocol.messages import EvalSubmission, RolloutCompletion
 
 BUDGET_S = 1.5
@@ -131,7 +131,7 @@ def test_a_hung_scoring_is_cut_off_and_killed_while_heartbeats_are_answered(tmp_
 def test_the_scoring_processes_build_the_coordinators_scorer_from_plain_json(tiny_model_dir):
     recipe = scorer_recipe(AdditionConfig(digits=3), 7, str(tiny_model_dir), 4)
     scorer = scorer_from_recipe(**json.loads(json.dumps(recipe))["kwargs"])
-    assert recipe["factory"] == "echo2.coordinator.scoring:scorer_from_recipe"
+    assert recipe["factory"] == "echo2.coordinator.scoring.scorer:scorer_from_recipe"
     assert scorer.task.cfg == AdditionConfig(digits=3) and scorer.problem(5) == scorer.task.train_problem(5)
 
 

@@ -80,9 +80,9 @@ def test_epoch_order_is_a_seeded_shuffle_that_a_new_process_repeats(tmp_path):
 def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_dir):
     from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
-    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.scoring.scorer import Scorer
     from echo2.coordinator.state import CoordinatorState
-    from echo2.coordinator.store import Store
+    from echo2.coordinator.records.store import Store
 
     path = write_jsonl(tmp_path / "p.jsonl", word_problems(30))
     cfg = load_run_config(None, ["task.name=math", f"task.dataset={path}", "task.eval_fraction=0.2"])
@@ -217,7 +217,7 @@ def _math_with_tokenizer(tmp_path, model_dir, *overrides: str):
 
 
 def test_prompts_go_through_the_chat_template_where_the_tokenizer_has_one(tmp_path, tiny_model_dir):
-    from echo2.coordinator.scoring import Scorer
+    from echo2.coordinator.scoring.scorer import Scorer
 
     task, tokenizer, path = _math_with_tokenizer(tmp_path, tiny_model_dir, "task.system_prompt=Be brief.",
                                                  "task.instruction=Answer with a number.")

@@ -242,7 +242,7 @@ def test_the_coordinator_probes_an_https_relay_against_its_ca(pki):
     """`echo2 worker --check` asks the coordinator to dial the worker's relay back; a TLS relay
     is checked against the coordinator's CA like any other client would (a failed handshake is
     one more "not reachable": the probe's answer does not tell failures apart)."""
-    from echo2.coordinator.probe import NOT_REACHED, probe_relay
+    from echo2.coordinator.parts.probe import NOT_REACHED, probe_relay
 
     async def scenario():
         relay = RelayServer(CONFIG, auth_token=TOKEN, ssl_context=server_context(pki["local"]))

@@ -20,7 +20,7 @@ from tests.unit.coordinator_helpers import (
 )
 from tests.unit.metrics_fixtures import synthetic_run
 
-from echo2.coordinator.errors import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.policy import DataPlane
 from echo2.policy.admission import admits_tokens, is_admissible, last_admissible_step, masked_share
 from echo2.protocol import token_versions

@@ -20,9 +20,9 @@ from tests.unit.test_coordinator_http import TOKEN, _post, run_with_server
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.wire import STATUS_PATH
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator import events as ev
-from echo2.coordinator.log_lines import describe
-from echo2.coordinator.probe import NOT_REACHED, REACHED, own_address
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.http.log_lines import describe
+from echo2.coordinator.parts.probe import NOT_REACHED, REACHED, own_address
 from echo2.protocol.messages import PROTOCOL_VERSION
 
 EVIL = "w1\nFAKE LINE: worker w9 joined\r\x1b[31m\x00\x07\x7f\x9b[2J\u2028end"

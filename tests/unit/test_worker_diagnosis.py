@@ -14,8 +14,8 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 from tests.unit.test_coordinator_http import TOKEN, _post, _serve, run_with_server
 
-import echo2.coordinator.http_base as http_base
-import echo2.coordinator.server as server
+import echo2.coordinator.http.base as http_base
+import echo2.coordinator.http.server as server
 from echo2.config.worker import WorkerConfig
 from echo2.protocol.messages import PROTOCOL_CHANGES, PROTOCOL_VERSION
 from echo2.report.metrics import MetricsWriter
@@ -172,7 +172,7 @@ def test_the_probe_dials_only_relay_addresses(state):
 
 
 def test_the_coordinator_logs_who_works_on_the_run():
-    from echo2.coordinator.log_lines import describe
+    from echo2.coordinator.http.log_lines import describe
 
     joined = describe({"kind": "worker_registered", "worker_id": "w1", "engine": "hf", "price_per_hour": 0.5,
                        "relay_address": "", "source": "10.0.0.9"})

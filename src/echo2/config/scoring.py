@@ -1,7 +1,7 @@
 """The coordinator's scoring (`[coordinator.scoring]`): rewards are computed in a small pool of
-processes off its event loop (echo2.coordinator.score_pool), each completion within a time
+processes off its event loop (echo2.coordinator.scoring.pool), each completion within a time
 budget, and a worker whose completions keep running over it is refused for a while
-(echo2.coordinator.score_limits)."""
+(echo2.coordinator.scoring.limits)."""
 
 from __future__ import annotations
 

@@ -13,13 +13,13 @@ import signal
 from aiohttp import web
 
 from echo2.config.run import RunConfig
-from echo2.coordinator.credentials import coordinator_secrets
-from echo2.coordinator.score_pool import ScoringPool
-from echo2.coordinator.scoring import make_scorer, scorer_recipe
-from echo2.coordinator.server import build_app
+from echo2.coordinator.parts.credentials import coordinator_secrets
+from echo2.coordinator.scoring.pool import ScoringPool
+from echo2.coordinator.scoring.scorer import make_scorer, scorer_recipe
+from echo2.coordinator.http.server import build_app
 from echo2.coordinator.settings import resolve
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.store import Store
+from echo2.coordinator.records.store import Store
 from echo2.protocol import tls
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task

@@ -4,7 +4,7 @@ wires to one shared list of events. Every public method either applies a whole c
 submissions (`submit_scored`, `submit_evaluation_scored`) await their scoring in between: they
 are checked, scored while other requests run, then applied in one step that checks the lease
 again (and refuses, changing nothing, if it expired meanwhile); only the scoring's cost is
-kept either way (over-budget strikes, echo2.coordinator.score_limits).
+kept either way (over-budget strikes, echo2.coordinator.scoring.limits).
 
 The parts, each owning its data: `registry` (workers, credentials, the join bucket),
 `leases_book` (the prompt queue, cursor and live leases), `groups` (the policy core's data plane
@@ -24,22 +24,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.audit import AuditLedger
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.evaluation_desk import EvaluationDesk
-from echo2.coordinator.groups import Counters, GroupBook
-from echo2.coordinator.learner_desk import LearnerDesk
-from echo2.coordinator.leases import Lease, LeaseBook
-from echo2.coordinator.registry import Registry, WorkerRecord
-from echo2.coordinator.rollouts import RolloutIntake
-from echo2.coordinator.score_jobs import Scoring
-from echo2.coordinator.score_limits import ScoringLimits
-from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.parts.audit import AuditLedger
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.desks.evaluation import EvaluationDesk
+from echo2.coordinator.parts.groups import Counters, GroupBook
+from echo2.coordinator.desks.learner import LearnerDesk
+from echo2.coordinator.parts.leases import Lease, LeaseBook
+from echo2.coordinator.parts.registry import Registry, WorkerRecord
+from echo2.coordinator.desks.rollouts import RolloutIntake
+from echo2.coordinator.scoring.jobs import Scoring
+from echo2.coordinator.scoring.limits import ScoringLimits
+from echo2.coordinator.scoring.scorer import Scorer
 from echo2.coordinator.settings import Settings
-from echo2.coordinator.store import Store
-from echo2.coordinator.versions import VersionDesk
-from echo2.coordinator.worker_desk import WorkerDesk
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.parts.versions import VersionDesk
+from echo2.coordinator.desks.workers import WorkerDesk
 from echo2.policy.controller import ActivationController
 from echo2.protocol import messages as m
 from echo2.protocol.learner_api import AuditReport

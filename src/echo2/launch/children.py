@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from echo2.coordinator.credentials import SECRET_VARIABLES
+from echo2.coordinator.parts.credentials import SECRET_VARIABLES
 
 # time a child gets to flush metrics and close sockets after SIGTERM before SIGKILL
 STOP_GRACE_S = 10.0

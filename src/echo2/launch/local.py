@@ -16,7 +16,7 @@ from rich.console import Console
 from echo2.config.run import RunConfig
 from echo2.config.run_dir import write_resolved
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.credentials import OPERATOR, key_file, read_secret
+from echo2.coordinator.parts.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress

@@ -8,7 +8,7 @@
 - the **learner token**: publish versions, take and reject batches;
 - the **operator token**: read the coordinator's state, its Prometheus `/metrics`, and the
   dashboard (`viewer` routes: the token as a bearer header, or the session cookie the dashboard's
-  login form exchanges it for; see echo2.coordinator.dashboard).
+  login form exchanges it for; see echo2.coordinator.http.dashboard).
 
 With only the join token a client can join as a new worker and nothing more: it cannot
 publish, take the learner's batches, or act as another worker.

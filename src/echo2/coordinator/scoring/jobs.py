@@ -2,7 +2,7 @@
 reward, or whether an evaluation completion is right), built from a submission; its outcome a
 float, `OverBudget` (it ran past the time budget, or its process died: it scores 0) or
 `Mismatch` (a multi-turn transcript that does not replay). Jobs are JSON-ready dicts, so the
-scoring processes (echo2.coordinator.score_pool) get them over a pipe with nothing pickled.
+scoring processes (echo2.coordinator.scoring.pool) get them over a pipe with nothing pickled.
 
 `score_job` is the one place a job becomes a scorer call: the scoring processes run it, and
 `InlineScoring` runs it in-process (the state machine's synchronous `submit`, servers built

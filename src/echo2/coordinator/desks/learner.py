@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.audit import AuditLedger
-from echo2.coordinator.evaluation_desk import EvaluationDesk
-from echo2.coordinator.groups import GroupBook
-from echo2.coordinator.leases import LeaseBook
-from echo2.coordinator.registry import Registry
-from echo2.coordinator.store import Store
-from echo2.coordinator.versions import VersionDesk
-from echo2.coordinator.worker_desk import WorkerDesk
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.parts.audit import AuditLedger
+from echo2.coordinator.desks.evaluation import EvaluationDesk
+from echo2.coordinator.parts.groups import GroupBook
+from echo2.coordinator.parts.leases import LeaseBook
+from echo2.coordinator.parts.registry import Registry
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.parts.versions import VersionDesk
+from echo2.coordinator.desks.workers import WorkerDesk
 from echo2.policy import staleness
 from echo2.policy.controller import ActivationController
 from echo2.protocol.learner_api import AuditReport

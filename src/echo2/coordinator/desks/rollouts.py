@@ -13,17 +13,17 @@ import random
 import time
 from collections.abc import Callable
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.groups import GroupBook
-from echo2.coordinator.leases import Lease, LeaseBook
-from echo2.coordinator.registry import Registry, WorkerRecord
-from echo2.coordinator.score_jobs import Mismatch, Outcome, Scoring, inline_outcomes, rollout_jobs
-from echo2.coordinator.score_limits import ScoringLimits
-from echo2.coordinator.scoring import Scorer
-from echo2.coordinator.store import Store
-from echo2.coordinator.validation import check_submission
-from echo2.coordinator.versions import VersionDesk
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.parts.groups import GroupBook
+from echo2.coordinator.parts.leases import Lease, LeaseBook
+from echo2.coordinator.parts.registry import Registry, WorkerRecord
+from echo2.coordinator.scoring.jobs import Mismatch, Outcome, Scoring, inline_outcomes, rollout_jobs
+from echo2.coordinator.scoring.limits import ScoringLimits
+from echo2.coordinator.scoring.scorer import Scorer
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.scoring.validation import check_submission
+from echo2.coordinator.parts.versions import VersionDesk
 from echo2.policy.controller import ActivationController
 from echo2.policy.dataplane import segment_seconds
 from echo2.policy.rewards import RewardRules, is_uninformative, truncated

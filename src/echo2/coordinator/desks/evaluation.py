@@ -1,4 +1,4 @@
-"""The coordinator's side of evaluation leases (`echo2.coordinator.evaluations` holds the rules):
+"""The coordinator's side of evaluation leases (`echo2.coordinator.parts.evaluations` holds the rules):
 it renders the held-out prompts, checks and scores what workers return with the task (the
 check `echo2 eval` makes; on the server's path in the scoring pool, off the event loop), keeps
 what is due and what is done in the store across restarts, and phrases the events
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.evaluations import Evaluations, Running
-from echo2.coordinator.score_jobs import Outcome, Scoring, eval_jobs, inline_outcomes
-from echo2.coordinator.score_limits import ScoringLimits
-from echo2.coordinator.scoring import Scorer
-from echo2.coordinator.store import Store
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.parts.evaluations import Evaluations, Running
+from echo2.coordinator.scoring.jobs import Outcome, Scoring, eval_jobs, inline_outcomes
+from echo2.coordinator.scoring.limits import ScoringLimits
+from echo2.coordinator.scoring.scorer import Scorer
+from echo2.coordinator.records.store import Store
 from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult, LeaseResponse
 
 STORE_KEY = "evaluations"

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.evaluation_desk import EvaluationDesk
-from echo2.coordinator.groups import Counters, GroupBook
-from echo2.coordinator.leases import Lease, LeaseBook
-from echo2.coordinator.registry import Registry, WorkerRecord
-from echo2.coordinator.scoring import Scorer
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.desks.evaluation import EvaluationDesk
+from echo2.coordinator.parts.groups import Counters, GroupBook
+from echo2.coordinator.parts.leases import Lease, LeaseBook
+from echo2.coordinator.parts.registry import Registry, WorkerRecord
+from echo2.coordinator.scoring.scorer import Scorer
 from echo2.coordinator.settings import Settings
-from echo2.coordinator.store import Store
-from echo2.coordinator.versions import VersionDesk
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.parts.versions import VersionDesk
 from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
     BadPeerRequest,

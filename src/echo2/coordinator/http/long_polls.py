@@ -10,7 +10,7 @@ import asyncio
 
 from aiohttp import web
 
-from echo2.coordinator.http_base import (
+from echo2.coordinator.http.base import (
     CHANGED_KEY,
     ROOM_KEY,
     SCORING_KEY,

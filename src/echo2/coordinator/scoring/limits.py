@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from echo2.coordinator import events as ev
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.score_jobs import Outcome, OverBudget
+from echo2.coordinator.records import events as ev
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.scoring.jobs import Outcome, OverBudget
 
 
 class ScoringLimits:

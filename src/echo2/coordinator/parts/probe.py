@@ -23,7 +23,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from echo2.broadcast.wire import RELAY_MARK, STATUS_PATH
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.errors import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol import tls
 
 PROBE_TIMEOUT_S = 5.0

@@ -1,7 +1,7 @@
-"""A scoring process of the coordinator's pool (echo2.coordinator.score_pool), run as
-`python -m echo2.coordinator.score_child`. It reads its recipe (one JSON line: `factory`,
+"""A scoring process of the coordinator's pool (echo2.coordinator.scoring.pool), run as
+`python -m echo2.coordinator.scoring.child`. It reads its recipe (one JSON line: `factory`,
 "module:function", called with `kwargs`), builds and warms its scorer, answers
-{"ready": <pid>}, then scores one job per line of stdin (echo2.coordinator.score_jobs), one
+{"ready": <pid>}, then scores one job per line of stdin (echo2.coordinator.scoring.jobs), one
 JSON line of reply each: {"value": x}, {"mismatch": why} or {"error": what}. It exits at the
 end of stdin, and on Linux when the coordinator dies; the pool kills it when a job runs past its
 budget.
@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from echo2.coordinator.score_jobs import Mismatch, score_job
+from echo2.coordinator.scoring.jobs import Mismatch, score_job
 
 
 def build(recipe: dict):

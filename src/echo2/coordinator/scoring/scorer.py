@@ -109,14 +109,14 @@ def make_scorer(task, model_source: str, max_action_tokens: int):
     """The coordinator's scorer for `task`: decoded completions scored by a task adapter, or
     multi-turn episodes replayed in their environment."""
     if task.kind == "episode":
-        from echo2.coordinator.replay import EpisodeScorer
+        from echo2.coordinator.scoring.replay import EpisodeScorer
 
         return EpisodeScorer(task, model_source, max_action_tokens)
     return Scorer(task, model_source)
 
 
 def scorer_recipe(task_cfg: TaskConfigBase, seed: int, model_source: str, max_action_tokens: int) -> dict:
-    """How a scoring process builds the coordinator's scorer itself (echo2.coordinator.score_child):
+    """How a scoring process builds the coordinator's scorer itself (echo2.coordinator.scoring.child):
     plain JSON, nothing pickled; the process calls `factory` with `kwargs`."""
     return {"factory": f"{__name__}:scorer_from_recipe",
             "kwargs": {"task": task_cfg.model_dump(mode="json"), "seed": seed, "model_source": model_source,

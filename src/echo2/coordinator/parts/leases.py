@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from echo2.coordinator.registry import WorkerRecord
-from echo2.coordinator.store import Store
+from echo2.coordinator.parts.registry import WorkerRecord
+from echo2.coordinator.records.store import Store
 
 
 @dataclass

@@ -13,10 +13,10 @@ from echo2.broadcast.signing import (
     verify_manifest,
 )
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.dissemination import Dissemination, Peer
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.events import Event, PublishReplayed, VersionPublished
-from echo2.coordinator.store import Store
+from echo2.coordinator.parts.dissemination import Dissemination, Peer
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.records.events import Event, PublishReplayed, VersionPublished
+from echo2.coordinator.records.store import Store
 from echo2.protocol.messages import VersionInfo
 
 

@@ -1,5 +1,5 @@
 """Scoring off the coordinator's event loop: a small pool of processes it starts, owns and can
-kill (`python -m echo2.coordinator.score_child`, each building its own scorer from a JSON
+kill (`python -m echo2.coordinator.scoring.child`, each building its own scorer from a JSON
 recipe: nothing is pickled either way). Each completion is one job, scored by whichever process
 is free, within `timeout_s` (coordinator.scoring.timeout_s). A job past its budget, or whose
 process dies, is `OverBudget` (it scores 0): its process is killed by pid, reaped, and a fresh
@@ -20,11 +20,11 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 
-from echo2.coordinator.score_jobs import Mismatch, Outcome, OverBudget
+from echo2.coordinator.scoring.jobs import Mismatch, Outcome, OverBudget
 
 log = logging.getLogger("echo2.coordinator")
 
-CHILD = "echo2.coordinator.score_child"
+CHILD = "echo2.coordinator.scoring.child"
 START_TIMEOUT_S = 300.0
 """A process that has not built its scorer by then (its task's data loaded) is killed and
 started again."""
@@ -40,7 +40,7 @@ class ScoringError(RuntimeError):
 class ScoringPool:
     def __init__(self, recipe: dict, *, processes: int, timeout_s: float,
                  start_timeout_s: float = START_TIMEOUT_S) -> None:
-        """`recipe`: how a process builds its scorer (echo2.coordinator.scoring.scorer_recipe)."""
+        """`recipe`: how a process builds its scorer (echo2.coordinator.scoring.scorer.scorer_recipe)."""
         if processes < 1 or not timeout_s > 0:
             raise ValueError(f"a scoring pool needs processes >= 1 and timeout_s > 0 (got {processes}, {timeout_s})")
         self.recipe, self.processes, self.timeout_s = recipe, processes, timeout_s

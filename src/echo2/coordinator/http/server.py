@@ -14,11 +14,11 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, VIEWER, WORKER, Secrets
-from echo2.coordinator.dashboard import add_dashboard_routes, viewer_gate
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.history import RunHistory
-from echo2.coordinator.http_base import (
+from echo2.coordinator.parts.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, VIEWER, WORKER, Secrets
+from echo2.coordinator.http.dashboard import add_dashboard_routes, viewer_gate
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.http.history import RunHistory
+from echo2.coordinator.http.base import (
     CHANGED_KEY,
     HISTORY_KEY,
     LIMIT_KEY,
@@ -36,7 +36,7 @@ from echo2.coordinator.http_base import (
     worker_body,
     write_events,
 )
-from echo2.coordinator.long_polls import (
+from echo2.coordinator.http.long_polls import (
     answer_long_polls_now,
     handle_batch,
     handle_evaluation,
@@ -44,11 +44,11 @@ from echo2.coordinator.long_polls import (
     handle_heartbeat,
     handle_lease,
 )
-from echo2.coordinator.probe import check_relay_address, own_address, probe_relay
-from echo2.coordinator.prometheus import add_metrics_route
-from echo2.coordinator.score_jobs import InlineScoring, Scoring
+from echo2.coordinator.parts.probe import check_relay_address, own_address, probe_relay
+from echo2.coordinator.http.prometheus import add_metrics_route
+from echo2.coordinator.scoring.jobs import InlineScoring, Scoring
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.view import snapshot, stats_event
+from echo2.coordinator.http.view import snapshot, stats_event
 from echo2.protocol.learner_api import (
     AuditReport,
     AuditResponse,
@@ -83,7 +83,7 @@ _TOKEN_HINTS = {
 
 
 def make_auth_middleware(secrets: Secrets, state: CoordinatorState):
-    """Each route accepts exactly one role's credential (echo2.coordinator.credentials); a
+    """Each route accepts exactly one role's credential (echo2.coordinator.parts.credentials); a
     worker's credential also names the worker, which handlers check the body speaks for."""
     expected = {JOIN: secrets.join, LEARNER: secrets.learner, OPERATOR: secrets.operator}
 
@@ -192,7 +192,7 @@ async def handle_health(request: web.Request) -> web.Response:
 
 async def handle_probe(request: web.Request) -> web.Response:
     """Dial a worker's relay address back, at the caller's own address only
-    (echo2.coordinator.probe). Rate-limited with the registrations: each probe makes the
+    (echo2.coordinator.parts.probe). Rate-limited with the registrations: each probe makes the
     coordinator resolve a name and open a connection."""
     req = await parse_body(request, ProbeRequest)
     problem = check_relay_address(req.relay_address)

@@ -16,9 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from echo2.coordinator.history import RunHistory
+from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.view import run_view
+from echo2.coordinator.http.view import run_view
 
 REGISTRY_KEY = web.AppKey("prometheus_registry", CollectorRegistry)
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from echo2.coordinator.events import CoordinatorStats
-from echo2.coordinator.history import RunHistory
-from echo2.coordinator.registry import WorkerRecord
+from echo2.coordinator.records.events import CoordinatorStats
+from echo2.coordinator.http.history import RunHistory
+from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.broadcast import ORIGIN_ID
 

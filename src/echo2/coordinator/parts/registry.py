@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from echo2.coordinator.credentials import credential_digest, new_worker_credential
-from echo2.coordinator.dissemination import Peer
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.probe import check_relay_address
+from echo2.coordinator.parts.credentials import credential_digest, new_worker_credential
+from echo2.coordinator.parts.dissemination import Peer
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.parts.probe import check_relay_address
 from echo2.protocol.messages import RegisterRequest
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.store import GroupState, Store
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.records.store import GroupState, Store
 from echo2.policy import DataPlane
 from echo2.protocol.messages import TrainGroup
 from echo2.protocol.token_versions import tokens_by_version

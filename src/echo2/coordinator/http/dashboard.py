@@ -19,9 +19,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from echo2.coordinator.history import RunHistory
+from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.view import run_view
+from echo2.coordinator.http.view import run_view
 
 STATIC_DIR = Path(__file__).parent / "static"
 SESSION_COOKIE = "echo2_dashboard"

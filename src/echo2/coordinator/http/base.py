@@ -12,10 +12,10 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.errors import RequestError
-from echo2.coordinator.history import RunHistory
-from echo2.coordinator.log_lines import log_event
-from echo2.coordinator.score_jobs import Scoring
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.http.history import RunHistory
+from echo2.coordinator.http.log_lines import log_event
+from echo2.coordinator.scoring.jobs import Scoring
 from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
 from echo2.report.metrics import MetricsWriter
