@@ -20,8 +20,8 @@ from tests.unit.coordinator_helpers import (
 from tests.unit.metrics_fixtures import synthetic_run, write_run
 from tests.unit.test_coordinator_http import LEARNER, OPERATOR, _join, _post, run_with_server
 
-from echo2.coordinator.state import RequestError
 from echo2.coordinator.http.view import snapshot
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import (
     Heartbeat,
     RegisterRequest,
@@ -50,18 +50,18 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     refused = 0
     for i in range(5000):
         try:
-            state.register(RegisterRequest(worker_id=f"flood{i}", engine="hf"), source="203.0.113.7")
+            state.worker_desk.register(RegisterRequest(worker_id=f"flood{i}", engine="hf"), source="203.0.113.7")
         except RequestError as exc:
             assert exc.status == 429, exc.message
             refused += 1
     assert refused == 5000 - 60  # registrations_per_minute: a burst of a minute's worth
     for i in range(5000):
-        state.register(RegisterRequest(worker_id=f"spread{i}", engine="hf"), source=f"10.{i // 250}.{i % 250}.1")
+        state.worker_desk.register(RegisterRequest(worker_id=f"spread{i}", engine="hf"), source=f"10.{i // 250}.{i % 250}.1")
     flooded = len(json.dumps(snapshot(state)))
-    for wait_s in (state.settings.worker_timeout_s + 1, state.settings.forget_workers_after_s + 1):
+    for wait_s in (state.cfg.coordinator.worker_timeout_s + 1, state.cfg.coordinator.forget_workers_after_s + 1):
         clock.now += wait_s
-        state.heartbeat(Heartbeat(worker_id="honest", version=0))  # the honest worker stays
-        state.sweep()
+        state.worker_desk.heartbeat(Heartbeat(worker_id="honest", version=0))  # the honest worker stays
+        state.worker_desk.sweep()
 
     async def scenario(session, url):
         return await _state_bytes(session, url)
@@ -73,7 +73,7 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     print(f"/v1/state: {flooded} bytes during the flood, {after} after")
     assert flooded > 1_000_000  # what the flood held while it was live
     assert after < 2_000, after  # the honest worker's record and the run's counters
-    assert list(state.workers) == ["honest"] and set(state.registry.credentials.values()) == {"honest"}
+    assert list(state.registry.workers) == ["honest"] and set(state.registry.credentials.values()) == {"honest"}
     assert len(state.registry.join_buckets) <= 1 and state.controller.snapshot()["workers"].keys() <= {"honest"}
 
 
@@ -107,7 +107,7 @@ def test_oversized_fields_are_refused_with_422_naming_the_field(tmp_path, tiny_m
     for field, (status, body) in refused.items():
         assert status == 422 and f"{field} is over its cap" in body["error"], (field, status, body)
     assert "1000000 long" in refused["report.detail"][1]["error"]
-    assert not [e for e in events if e["kind"] == "bad_peer"] and set(state.workers) == {"w1"}
+    assert not [e for e in events if e["kind"] == "bad_peer"] and set(state.registry.workers) == {"w1"}
     assert capped[0] == 200
     (logged,) = [e for e in _records(metrics) if e["kind"] == "bad_peer"]
     assert len(json.dumps(logged)) < 1500  # what one report can add to metrics.jsonl
@@ -134,7 +134,7 @@ def test_trained_groups_leave_the_store_once_checkpointed(tmp_path, tiny_model_d
                                              logprobs=[-rng.random() * 3 for _ in range(1024)]) for _ in range(2)]
             req = RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=step, completions=completions,
                                     gen_time_s=0.1)
-            assert state.submit(req).accepted
+            assert state.intake.submit(req).accepted
             sent += len(req.model_dump_json())
         return sent
 

@@ -16,7 +16,7 @@ from tests.unit.test_coordinator_http import AUTH, LEARNER, OPERATOR, _join, _po
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
 from echo2.coordinator.parts.credentials import Secrets, coordinator_secrets, key_file
-from echo2.coordinator.state import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import VersionInfo
 from echo2.report.metrics import MetricsWriter, read_metrics
 from echo2.rollout.follower import VersionFollower
@@ -36,7 +36,7 @@ def state(tmp_path, tiny_model_dir):
 
 def test_the_join_token_alone_cannot_act_as_the_learner_or_operator(state):
     forged = version_info(1).model_dump(mode="json")
-    body = {"info": forged, "public_key_hex": state.public_key_hex}
+    body = {"info": forged, "public_key_hex": state.versions.public_key_hex}
 
     async def scenario(session, url):
         return {
@@ -54,7 +54,7 @@ def test_the_join_token_alone_cannot_act_as_the_learner_or_operator(state):
     statuses = run_with_server(state, scenario)
     assert statuses == {"publish": 401, "batch": 401, "reject": 401, "state": 401, "state as learner": 401,
                         "batch as operator": 401, "state as operator": 200, "heartbeat with the learner token": 401}
-    assert state.current_version == 0
+    assert state.versions.current == 0
 
 
 def test_a_worker_speaks_only_for_itself(state):
@@ -83,15 +83,15 @@ def test_a_worker_speaks_only_for_itself(state):
     assert statuses == {"register as origin": 422, "take over a live id": 409, "leave as the victim": 403,
                         "heartbeat as the victim": 403, "lease as the victim": 403, "no credential": 401,
                         "the join token as a credential": 401, "its own heartbeat": 200}
-    victim = state.workers["victim"]
-    assert victim.alive and victim.relay_address == "" and "origin" not in state.workers
-    assert sum(1 for lease in state.leases.values() if lease.worker_id == "victim") == 2  # leases untouched
+    victim = state.registry.workers["victim"]
+    assert victim.alive and victim.relay_address == "" and "origin" not in state.registry.workers
+    assert sum(1 for lease in state.leases_book.leases.values() if lease.worker_id == "victim") == 2  # leases untouched
 
 
 def test_an_evicted_worker_joins_again_with_a_new_credential(state, tmp_path):
     async def scenario(session, url):
         old = await _join(session, url, "w1")
-        state.workers["w1"].alive = False  # timed out
+        state.registry.workers["w1"].alive = False  # timed out
         new = await _join(session, url, "w1")
         return (await _post(session, url, "/v1/heartbeat", {"worker_id": "w1", "version": 0}, old))[0], \
             (await _post(session, url, "/v1/heartbeat", {"worker_id": "w1", "version": 0}, new))[0]
@@ -100,27 +100,27 @@ def test_an_evicted_worker_joins_again_with_a_new_credential(state, tmp_path):
 
 
 def test_publishes_follow_the_pinned_key_and_the_version_sequence(state, tmp_path, tiny_model_dir):
-    before = (state.latest, state.store.get_meta("latest"))
+    before = (state.versions.latest, state.store.get_meta("latest"))
     stranger = generate_private_key()
     with pytest.raises(RequestError, match="this run's learner key is"):
-        state.publish(_signed(1, stranger), public_key_hex(stranger.public_key()))
+        state.learner_desk.publish(_signed(1, stranger), public_key_hex(stranger.public_key()))
     with pytest.raises(RequestError, match="refused: manifest signed by key"):
-        state.publish(_signed(1, stranger), state.public_key_hex)  # claims the learner's key
+        state.learner_desk.publish(_signed(1, stranger), state.versions.public_key_hex)  # claims the learner's key
     with pytest.raises(RequestError, match="skips ahead: the newest is 0, so the next is 1"):
         publish(state, 10**9)
-    assert (state.latest, state.store.get_meta("latest")) == before  # refusals change nothing
+    assert (state.versions.latest, state.store.get_meta("latest")) == before  # refusals change nothing
     publish(state, 1)
     publish(state, 0)  # a resumed learner replaying an older version: nothing changes
-    assert state.current_version == 1
+    assert state.versions.current == 1
     moved = version_info(1).model_copy(update={"origin_url": "http://learner:2"})
-    state.publish(moved, state.public_key_hex)  # the newest again, from a restarted learner's origin
-    assert state.current_version == 1 and state.latest.origin_url == "http://learner:2"
+    state.learner_desk.publish(moved, state.versions.public_key_hex)  # the newest again, from a restarted learner's origin
+    assert state.versions.current == 1 and state.versions.latest.origin_url == "http://learner:2"
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, FakeClock())  # the pin survives a restart
     with pytest.raises(RequestError, match="this run's learner key is"):
-        revived.publish(_signed(2, stranger), public_key_hex(stranger.public_key()))
+        revived.learner_desk.publish(_signed(2, stranger), public_key_hex(stranger.public_key()))
     publish(revived, 2)
-    assert revived.current_version == 2
+    assert revived.versions.current == 2
 
 
 def _signed(version: int, key) -> VersionInfo:

@@ -11,8 +11,8 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.parts.dissemination import Dissemination, Peer
 from echo2.coordinator.http.view import snapshot
+from echo2.coordinator.parts.dissemination import Dissemination, Peer
 from echo2.protocol.broadcast import BadPeerReport
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 
@@ -38,12 +38,12 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
     list; with max_sources = 1 a reported parent did the same."""
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
     for i in range(2):
-        state.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
+        state.worker_desk.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
     publish(state, 0)
     report = BadPeerReport(version=0, reporter_id="w1", peer_id="origin", url=ORIGIN, chunk_index=0,
                            reason="corrupt_chunk", detail="lies")
-    state.bad_peer(BadPeerRequest(report=report))
-    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources] == ["origin"]
+    state.worker_desk.bad_peer(BadPeerRequest(report=report))
+    assert [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources] == ["origin"]
     assert "origin" not in state.versions.dissemination.suspects
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
@@ -70,17 +70,17 @@ def test_one_lying_reporter_cannot_cut_an_honest_relay_off():
 def test_throughput_is_what_the_coordinator_measures_not_what_a_worker_claims(state, clock):
     publish(state, 0)
     register(state, "boaster")
-    state.heartbeat(Heartbeat(worker_id="boaster", version=0, rollouts_total=10**9, busy_s_total=0.001))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="boaster", version=0, rollouts_total=10**9, busy_s_total=0.001))
     assert state.controller.workers["boaster"].rollouts_per_s.samples == 0  # a claim is not a sample
     task = lease(state, "boaster", 0).tasks[0]
     clock.now += 2.0  # it took two seconds to return a group
-    assert state.submit(submission(state, "boaster", task.lease_id, 0)).accepted
+    assert state.intake.submit(submission(state, "boaster", task.lease_id, 0)).accepted
     measured = state.controller.workers["boaster"].rollouts_per_s.value
-    assert measured == pytest.approx(state.settings.sampling.group_size / 2.0)
+    assert measured == pytest.approx(state.cfg.sampling.group_size / 2.0)
     clock.now += 5.0  # idle time (no lease held) is not counted against it
     task = lease(state, "boaster", 0).tasks[0]
     clock.now += 2.0
-    state.submit(submission(state, "boaster", task.lease_id, 0))
+    state.intake.submit(submission(state, "boaster", task.lease_id, 0))
     assert state.controller.workers["boaster"].rollouts_per_s.value == pytest.approx(measured)
     row = snapshot(state)["workers"]["boaster"]
     assert row["rollouts_per_s_claimed"] == pytest.approx(1e12) and row["rollouts_per_s_measured"] == pytest.approx(measured)

@@ -3,20 +3,17 @@ and well-formed messages to mutate into bad ones."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest
-from echo2.config.activation import ActivationConfig
 from echo2.config.run import RunConfig
 from echo2.config.task import AdditionConfig
-from echo2.coordinator.scoring.scorer import Scorer
-from echo2.coordinator.settings import Settings, resolve
-from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.records.store import Store
+from echo2.coordinator.scoring.scorer import Scorer
+from echo2.coordinator.state import CoordinatorState
 from echo2.policy.rewards import RewardRules
 from echo2.policy.trust import Standing
 from echo2.protocol.manifest import build_manifest
@@ -44,25 +41,54 @@ class FakeClock:
         return self.now
 
 
+# what a test may set on the state, by the run config field it lives in
+_FIELDS = {
+    "max_staleness": "train.max_staleness", "max_masked_fraction": "train.max_masked_fraction",
+    "fresh_leases": "train.fresh_leases", "eval_every": "train.eval_every", "final_version": "train.steps",
+    "groups_per_step": "grpo.prompts_per_step", "lora": "grpo.lora",
+    "heartbeat_interval_s": "coordinator.heartbeat_interval_s", "worker_timeout_s": "coordinator.worker_timeout_s",
+    "lease_timeout_s": "coordinator.lease_timeout_s", "max_leases_per_worker": "coordinator.max_leases_per_worker",
+    "forget_workers_after_s": "coordinator.forget_workers_after_s",
+    "registrations_per_minute": "coordinator.registrations_per_minute", "scoring": "coordinator.scoring",
+    "audit_flags_to_quarantine": "audit.flags_to_quarantine", "require_seeded_sampler": "audit.require_seeded_sampler",
+    "eval_problems_per_lease": "evaluation.problems_per_lease", "learner_price_per_hour": "learner.price_per_hour",
+    "learner_upload_bps": "learner.upload_bps", "activation": "activation", "broadcast": "broadcast",
+}
+
+
 def make_state(tmp: Path, model_dir: Path, clock: FakeClock, max_staleness: int = 1, groups_per_step: int = 2,
-               sampling: SamplingParams = SAMPLING, activation: ActivationConfig | None = None, scorer=None,
-               **settings_fields):
-    """`settings_fields`: any other Settings field (evaluation leases, lease caps, ...)."""
-    settings = quick_settings(model_dir, max_staleness=max_staleness, groups_per_step=groups_per_step,
-                             sampling=sampling, activation=activation or ActivationConfig(), **settings_fields)
+               sampling: SamplingParams = SAMPLING, scorer=None, rewards: RewardRules | None = None,
+               config: dict | None = None, **fields):
+    """A coordinator state over `tmp`'s store. `fields`: run config fields by the short names
+    of `_FIELDS` (plus `eval_on_workers`); `config`: more of the run config, as its TOML tables;
+    `rewards`: the intake's reward rules as given (default: dropping uninformative groups with
+    no audit sample, so tests that count drops see every one)."""
+    cfg = quick_config(model_dir, max_staleness=max_staleness, groups_per_step=groups_per_step, sampling=sampling,
+                       config=config, **fields)
     scorer = scorer or Scorer(make_task(AdditionConfig(), seed=0), str(model_dir))
-    return CoordinatorState(settings, Store(tmp / "coordinator.db"), scorer, clock=clock)
+    state = CoordinatorState(cfg, Store(tmp / "coordinator.db"), scorer, clock=clock)
+    state.intake.rules = rewards or RewardRules()
+    return state
 
 
-def quick_settings(model_dir: Path, **fields) -> Settings:
-    """The run config's defaults (`resolve`), with short timeouts and evaluation on the learner
-    unless `fields` say otherwise."""
-    base = resolve(RunConfig.model_validate({"run_dir": str(model_dir.parent / "unused-run")}), multi_turn=False)
-    # rewards: dropping without the audit's sample (tests that count drops see every drop; the
-    # sample is tested with its own rules in tests/unit/test_dynamic_sampling.py)
-    quick = {"model_source": str(model_dir), "heartbeat_interval_s": 1.0, "worker_timeout_s": 5.0,
-             "lease_timeout_s": 60.0, "eval_on_workers": False, "final_version": 0, "rewards": RewardRules()}
-    return replace(base, **{**quick, **fields})
+def quick_config(model_dir: Path, *, sampling: SamplingParams = SAMPLING, eval_on_workers: bool = False,
+                 config: dict | None = None, **fields) -> RunConfig:
+    """The run config's defaults with short timeouts, the tiny model at `model_dir` and
+    evaluation on the learner, unless the arguments say otherwise (see `make_state`)."""
+    data: dict = {"run_dir": str(model_dir.parent / "unused-run"), "model": {"source": str(model_dir)},
+                  "warmstart": {"steps": 0}, "sampling": sampling.model_dump(),
+                  "coordinator": {"heartbeat_interval_s": 1.0, "worker_timeout_s": 5.0, "lease_timeout_s": 60.0},
+                  "evaluation": {"where": "workers" if eval_on_workers else "learner"}}
+    for name, value in fields.items():
+        section, _, key = _FIELDS[name].partition(".")
+        value = value.model_dump() if hasattr(value, "model_dump") else value
+        if key:
+            data.setdefault(section, {})[key] = value
+        else:
+            data[section] = {**data.get(section, {}), **value}
+    for section, table in (config or {}).items():
+        data[section] = {**data[section], **table} if isinstance(table, dict) and section in data else table
+    return RunConfig.model_validate(data)
 
 
 def event_records(state: CoordinatorState) -> list[dict]:
@@ -82,27 +108,27 @@ def version_info(version: int) -> VersionInfo:
 
 
 def publish(state: CoordinatorState, version: int) -> None:
-    state.publish(version_info(version), LEARNER_KEY_HEX)
+    state.learner_desk.publish(version_info(version), LEARNER_KEY_HEX)
 
 
 def register(state: CoordinatorState, worker_id: str) -> None:
-    state.register(RegisterRequest(worker_id=worker_id, engine="hf"))
+    state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf"))
 
 
 def past_slow_start(state: CoordinatorState, *worker_ids: str) -> None:
     """Registered workers with the standing of many accepted groups (no deadline samples), so
     they may hold the per-worker cap at once: for tests about other rules than slow start."""
     for worker_id in worker_ids:
-        state.groups.plane.trust.standing[worker_id] = Standing(accepted=16)
+        state.groups.trust.standing[worker_id] = Standing(accepted=16)
 
 
 def lease(state: CoordinatorState, worker_id: str, version: int, max_tasks: int = 1):
-    return state.lease(LeaseRequest(worker_id=worker_id, version=version, max_tasks=max_tasks))
+    return state.worker_desk.lease(LeaseRequest(worker_id=worker_id, version=version, max_tasks=max_tasks))
 
 
 def answer_ids(state: CoordinatorState, lease_id: str, correct: bool) -> list[int]:
     """Token ids of the right (or a wrong) answer plus EOS, for the leased prompt."""
-    prompt_index = state.leases[lease_id].prompt_index
+    prompt_index = state.leases_book.leases[lease_id].prompt_index
     answer = state.scorer.problem(prompt_index).answer
     text = answer if correct else str(int(answer) + 1) if answer.lstrip("-").isdigit() else "?"
     eos = state.scorer.tokenizer.token_to_id("<eos>")

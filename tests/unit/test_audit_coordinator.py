@@ -16,8 +16,8 @@ from tests.unit.coordinator_helpers import (
 )
 
 from echo2.config.activation import ActivationConfig
-from echo2.coordinator.state import RequestError
 from echo2.coordinator.http.view import snapshot
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.learner_api import AuditReport, GroupAudit
 from echo2.protocol.messages import RegisterRequest
 
@@ -36,7 +36,7 @@ def verdict(group: dict, failed: bool, diff: float | None = None) -> GroupAudit:
 def fill(state, worker_id: str, groups: int) -> None:
     for _ in range(groups):
         task = lease(state, worker_id, 0).tasks[0]
-        assert state.submit(submission(state, worker_id, task.lease_id, 0)).accepted
+        assert state.intake.submit(submission(state, worker_id, task.lease_id, 0)).accepted
 
 
 def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny_model_dir, clock):
@@ -48,28 +48,28 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
         register(state, w)
     fill(state, "liar", 2)
     fill(state, "honest", 2)
-    batch = state.take_batch(0)  # the liar's two groups: the oldest
+    batch = state.learner_desk.take_batch(0)  # the liar's two groups: the oldest
     assert [g.worker_id for g in batch] == ["liar", "liar"]
 
     # the learner found one of them fabricated and skipped the step
-    assert state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])) == []
-    state.reject_batch(0, "rollout audit", [batch[1].lease_id])
+    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])) == []
+    state.learner_desk.reject_batch(0, "rollout audit", [batch[1].lease_id])
     assert state.audit.workers["liar"].failed == 1 and state.counters.rejected_by_learner == 1
-    assert [g.lease_id for g in state.buffer][0] == batch[1].lease_id  # back at the head
+    assert [g.lease_id for g in state.groups.buffer][0] == batch[1].lease_id  # back at the head
     assert state.leases_book.queue[0] == batch[0].prompt_index  # the failed group's prompt is redone
 
     # a retried report of the same failure counts once
-    state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)]))
+    state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)]))
     assert state.audit.workers["liar"].failed == 1
 
     held = lease(state, "liar", 0).tasks
-    batch = state.take_batch(0)
-    assert state.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)])) == ["liar"]
+    batch = state.learner_desk.take_batch(0)
+    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True)])) == ["liar"]
     event = next(e for e in event_records(state) if e["kind"] == "worker_quarantined")
     assert event["worker_id"] == "liar" and "2 of its groups failed" in event["reason"]
     assert event["leases_requeued"] == len(held)
-    state.reject_batch(0, "rollout audit", [g.lease_id for g in batch])
-    assert all(g.worker_id == "honest" for g in state.buffer)  # none of the liar's groups remain
+    state.learner_desk.reject_batch(0, "rollout audit", [g.lease_id for g in batch])
+    assert all(g.worker_id == "honest" for g in state.groups.buffer)  # none of the liar's groups remain
     assert state.counters.dropped_quarantined + state.counters.rejected_by_learner >= 2
 
     for call in (lambda: lease(state, "liar", 0), lambda: register(state, "liar")):
@@ -82,7 +82,7 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
     state.store.close()
     again = make_state(tmp_path, tiny_model_dir, clock, groups_per_step=2)
     with pytest.raises(RequestError, match="quarantined"):
-        again.register(RegisterRequest(worker_id="liar", engine="hf"))
+        again.worker_desk.register(RegisterRequest(worker_id="liar", engine="hf"))
 
 
 def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
@@ -90,8 +90,8 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
     publish(state, 0)
     register(state, "a")
     fill(state, "a", 2)
-    batch = state.take_batch(0)
-    state.record_audit(AuditReport(step=0, groups=[verdict(g, False, diff=1e-6 * (i + 1))
+    batch = state.learner_desk.take_batch(0)
+    state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(g, False, diff=1e-6 * (i + 1))
                                                    for i, g in enumerate(batch)]))
     stats = snapshot(state)["audit"]["workers"]["a"]
     assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0}

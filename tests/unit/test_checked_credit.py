@@ -62,7 +62,7 @@ def test_a_worker_whose_groups_failed_the_audit_loses_its_credit():
 def _round(state, worker_id: str, gen_s: float) -> None:
     task = lease(state, worker_id, 0).tasks[0]
     state.clock.now += gen_s
-    assert state.submit(submission(state, worker_id, task.lease_id, 0)).accepted
+    assert state.intake.submit(submission(state, worker_id, task.lease_id, 0)).accepted
 
 
 def test_the_coordinator_keeps_two_workers_and_takes_a_failed_workers_credit(tmp_path, tiny_model_dir):
@@ -73,23 +73,23 @@ def test_the_coordinator_keeps_two_workers_and_takes_a_failed_workers_credit(tmp
                        activation=ActivationConfig(min_samples=2, scale_down_after_s=0.0))
     publish(state, 0)
     for worker_id, price in (("fake", 0.0), ("h1", 1.0), ("h2", 2.0)):
-        state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
+        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
     for _ in range(2):
         for worker_id, gen_s in (("fake", 0.06), ("h1", 1.0), ("h2", 1.0)):
             _round(state, worker_id, gen_s)
-    state.heartbeat(Heartbeat(worker_id="fake", version=0, rollouts_total=10**6, busy_s_total=1.0))
-    state.observe_step_time(10.0)  # 8 rollouts per 10 s step: any one worker covers it by its numbers
+    state.worker_desk.heartbeat(Heartbeat(worker_id="fake", version=0, rollouts_total=10**6, busy_s_total=1.0))
+    state.learner_desk.observe_step_time(10.0)  # 8 rollouts per 10 s step: any one worker covers it by its numbers
     clock.now += 1.0
-    state.control()
+    state.worker_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["estimates_rps"]["fake"] > 10 * decision["estimates_rps"]["h1"]
     assert decision["active"] == ["fake", "h1"]
 
-    fake_group = next(g for g in state.buffer if g.worker_id == "fake")
+    fake_group = next(g for g in state.groups.buffer if g.worker_id == "fake")
     verdict = GroupAudit(lease_id=fake_group.lease_id, worker_id="fake", version=0, tokens=8,
                          mean_abs_logprob_diff=3.0, recomputed=False, failed=True)
-    assert state.record_audit(AuditReport(step=0, groups=[verdict])) == []  # one failure: not yet quarantined
+    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict])) == []  # one failure: not yet quarantined
     clock.now += 1.0
-    state.control()
+    state.worker_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["estimates_rps"]["fake"] == 0.0 and decision["active"] == ["h1", "h2"]

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from tests.unit.coordinator_helpers import KEEP_ALIKE, FakeClock, make_state, past_slow_start, publish
 
-from echo2.coordinator.parts.credentials import Secrets
 from echo2.coordinator.http.server import build_app
 from echo2.coordinator.http.view import snapshot
+from echo2.coordinator.parts.credentials import Secrets
 from echo2.protocol.learner_api import RejectBatchResponse
 from echo2.report.metrics import MetricsWriter
 
@@ -85,7 +85,7 @@ def test_requests_without_the_token_are_refused(state):
     status, body, wrong, health = run_with_server(state, scenario)
     assert (status, wrong, health) == (401, 401, 200)
     assert "token" in body["error"]
-    assert state.workers == {}
+    assert state.registry.workers == {}
 
 
 def test_bad_requests_get_4xx_and_change_nothing(state):

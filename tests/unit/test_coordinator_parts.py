@@ -1,30 +1,50 @@
-"""The coordinator's parts and typed records: settings derived from the run config in one place,
+"""The coordinator's parts and typed records: each part built from its own config section,
 one event type per metrics kind, group states as an enum through the store, and replies that
 are typed messages."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields
 
 import pytest
-from tests.conftest import small_run_config
-from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
+from tests.unit.coordinator_helpers import (
+    FakeClock,
+    lease,
+    make_state,
+    publish,
+    quick_config,
+    register,
+    submission,
+)
 
+from echo2.config.run import CoordinatorConfig, RunConfig
 from echo2.coordinator.records import events as ev
-from echo2.coordinator.settings import Settings, resolve
 from echo2.coordinator.records.store import GroupState, Store
+from echo2.coordinator.scoring.scorer import Scorer
+from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.learner_api import BatchRequest
+from echo2.tasks import make_task
 
 
-def test_settings_have_no_defaults_of_their_own(tmp_path):
-    """A second copy of a default drifts from the config's; only `resolve` makes Settings."""
-    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(Settings))
-    cfg = small_run_config(tmp_path / "run", coordinator={"max_leases_per_worker": 0})
-    settings = resolve(cfg, multi_turn=False)
-    assert settings.max_leases_per_worker == 0  # as configured: the data plane reads 0 as B
-    assert (settings.groups_per_step, settings.max_staleness) == (cfg.grpo.prompts_per_step, cfg.train.max_staleness)
-    assert settings.eval_on_workers and not resolve(cfg, multi_turn=True).eval_on_workers  # where = "auto"
+def test_a_new_coordinator_setting_is_one_config_field_and_one_use(tmp_path, tiny_model_dir):
+    """Each part is built from its own config section and keeps it, not a copy: a setting added
+    to [coordinator] (the one field, here in a subclass) reaches the part that reads it (the one
+    use) with nothing in between to change: no settings copy, no resolve step, no constructor
+    argument."""
+
+    class WithNewSetting(CoordinatorConfig):
+        rejoin_grace_s: float = 7.5
+
+    cfg = quick_config(tiny_model_dir)
+    cfg = cfg.model_copy(update={"coordinator": WithNewSetting(**cfg.coordinator.model_dump())})
+    state = CoordinatorState(cfg, Store(tmp_path / "coordinator.db"),
+                             Scorer(make_task(cfg.task, seed=0), str(tiny_model_dir)), clock=FakeClock())
+    assert state.registry.cfg.rejoin_grace_s == 7.5
+    # and every part reads the run's own sections
+    assert state.registry.cfg is cfg.coordinator and state.controller.cfg is cfg.activation
+    assert state.versions.dissemination.config is cfg.broadcast and state.worker_desk.cfg is cfg
+    auto = RunConfig().evaluation  # where = "auto": on workers unless the task plays episodes
+    assert auto.on_workers(multi_turn=False) and not auto.on_workers(multi_turn=True)
 
 
 def test_the_data_plane_applies_the_lease_cap_default(tmp_path, tiny_model_dir):
@@ -47,8 +67,8 @@ def test_a_run_of_the_state_machine_emits_only_typed_events(tmp_path, tiny_model
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.lease_id, 0))
-    assert state.take_batch(0)
+    state.intake.submit(submission(state, "a", task.lease_id, 0))
+    assert state.learner_desk.take_batch(0)
     events = state.take_events()
     assert events and all(isinstance(e, ev.Event) for e in events) and state.events == []
     assert [e.kind for e in events] == ["worker_registered", "version_published", "batch_assigned"]
@@ -59,10 +79,10 @@ def test_group_states_go_through_the_store_as_the_enum(tmp_path, tiny_model_dir)
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.lease_id, 0))
+    state.intake.submit(submission(state, "a", task.lease_id, 0))
     (buffered,) = state.store.groups_in_state(GroupState.BUFFERED)
     assert buffered.lease_id == task.lease_id  # one id: lease, task and group
-    state.take_batch(0)
+    state.learner_desk.take_batch(0)
     assert state.store.has_groups(GroupState.TRAINED, 0) and not state.store.groups_in_state(GroupState.BUFFERED)
     state.store.close()
     rows = Store(tmp_path / "coordinator.db").db.execute("SELECT DISTINCT state FROM groups").fetchall()
@@ -96,8 +116,8 @@ def test_one_id_names_a_lease_its_group_and_their_records(tmp_path, tiny_model_d
     publish(state, 0)
     register(state, "w0")
     leased = lease(state, "w0", 0).tasks[0]
-    state.submit(submission(state, "w0", leased.lease_id, 0))
-    assert [g.lease_id for g in state.take_batch(0)] == [leased.lease_id]
+    state.intake.submit(submission(state, "w0", leased.lease_id, 0))
+    assert [g.lease_id for g in state.learner_desk.take_batch(0)] == [leased.lease_id]
 
 
 def test_a_store_from_before_protocol_6_is_refused_with_its_fix(tmp_path):

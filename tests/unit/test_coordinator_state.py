@@ -18,8 +18,9 @@ from tests.unit.coordinator_helpers import (
     submission,
 )
 
-from echo2.coordinator.state import CoordinatorState, RequestError
 from echo2.coordinator.http.view import snapshot
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.messages import Heartbeat, RegisterRequest, RolloutCompletion
 
 
@@ -45,14 +46,14 @@ def test_lease_submit_batch_round_trip(state):
     publish(state, 0)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     assert len(tasks) == 2 and tasks[0].prompt_ids
-    assert state.take_batch(0) is None
-    replies = [state.submit(submission(state, "a", t.lease_id, 0)) for t in tasks]
+    assert state.learner_desk.take_batch(0) is None
+    replies = [state.intake.submit(submission(state, "a", t.lease_id, 0)) for t in tasks]
     assert all(r.accepted and r.rewards == [1.0, 0.0] for r in replies)
-    batch = state.take_batch(0)
+    batch = state.learner_desk.take_batch(0)
     assert [g.lease_id for g in batch] == [t.lease_id for t in tasks]
     # asking again for the same step returns the same batch: a restarted learner replays it
-    assert state.take_batch(0) == batch
-    assert state.counters.trained == 2 and state.buffer == []
+    assert state.learner_desk.take_batch(0) == batch
+    assert state.counters.trained == 2 and state.groups.buffer == []
 
 
 def test_rewards_are_computed_by_the_coordinator(state):
@@ -61,7 +62,7 @@ def test_rewards_are_computed_by_the_coordinator(state):
     task = lease(state, "a", 0).tasks[0]
     wrong = answer_ids(state, task.lease_id, correct=False)
     bad = [RolloutCompletion(token_ids=wrong, logprobs=[-1.0] * len(wrong))] * 2
-    reply = state.submit(submission(state, "a", task.lease_id, 0, completions=bad))
+    reply = state.intake.submit(submission(state, "a", task.lease_id, 0, completions=bad))
     assert reply.rewards == [0.0, 0.0]
 
 
@@ -94,22 +95,22 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     register(state, "b")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    prompt = state.leases[task.lease_id].prompt_index
+    prompt = state.leases_book.leases[task.lease_id].prompt_index
     clock.now += 3
-    state.heartbeat(Heartbeat(worker_id="b", version=0))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="b", version=0))
     clock.now += 3  # a silent for 6 s > worker_timeout_s = 5; b beat 3 s ago
-    state.sweep()
-    assert not state.workers["a"].alive and state.workers["b"].alive
+    state.worker_desk.sweep()
+    assert not state.registry.workers["a"].alive and state.registry.workers["b"].alive
     assert list(state.leases_book.queue) == [prompt]
     with pytest.raises(RequestError) as err:
-        state.submit(submission(state, "a", task.lease_id, 0) if task.lease_id in state.leases else _late(task.lease_id))
+        state.intake.submit(submission(state, "a", task.lease_id, 0) if task.lease_id in state.leases_book.leases else _late(task.lease_id))
     assert err.value.status == 404
     register(state, "a")  # it comes back: the old lease stays void
     with pytest.raises(RequestError) as err:
-        state.submit(_late(task.lease_id))
+        state.intake.submit(_late(task.lease_id))
     assert err.value.status == 409
     again = lease(state, "b", 0).tasks[0]
-    assert state.leases[again.lease_id].prompt_index == prompt  # re-leased, to exactly one worker
+    assert state.leases_book.leases[again.lease_id].prompt_index == prompt  # re-leased, to exactly one worker
 
 
 def _late(lease_id: str):
@@ -125,9 +126,9 @@ def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
     lease(state, "a", 0)
     for _ in range(13):
         clock.now += 5
-        state.heartbeat(Heartbeat(worker_id="a", version=0))
-        state.sweep()
-    assert state.leases == {} and len(state.leases_book.queue) == 1 and state.counters.leases_expired == 1
+        state.worker_desk.heartbeat(Heartbeat(worker_id="a", version=0))
+        state.worker_desk.sweep()
+    assert state.leases_book.leases == {} and len(state.leases_book.queue) == 1 and state.counters.leases_expired == 1
 
 
 @pytest.mark.parametrize("base_version", [7, -2])
@@ -143,7 +144,7 @@ def test_a_heartbeat_claiming_a_base_from_the_future_or_below_none_is_refused(st
             Heartbeat(worker_id="a", version=0, base_version=base_version)
         return
     with pytest.raises(RequestError) as err:
-        state.heartbeat(Heartbeat(worker_id="a", version=0, base_version=base_version))
+        state.worker_desk.heartbeat(Heartbeat(worker_id="a", version=0, base_version=base_version))
     assert err.value.status == 422 and "heartbeat.base_version" in err.value.message
 
 
@@ -165,12 +166,12 @@ def test_bad_submission_is_refused_and_changes_nothing(state, case):
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
     ok = submission(state, "a", task.lease_id, 0)
-    before = (copy.deepcopy(snapshot(state)), dict(state.leases), list(state.buffer))
+    before = (copy.deepcopy(snapshot(state)), dict(state.leases_book.leases), list(state.groups.buffer))
     with pytest.raises(RequestError) as err:
-        state.submit(ok.model_copy(update=BAD_SUBMISSIONS[case](ok)))
+        state.intake.submit(ok.model_copy(update=BAD_SUBMISSIONS[case](ok)))
     assert err.value.status == 422
-    assert (snapshot(state), dict(state.leases), list(state.buffer)) == before
-    assert state.submit(ok).accepted  # the lease is still valid after the refusal
+    assert (snapshot(state), dict(state.leases_book.leases), list(state.groups.buffer)) == before
+    assert state.intake.submit(ok).accepted  # the lease is still valid after the refusal
 
 
 def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
@@ -178,16 +179,16 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
     register(state, "a")
     publish(state, 0)
     task = lease(state, "a", 0).tasks[0]
-    state.submit(submission(state, "a", task.lease_id, 0))
-    assert state.take_batch(0) is not None
+    state.intake.submit(submission(state, "a", task.lease_id, 0))
+    assert state.learner_desk.take_batch(0) is not None
     task = lease(state, "a", 0).tasks  # S = 0 and step 0 taken: no room until version 1
     assert task == []
     publish(state, 1)
     t1 = lease(state, "a", 1).tasks[0]
     # a straggler of version 0 arriving now would be stale at step 1: simulate one buffered
-    state.buffer.append(state.store.batch(0)[0].model_copy(update={"lease_id": "old", "version": 0}))
-    state.submit(submission(state, "a", t1.lease_id, 1))
-    batch = state.take_batch(1)
+    state.groups.buffer.append(state.store.batch(0)[0].model_copy(update={"lease_id": "old", "version": 0}))
+    state.intake.submit(submission(state, "a", t1.lease_id, 1))
+    batch = state.learner_desk.take_batch(1)
     assert [g.version for g in batch] == [1] and state.counters.dropped_stale == 1
 
 
@@ -197,16 +198,16 @@ def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_d
     past_slow_start(state, "a")
     publish(state, 0)
     t1, t2 = lease(state, "a", 0, max_tasks=2).tasks
-    state.submit(submission(state, "a", t1.lease_id, 0))
-    leased_prompt = state.leases[t2.lease_id].prompt_index
+    state.intake.submit(submission(state, "a", t1.lease_id, 0))
+    leased_prompt = state.leases_book.leases[t2.lease_id].prompt_index
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)
-    assert [g.lease_id for g in revived.buffer] == [t1.lease_id]
+    assert [g.lease_id for g in revived.groups.buffer] == [t1.lease_id]
     assert list(revived.leases_book.queue) == [leased_prompt] and revived.leases_book.cursor == 2
-    assert revived.current_version == 0
+    assert revived.versions.current == 0
     register(revived, "a")
     again = lease(revived, "a", 0).tasks[0]
-    assert revived.leases[again.lease_id].prompt_index == leased_prompt
+    assert revived.leases_book.leases[again.lease_id].prompt_index == leased_prompt
 
 
 OPS = st.lists(
@@ -228,39 +229,39 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
     for op, arg in ops:
         worker = "abc"[arg % 3]
         if op == "lease":
-            if not state.workers[worker].alive:
+            if not state.registry.workers[worker].alive:
                 register(state, worker)  # what a real worker does on 404
             lease(state, worker, versions[worker], max_tasks=arg + 1)
         elif op == "submit":
-            live = sorted((x for x in state.leases.values() if state.workers[x.worker_id].alive),
+            live = sorted((x for x in state.leases_book.leases.values() if state.registry.workers[x.worker_id].alive),
                           key=lambda x: x.lease_id)
             if live:
                 lease_ = live[arg % len(live)]
-                state.submit(submission(state, lease_.worker_id, lease_.lease_id, lease_.version))
+                state.intake.submit(submission(state, lease_.worker_id, lease_.lease_id, lease_.version))
         elif op == "batch":
-            batch = state.take_batch(step)
+            batch = state.learner_desk.take_batch(step)
             if batch:
                 trained += [(step, g) for g in batch]
                 step += 1
                 publish(state, step)
         elif op == "publish":
-            versions[worker] = state.current_version
+            versions[worker] = state.versions.current
         elif op == "tick":
             clock.now += 2.0 * (arg + 1)
         else:
-            state.sweep()
+            state.worker_desk.sweep()
         _check_invariants(state, trained)
 
 
 def _check_invariants(state: CoordinatorState, trained: list) -> None:
     places = [("queue", i) for i in state.leases_book.queue]
-    places += [("lease", lease.prompt_index) for lease in state.leases.values()]
-    places += [("buffer", g.prompt_index) for g in state.buffer]
+    places += [("lease", lease.prompt_index) for lease in state.leases_book.leases.values()]
+    places += [("buffer", g.prompt_index) for g in state.groups.buffer]
     places += [("trained", g.prompt_index) for _, g in trained]
     indices = [i for _, i in places]
     assert len(indices) == len(set(indices)), places  # never handed out or trained twice
     for step, group in trained:
-        assert step - group.version <= state.settings.max_staleness
+        assert step - group.version <= state.cfg.train.max_staleness
 
 
 def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_model_dir, clock):
@@ -269,21 +270,21 @@ def test_rejected_batch_is_retired_and_the_step_gets_a_fresh_one(tmp_path, tiny_
     past_slow_start(state, "a")
     publish(state, 0)
     for task in lease(state, "a", 0, max_tasks=2).tasks:
-        state.submit(submission(state, "a", task.lease_id, 0))
-    first = state.take_batch(0)
+        state.intake.submit(submission(state, "a", task.lease_id, 0))
+    first = state.learner_desk.take_batch(0)
     with pytest.raises(RequestError, match="newest assigned batch is step 0"):
-        state.reject_batch(1, "not assigned yet")
-    assert state.reject_batch(0, "gradient norm is nan") == 2
-    assert state.reject_batch(0, "a retry whose answer was lost") == 0  # idempotent
+        state.learner_desk.reject_batch(1, "not assigned yet")
+    assert state.learner_desk.reject_batch(0, "gradient norm is nan") == 2
+    assert state.learner_desk.reject_batch(0, "a retry whose answer was lost") == 0  # idempotent
     assert state.counters.rejected_by_learner == 2 and state.counters.trained == 0
-    assert state.take_batch(0) is None  # never the poisoned groups again
+    assert state.learner_desk.take_batch(0) is None  # never the poisoned groups again
     for task in lease(state, "a", 0, max_tasks=2).tasks:
-        state.submit(submission(state, "a", task.lease_id, 0))
-    second = state.take_batch(0)
+        state.intake.submit(submission(state, "a", task.lease_id, 0))
+    second = state.learner_desk.take_batch(0)
     assert second and not {g.lease_id for g in second} & {g.lease_id for g in first}
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, clock)  # the new batch is the step's for good
-    assert revived.take_batch(0) == second and revived.counters.rejected_by_learner == 2
+    assert revived.learner_desk.take_batch(0) == second and revived.counters.rejected_by_learner == 2
 
 
 def test_one_worker_cannot_lease_the_whole_window(tmp_path, tiny_model_dir, clock):
@@ -302,57 +303,43 @@ def test_one_worker_cannot_lease_the_whole_window(tmp_path, tiny_model_dir, cloc
 
 def test_registrations_are_rate_limited_per_source_address(state, clock):
     for i in range(60):  # a burst of a minute's worth is fine: a fleet behind one NAT
-        state.register(RegisterRequest(worker_id=f"n{i}", engine="hf"), source="10.0.0.1")
+        state.worker_desk.register(RegisterRequest(worker_id=f"n{i}", engine="hf"), source="10.0.0.1")
     with pytest.raises(RequestError, match="too many registrations from 10.0.0.1") as err:
-        state.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
+        state.worker_desk.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
     assert err.value.status == 429
-    state.register(RegisterRequest(worker_id="elsewhere", engine="hf"), source="10.0.0.2")  # not shared
+    state.worker_desk.register(RegisterRequest(worker_id="elsewhere", engine="hf"), source="10.0.0.2")  # not shared
     clock.now += 1.0  # one more a second
-    state.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
+    state.worker_desk.register(RegisterRequest(worker_id="n60", engine="hf"), source="10.0.0.1")
 
 
 def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
     publish(state, 0)
     for i in range(50):
-        state.register(RegisterRequest(worker_id=f"fake{i}", engine="hf"), source=f"10.1.0.{i}")
+        state.worker_desk.register(RegisterRequest(worker_id=f"fake{i}", engine="hf"), source=f"10.1.0.{i}")
     register(state, "real")
     task = lease(state, "real", 0).tasks[0]
-    assert state.submit(submission(state, "real", task.lease_id, 0)).accepted
-    clock.now += state.settings.worker_timeout_s + 1
-    state.sweep()  # all time out
-    assert len(state.workers) == 51 and not any(w.alive for w in state.workers.values())
-    clock.now += state.settings.forget_workers_after_s + 1
-    state.sweep()
-    assert list(state.workers) == ["real"]  # it did work: kept for the run's accounting
+    assert state.intake.submit(submission(state, "real", task.lease_id, 0)).accepted
+    clock.now += state.cfg.coordinator.worker_timeout_s + 1
+    state.worker_desk.sweep()  # all time out
+    assert len(state.registry.workers) == 51 and not any(w.alive for w in state.registry.workers.values())
+    clock.now += state.cfg.coordinator.forget_workers_after_s + 1
+    state.worker_desk.sweep()
+    assert list(state.registry.workers) == ["real"]  # it did work: kept for the run's accounting
     assert set(state.registry.credentials.values()) == {"real"} and not state.registry.join_buckets
 
 
 def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_dir, clock):
     """A vLLM worker must reserve adapter room when it builds its engine, before any version."""
-    from dataclasses import replace
-
-    from tests.conftest import small_run_config
-
-    from echo2.coordinator.scoring.scorer import Scorer
-    from echo2.coordinator.settings import resolve
-    from echo2.coordinator.records.store import Store
-    from echo2.tasks import make_task
-
     lora = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
-    cfg = small_run_config(tmp_path / "run", grpo={"lora": lora})
-    assert resolve(cfg, multi_turn=False).lora.model_dump(mode="json") == lora
-    assert resolve(small_run_config(tmp_path / "plain"), multi_turn=False).lora is None
-    scorer = Scorer(make_task(cfg.task, seed=0), str(tiny_model_dir))
-    settings = replace(resolve(cfg, multi_turn=False), model_source=str(tiny_model_dir))
-    state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), scorer, clock=clock)
-    assert state.register(RegisterRequest(worker_id="a", engine="vllm")).lora.model_dump(mode="json") == lora
+    state = make_state(tmp_path, tiny_model_dir, clock, config={"grpo": {"lora": lora}})
+    assert state.worker_desk.register(RegisterRequest(worker_id="a", engine="vllm")).lora.model_dump(mode="json") == lora
+    plain = make_state(tmp_path / "plain", tiny_model_dir, clock)
+    assert plain.worker_desk.register(RegisterRequest(worker_id="a", engine="vllm")).lora is None
 
 
 def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path, tiny_model_dir, clock):
     """The forms the learner's origin serves survive a coordinator restart: a worker two
     versions behind is sent the deltas (two small fetches), not made to wait for an anchor."""
-    from dataclasses import replace
-
     import numpy as np
     from safetensors.numpy import save
     from tests.unit.coordinator_helpers import LEARNER_KEY, LEARNER_KEY_HEX, version_info
@@ -372,26 +359,26 @@ def test_a_restarted_coordinator_still_plans_deltas_for_workers_behind(tmp_path,
 
     def restarted() -> CoordinatorState:
         state = make_state(tmp_path, tiny_model_dir, clock)  # the same store
-        settings = replace(state.settings, broadcast=BroadcastConfig(deltas=True))
+        cfg = state.cfg.model_copy(update={"broadcast": BroadcastConfig(deltas=True)})
         state.store.close()
-        state = CoordinatorState(settings, Store(tmp_path / "coordinator.db"), state.scorer, clock=clock)
+        state = CoordinatorState(cfg, Store(tmp_path / "coordinator.db"), state.scorer, clock=clock)
         register(state, "a")
         return state
 
     def next_fetch(state) -> tuple[int, str] | None:
-        fetch = state.heartbeat(Heartbeat(worker_id="a", version=0)).fetch
+        fetch = state.worker_desk.heartbeat(Heartbeat(worker_id="a", version=0)).fetch
         return None if fetch is None else (fetch.version, fetch.signed.unverified_manifest().form)
 
     state = restarted()
-    state.publish(version_info(0), LEARNER_KEY_HEX)
+    state.learner_desk.publish(version_info(0), LEARNER_KEY_HEX)
     for version in (1, 2):
-        state.publish(delta(version), LEARNER_KEY_HEX)
+        state.learner_desk.publish(delta(version), LEARNER_KEY_HEX)
     assert next_fetch(state) == (1, "delta")
     state.store.close()
 
     state = restarted()  # the coordinator restarts; the learner and its origin do not
     assert next_fetch(state) == (1, "delta") and not state.versions.dissemination.anchor_wanted
     # the learner restarts too: it publishes the newest again, and its new origin serves no delta
-    state.publish(delta(2).model_copy(update={"origin_url": "http://learner:2"}), LEARNER_KEY_HEX)
+    state.learner_desk.publish(delta(2).model_copy(update={"origin_url": "http://learner:2"}), LEARNER_KEY_HEX)
     assert next_fetch(state) is None and state.versions.dissemination.anchor_wanted
     assert state.store.offers() == [state.versions.dissemination.stored_offers()[2, "delta"]]

@@ -13,9 +13,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, past_slow_start, publish, submission
 
-from echo2.coordinator.parts.credentials import ROUTE_ROLES, Secrets
 from echo2.coordinator.http.dashboard import SESSION_COOKIE
 from echo2.coordinator.http.server import build_app
+from echo2.coordinator.parts.credentials import ROUTE_ROLES, Secrets
 from echo2.protocol.messages import Heartbeat, RegisterRequest
 from echo2.report.metrics import MetricsWriter
 
@@ -33,18 +33,18 @@ def run(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=1, groups_per_step=2)
     publish(state, 0)
     for worker_id, price in (("w0", 0.5), ("w1", 1.5)):
-        state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price,
+        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price,
                                        relay_address=f"http://{worker_id}:1"))
     past_slow_start(state, "w0", "w1")
     for task in lease(state, "w0", 0, max_tasks=2).tasks:
         clock.now += 1.0
-        state.submit(submission(state, "w0", task.lease_id, 0))
-    assert state.take_batch(0) is not None
+        state.intake.submit(submission(state, "w0", task.lease_id, 0))
+    assert state.learner_desk.take_batch(0) is not None
     publish(state, 1)
-    state.heartbeat(Heartbeat(worker_id="w0", version=1, dissemination_s=0.75, bytes_relayed_total=123_456))
-    state.heartbeat(Heartbeat(worker_id="w1", version=0))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=1, dissemination_s=0.75, bytes_relayed_total=123_456))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="w1", version=0))
     held = lease(state, "w1", 0, max_tasks=2).tasks
-    state.submit(submission(state, "w1", held[0].lease_id, 0))
+    state.intake.submit(submission(state, "w1", held[0].lease_id, 0))
     learner = MetricsWriter(tmp_path / "metrics.jsonl", role="learner")
     learner.write("eval", step=0, accuracy=0.25, problems=8, eval_s=0.1)
     learner.write("train_step", step=0, wait_s=1.0, train_s=2.0, publish_s=1.0, reward_mean=0.625,
@@ -148,9 +148,9 @@ def test_dashboard_state_is_the_run(run):
     rows = {w["worker_id"]: w for w in view["workers"]}
     assert rows["w0"] | {"tokens_per_s": None, "rollouts_per_s": None, "cost": None} == {
         "worker_id": "w0", "status": "active", "alive": True, "version": 1, "leases": 0, "rollouts": 4,
-        "tokens": state.workers["w0"].tokens, "tokens_per_s": None, "rollouts_per_s": None, "publish_to_loaded_s": 0.75,
+        "tokens": state.registry.workers["w0"].tokens, "tokens_per_s": None, "rollouts_per_s": None, "publish_to_loaded_s": 0.75,
         "bytes_relayed": 123_456, "price_per_hour": 0.5, "cost": None}
-    assert rows["w0"]["tokens_per_s"] == pytest.approx(state.workers["w0"].tokens / 0.2)  # tokens over the generation seconds reported
+    assert rows["w0"]["tokens_per_s"] == pytest.approx(state.registry.workers["w0"].tokens / 0.2)  # tokens over the generation seconds reported
     assert rows["w0"]["cost"] == pytest.approx(0.5 * 2 / 3600)  # registered 2 s (fake clock) ago
     assert (rows["w1"]["leases"], rows["w1"]["version"], rows["w1"]["bytes_relayed"]) == (1, 0, 0)
     assert (view["workers_live"], view["workers_active"], view["cost"]["per_hour"]) == (2, 2, 2.0)
@@ -184,7 +184,7 @@ def test_dashboard_and_metrics_need_the_operator_credential(run):
             out["head"] = resp.status
         out["session"] = [(await status(session, url, p))[0] for p in closed + ["/v1/state"]]
         guesses = []  # wrong tokens are rate-limited per address, with the registrations
-        for _ in range(int(state.settings.registrations_per_minute) + 1):
+        for _ in range(int(state.cfg.coordinator.registrations_per_minute) + 1):
             async with session.post(url + "/dashboard/login", data={"token": "guess-" + OPERATOR_TOKEN},
                                     allow_redirects=False) as resp:
                 guesses.append(resp.status)

@@ -90,37 +90,37 @@ def test_unreachable_worker_is_a_leaf():
 def test_state_hands_assignments_in_heartbeats_and_takes_bad_peer_reports(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
     for i in range(2):
-        state.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
+        state.worker_desk.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
     publish(state, 0)
-    reply = state.heartbeat(Heartbeat(worker_id="w1", version=-1))
+    reply = state.worker_desk.heartbeat(Heartbeat(worker_id="w1", version=-1))
     assert reply.assignment is not None and [s.peer_id for s in reply.assignment.sources] == ["w0", "origin"]
-    assert reply.learner_public_key == state.public_key_hex
+    assert reply.learner_public_key == state.versions.public_key_hex
     report = BadPeerReport(version=0, reporter_id="w1", peer_id="w0", url="http://10.0.0.0:80", chunk_index=2,
                            reason="corrupt_chunk", detail="sha256 mismatch")
-    state.bad_peer(BadPeerRequest(report=report))
-    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == ["origin"]
-    assert state.heartbeat(Heartbeat(worker_id="w0", version=0)).assignment is None  # it holds the newest
+    state.worker_desk.bad_peer(BadPeerRequest(report=report))
+    assert [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == ["origin"]
+    assert state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=0)).assignment is None  # it holds the newest
     assert [e.avoided_by for e in state.events if e.kind == "bad_peer"] == ["reporter"]
 
 
 def test_a_report_from_a_worker_never_sent_to_the_peer_is_recorded_as_changing_nothing(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
     for i in range(3):
-        state.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
+        state.worker_desk.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
     publish(state, 0)
-    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
+    assert [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
         ["w0", "origin"]
     for liar in ("w2", "w0"):  # w2 never asked for version 0; w0, w1's parent, never had w1 as a source
         report = BadPeerReport(version=0, reporter_id=liar, peer_id="w0" if liar == "w2" else "w1", url="",
                                chunk_index=0, reason="corrupt_chunk")
-        state.bad_peer(BadPeerRequest(report=report))
+        state.worker_desk.bad_peer(BadPeerRequest(report=report))
     events = [e for e in state.events if e.kind == "bad_peer"]
     assert [(e.reporter_id, e.took_effect, e.avoided_by) for e in events] == [("w2", False, "none"),
                                                                              ("w0", False, "none")]
     assert state.versions.dissemination.suspects == set()
-    assert [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
+    assert [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w1", version=-1)).assignment.sources] == \
         ["w0", "origin"]
-    assert "w0" in [s.peer_id for s in state.heartbeat(Heartbeat(worker_id="w2", version=-1)).assignment.sources]
+    assert "w0" in [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w2", version=-1)).assignment.sources]
 
 
 

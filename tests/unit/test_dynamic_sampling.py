@@ -21,9 +21,9 @@ from tests.unit.coordinator_helpers import (
 
 from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.http.prometheus import _run_metrics
-from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.records.store import Store
 from echo2.coordinator.http.view import run_view
+from echo2.coordinator.records.store import Store
+from echo2.coordinator.state import CoordinatorState
 from echo2.report.summary import summarize
 
 
@@ -41,11 +41,11 @@ def test_an_uninformative_group_is_counted_never_trained_and_its_prompt_is_done(
     state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
     _ready(state)
     alike, *kept = lease(state, "a", 0, max_tasks=2).tasks
-    dropped_prompt = state.leases[alike.lease_id].prompt_index
-    reply = state.submit(submission(state, "a", alike.lease_id, 0, alike=True))
+    dropped_prompt = state.leases_book.leases[alike.lease_id].prompt_index
+    reply = state.intake.submit(submission(state, "a", alike.lease_id, 0, alike=True))
     assert reply.accepted and reply.rewards == [1.0, 1.0] and "uninformative" in reply.reason
     assert state.counters.dropped_uninformative == 1 and state.counters.scored == 1
-    assert state.counters.accepted == 0 and state.buffer == [] and alike.lease_id not in state.leases
+    assert state.counters.accepted == 0 and state.groups.buffer == [] and alike.lease_id not in state.leases_book.leases
     assert dropped_prompt not in state.store.pending_prompts()  # done: a restart does not lease it again
     dropped = [r for r in event_records(state) if r["kind"] == "groups_dropped"]
     assert dropped == [{"kind": "groups_dropped", "reason": "uninformative", "step": 0,
@@ -53,18 +53,18 @@ def test_an_uninformative_group_is_counted_never_trained_and_its_prompt_is_done(
     # the worker is credited with delivered work: its group counts as admitted, not stale
     assert state.controller.workers["a"].admitted.value == 1.0
     for task in kept:
-        assert state.submit(submission(state, "a", task.lease_id, 0)).accepted
+        assert state.intake.submit(submission(state, "a", task.lease_id, 0)).accepted
     leased_later = []
     for _ in range(3):  # more prompts: the dropped one is never among them, nor queued again
         tasks = lease(state, "a", 0, max_tasks=2).tasks
-        leased_later += [state.leases[t.lease_id].prompt_index for t in tasks]
+        leased_later += [state.leases_book.leases[t.lease_id].prompt_index for t in tasks]
         for task in tasks:
-            state.submit(submission(state, "a", task.lease_id, 0))
-        state.take_batch(state.steps_taken)
+            state.intake.submit(submission(state, "a", task.lease_id, 0))
+        state.learner_desk.take_batch(state.groups.steps_taken)
     assert leased_later and dropped_prompt not in leased_later and dropped_prompt not in state.leases_book.queue
-    assert state.steps_taken >= 2
-    trained = [g.lease_id for step in range(state.steps_taken) for g in state.take_batch(step)]
-    assert alike.lease_id not in trained and len(trained) == 2 * state.steps_taken
+    assert state.groups.steps_taken >= 2
+    trained = [g.lease_id for step in range(state.groups.steps_taken) for g in state.learner_desk.take_batch(step)]
+    assert alike.lease_id not in trained and len(trained) == 2 * state.groups.steps_taken
 
 
 def test_the_batch_still_fills_with_p_informative_groups_when_some_are_dropped(tmp_path, tiny_model_dir):
@@ -75,13 +75,13 @@ def test_the_batch_still_fills_with_p_informative_groups_when_some_are_dropped(t
     _ready(state)
     first = lease(state, "a", 0, max_tasks=2).tasks
     for task in first:
-        state.submit(submission(state, "a", task.lease_id, 0, alike=True))
-    assert state.take_batch(0) is None  # nothing informative yet: the learner waits
+        state.intake.submit(submission(state, "a", task.lease_id, 0, alike=True))
+    assert state.learner_desk.take_batch(0) is None  # nothing informative yet: the learner waits
     refill = lease(state, "a", 0, max_tasks=2).tasks
     assert len(refill) == 2
     for task in refill:
-        state.submit(submission(state, "a", task.lease_id, 0))
-    batch = state.take_batch(0)
+        state.intake.submit(submission(state, "a", task.lease_id, 0))
+    batch = state.learner_desk.take_batch(0)
     assert [g.lease_id for g in batch] == [t.lease_id for t in refill]
     assert all(len(set(g.rewards)) > 1 for g in batch)
     record = _batch_records(state)[-1]
@@ -89,9 +89,9 @@ def test_the_batch_still_fills_with_p_informative_groups_when_some_are_dropped(t
     assert state.counters.scored == 4 and state.counters.dropped_uninformative == 2 and state.counters.trained == 2
     # the next step's record counts from this batch on
     for task in lease(state, "a", 0, max_tasks=2).tasks:
-        state.submit(submission(state, "a", task.lease_id, 0))
+        state.intake.submit(submission(state, "a", task.lease_id, 0))
     publish(state, 1)
-    assert len(state.take_batch(1)) == 2 and _batch_records(state)[-1]["dropped_uninformative"] == 0
+    assert len(state.learner_desk.take_batch(1)) == 2 and _batch_records(state)[-1]["dropped_uninformative"] == 0
 
 
 def test_with_the_setting_off_a_group_of_equal_rewards_reaches_the_batch(tmp_path, tiny_model_dir):
@@ -99,9 +99,9 @@ def test_with_the_setting_off_a_group_of_equal_rewards_reaches_the_batch(tmp_pat
     _ready(state)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     for task in tasks:
-        reply = state.submit(submission(state, "a", task.lease_id, 0, alike=True))
+        reply = state.intake.submit(submission(state, "a", task.lease_id, 0, alike=True))
         assert reply.accepted and reply.reason == ""
-    batch = state.take_batch(0)
+    batch = state.learner_desk.take_batch(0)
     assert [g.lease_id for g in batch] == [t.lease_id for t in tasks]
     assert all(g.rewards == [1.0, 1.0] for g in batch)  # zero advantage at the learner, as before
     assert state.counters.dropped_uninformative == 0 and state.counters.scored == 2
@@ -111,8 +111,8 @@ def test_the_counts_persist_and_reach_the_view_prometheus_and_summary(tmp_path, 
     state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=1, groups_per_step=2)
     _ready(state)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
-    state.submit(submission(state, "a", tasks[0].lease_id, 0, alike=True))
-    state.submit(submission(state, "a", tasks[1].lease_id, 0))
+    state.intake.submit(submission(state, "a", tasks[0].lease_id, 0, alike=True))
+    state.intake.submit(submission(state, "a", tasks[1].lease_id, 0))
     view = run_view(state, RunHistory(None))
     assert view["counters"]["dropped_uninformative"] == 1 and view["uninformative_share"] == 0.5
     metrics: dict[str, Metric] = {m.name: m for m in _run_metrics(view)}
@@ -124,7 +124,7 @@ def test_the_counts_persist_and_reach_the_view_prometheus_and_summary(tmp_path, 
     summary = summarize([final])
     assert summary["groups_dropped_uninformative"] == 1 and summary["uninformative_share"] == 0.5
     state.store.close()
-    again = CoordinatorState(state.settings, Store(tmp_path / "coordinator.db"), state.scorer, clock=FakeClock())
+    again = CoordinatorState(state.cfg, Store(tmp_path / "coordinator.db"), state.scorer, clock=FakeClock())
     assert again.counters.dropped_uninformative == 1 and again.counters.scored == 2
 
 
@@ -133,14 +133,14 @@ def test_the_controller_plans_for_the_measured_share(tmp_path, tiny_model_dir):
     are scored (before that, d = 0: the first few groups say little)."""
     state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=100, groups_per_step=2)
     _ready(state)
-    state.observe_step_time(2.0)
+    state.learner_desk.observe_step_time(2.0)
     batch_rollouts = 2 * 2
     assert state.controller.required_rps() == batch_rollouts / 2.0
     for index in range(20):
         task = lease(state, "a", 0, max_tasks=1).tasks[0]
-        state.submit(submission(state, "a", task.lease_id, 0, alike=index % 4 == 0))  # 5 of 20 alike
+        state.intake.submit(submission(state, "a", task.lease_id, 0, alike=index % 4 == 0))  # 5 of 20 alike
         if index % 2:
-            state.take_batch(state.steps_taken)
+            state.learner_desk.take_batch(state.groups.steps_taken)
     assert state.counters.dropped_uninformative == 5 and state.counters.scored == 20
     assert state.controller.uninformative_share == 0.25
     assert abs(state.controller.required_rps() - batch_rollouts / 2.0 / 0.75) < 1e-9
@@ -157,10 +157,10 @@ def test_a_long_streak_of_uninformative_groups_lets_one_through_and_says_so(tmp_
     submitted = []
     while len(submitted) < limit + 1:
         for task in lease(state, "a", 0, max_tasks=2).tasks[: limit + 1 - len(submitted)]:
-            state.submit(submission(state, "a", task.lease_id, 0, alike=True))
+            state.intake.submit(submission(state, "a", task.lease_id, 0, alike=True))
             submitted.append(task.lease_id)
     assert state.counters.dropped_uninformative == limit
-    assert [g.lease_id for g in state.buffer] == [submitted[-1]]  # the one let through
+    assert [g.lease_id for g in state.groups.buffer] == [submitted[-1]]  # the one let through
     streaks = [r for r in event_records(state) if r["kind"] == "uninformative_streak"]
     assert streaks == [{"kind": "uninformative_streak", "step": 0, "dropped_in_a_row": limit}]
     assert state.groups.dropped_in_a_row == 0
@@ -171,11 +171,12 @@ def test_the_audit_sees_a_sample_of_what_dynamic_sampling_drops(tmp_path, tiny_m
     of a worker audited fewer than AUDITED_BEFORE_DROPPING times is buffered for the learner
     (weightless there), then audit.uninformative_fraction of them; the run config turns it on."""
     from echo2.config.run import RunConfig
-    from echo2.coordinator.settings import resolve
     from echo2.policy.rewards import AUDITED_BEFORE_DROPPING, RewardRules
-    rules = resolve(RunConfig(), multi_turn=False).rewards
+    cfg = RunConfig()
+    rules = RewardRules.from_config(cfg.grpo, cfg.audit)
     assert rules.audit_fraction == 0.1 and rules.audited_before_dropping == AUDITED_BEFORE_DROPPING
-    off = resolve(RunConfig.model_validate({"audit": {"enabled": False}}), multi_turn=False).rewards
+    off_cfg = RunConfig.model_validate({"audit": {"enabled": False}})
+    off = RewardRules.from_config(off_cfg.grpo, off_cfg.audit)
     assert off.audit_fraction == 0.0 and off.audited_before_dropping == 0
     assert rules.audit_keeps(worker_audited=0, draw=0.99) and not rules.audit_keeps(worker_audited=4, draw=0.5)
     assert rules.audit_keeps(worker_audited=4, draw=0.05)
@@ -184,11 +185,11 @@ def test_the_audit_sees_a_sample_of_what_dynamic_sampling_drops(tmp_path, tiny_m
     _ready(state)
     tasks = lease(state, "a", 0, max_tasks=2).tasks
     for task in tasks:  # unaudited: both go to the learner
-        assert state.submit(submission(state, "a", task.lease_id, 0, alike=True)).reason == ""
-    assert [g.lease_id for g in state.take_batch(0)] == [t.lease_id for t in tasks]
+        assert state.intake.submit(submission(state, "a", task.lease_id, 0, alike=True)).reason == ""
+    assert [g.lease_id for g in state.learner_desk.take_batch(0)] == [t.lease_id for t in tasks]
     assert state.counters.uninformative_audited == 2 and state.counters.dropped_uninformative == 0
     state.controller.observe_audit("a", audited=2, failed=0)  # the learner's audit report
     publish(state, 1)
     task = lease(state, "a", 1, max_tasks=1).tasks[0]
-    assert "uninformative" in state.submit(submission(state, "a", task.lease_id, 1, alike=True)).reason
+    assert "uninformative" in state.intake.submit(submission(state, "a", task.lease_id, 1, alike=True)).reason
     assert state.counters.dropped_uninformative == 1

@@ -11,8 +11,8 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, event_records, lease, make_state, publish
 
 from echo2.config.run import load_run_config
+from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.scoring.scorer import make_scorer
-from echo2.coordinator.state import RequestError
 from echo2.envs.play import play
 from echo2.protocol.messages import (
     RegisterRequest,
@@ -31,7 +31,7 @@ def state(tmp_path, tiny_model_dir):
     cfg = load_run_config(None, ["task.name=poker", "task.game=leduc", "task.opponent=calling_station"])
     scorer = make_scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir), SAMPLING.max_new_tokens)
     s = make_state(tmp_path, tiny_model_dir, FakeClock(), sampling=SAMPLING, scorer=scorer)
-    reply = s.register(RegisterRequest(worker_id="a", engine="hf"))
+    reply = s.worker_desk.register(RegisterRequest(worker_id="a", engine="hf"))
     assert reply.task.name == "poker" and reply.task.game == "leduc"  # what the worker plays
     publish(s, 0)
     return s
@@ -49,7 +49,7 @@ def play_lease(state, task, letters="cb"):
 
 
 def submit(state, task, completions):
-    return state.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0, completions=completions,
+    return state.intake.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0, completions=completions,
                                           gen_time_s=0.1))
 
 
@@ -60,11 +60,11 @@ def wire(episodes, **changes):
 
 def test_an_honest_group_is_scored_by_replay(state):
     task = lease(state, "a", 0).tasks[0]
-    assert task.episode_seed == state.scorer.task.train_seed(state.leases[task.lease_id].prompt_index)
+    assert task.episode_seed == state.scorer.task.train_seed(state.leases_book.leases[task.lease_id].prompt_index)
     episodes = play_lease(state, task)
     reply = submit(state, task, wire(episodes))
     assert reply.accepted and reply.rewards == [e.reward for e in episodes]
-    group = TrainGroup.model_validate(state.buffer[-1])
+    group = TrainGroup.model_validate(state.groups.buffer[-1])
     assert group.prompt_ids == task.prompt_ids and group.completions[0].segments == episodes[0].segments
     replayed = [e for e in event_records(state) if e["kind"] == "episodes_replayed"]
     assert replayed[-1]["episodes"] == SAMPLING.group_size and replayed[-1]["replay_s"] > 0
@@ -75,7 +75,7 @@ def test_an_episode_lease_carries_a_sampler_seed_its_group_keeps(state):
     task = lease(state, "a", 0).tasks[0]
     assert task.episode_seed is not None and task.sampling_seed == state.leases_book.seed_of(task.lease_id)
     assert submit(state, task, wire(play_lease(state, task))).accepted
-    assert TrainGroup.model_validate(state.buffer[-1]).sampling_seed == task.sampling_seed
+    assert TrainGroup.model_validate(state.groups.buffer[-1]).sampling_seed == task.sampling_seed
     following = lease(state, "a", 0).tasks[0]
     assert following.sampling_seed == state.leases_book.seed_of(following.lease_id) != task.sampling_seed
 
@@ -87,12 +87,12 @@ def test_a_free_sampling_workers_episodes_carry_no_seed(tmp_path, tiny_model_dir
     scorer = make_scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir), SAMPLING.max_new_tokens)
     lenient = make_state(tmp_path, tiny_model_dir, FakeClock(), sampling=SAMPLING, scorer=scorer,
                          require_seeded_sampler=False)
-    lenient.register(RegisterRequest(worker_id="v", engine="vllm", sampler="free"))
+    lenient.worker_desk.register(RegisterRequest(worker_id="v", engine="vllm", sampler="free"))
     publish(lenient, 0)
     task = lease(lenient, "v", 0).tasks[0]
-    reply = lenient.submit(RolloutSubmission(worker_id="v", lease_id=task.lease_id, version=0, gen_time_s=0.1,
+    reply = lenient.intake.submit(RolloutSubmission(worker_id="v", lease_id=task.lease_id, version=0, gen_time_s=0.1,
                                              completions=wire(play_lease(lenient, task))))
-    assert reply.accepted and TrainGroup.model_validate(lenient.buffer[-1]).sampling_seed is None
+    assert reply.accepted and TrainGroup.model_validate(lenient.groups.buffer[-1]).sampling_seed is None
 
 
 def test_a_transcript_its_actions_do_not_reproduce_is_refused(state):
@@ -111,7 +111,7 @@ def test_a_transcript_its_actions_do_not_reproduce_is_refused(state):
         submit(state, task, doctored)
     assert refused.value.status == 422 and "does not replay" in refused.value.message
     assert [e for e in event_records(state) if e["kind"] == "replay_refused"][-1]["worker_id"] == "a"
-    assert not state.buffer  # nothing of the group is trained
+    assert not state.groups.buffer  # nothing of the group is trained
     assert submit(state, task, wire(episodes)).accepted  # the honest transcript still is
 
 
@@ -154,4 +154,4 @@ def test_a_single_turn_task_refuses_segments(tmp_path, tiny_model_dir):
     honest = submission(s, "a", task.lease_id, 0)
     marked = [c.model_copy(update={"segments": [len(c.token_ids)]}) for c in honest.completions]
     with pytest.raises(RequestError, match="single-turn"):
-        s.submit(honest.model_copy(update={"completions": marked}))
+        s.intake.submit(honest.model_copy(update={"completions": marked}))

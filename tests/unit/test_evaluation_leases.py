@@ -22,7 +22,7 @@ from tests.unit.coordinator_helpers import (
 from tests.unit.test_coordinator_http import LEARNER, _join, _post, run_with_server
 
 from echo2.coordinator.parts.evaluations import Evaluations
-from echo2.coordinator.state import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import EvalSubmission, LeaseRequest
 
 
@@ -94,18 +94,18 @@ def test_version_0_is_evaluated_first_by_one_worker_and_scored_by_the_coordinato
     task = first.evaluation
     assert len(task.prompt_ids) == 150 and task.prompt_ids[0] == state.scorer.eval_prompt_ids(0)
     assert lease(state, "w1", 0, max_tasks=2).tasks  # the other worker feeds the learner meanwhile
-    ack = state.submit_evaluation(EvalSubmission(worker_id="w0", lease_id=task.lease_id, version=0,
+    ack = state.evaluation.submit(EvalSubmission(worker_id="w0", lease_id=task.lease_id, version=0,
                                                  completions=_answers(state, task, 0.5), gen_time_s=1.5))
     assert ack.accepted and not ack.done
     second = lease(state, "w0", 0)
     assert second.evaluation is not None and len(second.evaluation.prompt_ids) == 50  # 200 held-out problems
-    assert state.submit_evaluation(EvalSubmission(worker_id="w0", lease_id=second.evaluation.lease_id, version=0,
+    assert state.evaluation.submit(EvalSubmission(worker_id="w0", lease_id=second.evaluation.lease_id, version=0,
                                                   completions=_answers(state, second.evaluation, 0.5),
                                                   gen_time_s=0.5)).done
     (record,) = [e for e in event_records(state) if e["kind"] == "eval"]
     assert (record["step"], record["accuracy"], record["problems"], record["worker_id"], record["eval_s"]) == \
         (0, 0.5, 200, "w0", 2.0)
-    assert state.evaluation_result(0).accuracy == 0.5 and not state.evaluation_result(2).done
+    assert state.evaluation.result(0).accuracy == 0.5 and not state.evaluation.result(2).done
     assert lease(state, "w0", 0).hold_version is None  # done: back to rollouts
 
 
@@ -129,7 +129,7 @@ def test_bad_evaluation_submissions_are_refused_and_change_nothing(state):
 
     def submit(**fields):
         body = {"worker_id": "w0", "lease_id": task.lease_id, "version": 0, "completions": good, "gen_time_s": 1.0}
-        return state.submit_evaluation(EvalSubmission(**{**body, **fields}))
+        return state.evaluation.submit(EvalSubmission(**{**body, **fields}))
 
     for fields, status, words in (({"completions": good[:-1]}, 422, "has 149 entries; the lease has 150"),
                                   ({"completions": [[1] * 5] + good[1:]}, 422, "at most 4"),
@@ -147,8 +147,8 @@ def test_bad_evaluation_submissions_are_refused_and_change_nothing(state):
 def test_a_worker_gone_silent_loses_the_evaluation_to_another(state):
     lease(state, "w0", 0)
     state.clock.now += 10  # past worker_timeout_s for w0; w1 heartbeats
-    state.workers["w1"].last_seen = state.clock.now
-    state.sweep()
+    state.registry.workers["w1"].last_seen = state.clock.now
+    state.worker_desk.sweep()
     assert [e["kind"] for e in event_records(state) if e["kind"].startswith("evaluation_")][-1] == "evaluation_abandoned"
     assert lease(state, "w1", 0).evaluation is not None
 

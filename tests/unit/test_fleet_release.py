@@ -18,13 +18,13 @@ def _state(tmp_path, tiny_model_dir, provider: str):
     state = make_state(tmp_path, tiny_model_dir, clock,
                        activation=ActivationConfig(provider=provider, max_worker_share=1.0))
     for worker_id, price in (("cheap", 1.0), ("dear", 5.0)):
-        state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
+        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
     for beat in range(1, 4):  # both measured at 100 rollouts/s; demand is 4 rollouts/s
         state.controller.observe_step_time(1.0)
         for worker_id in ("cheap", "dear"):
             state.controller.observe_busy(worker_id, rollouts_total=100 * beat, busy_s_total=float(beat))
     clock.now += 60  # past scale_down_after_s: the cheaper set may replace run-all
-    state.control()
+    state.worker_desk.control()
     assert state.controller.is_active("cheap") and not state.controller.is_active("dear")
     return state
 
@@ -37,7 +37,7 @@ def _left(state, worker_id: str) -> dict:
 def test_an_idle_worker_leaving_is_released_only_with_a_releasable_provider(tmp_path, tiny_model_dir, provider,
                                                                             released):
     state = _state(tmp_path, tiny_model_dir, provider)
-    state.leave(LeaveRequest(worker_id="dear"))
+    state.worker_desk.leave(LeaveRequest(worker_id="dear"))
     assert _left(state, "dear")["released"] is released
     assert state.controller.is_released("dear") is released
     assert snapshot(state)["cost"]["workers"]["dear"]["released"] is released
@@ -45,8 +45,8 @@ def test_an_idle_worker_leaving_is_released_only_with_a_releasable_provider(tmp_
 
 def test_an_active_worker_leaving_is_gone_and_a_released_one_is_chosen_in_its_place(tmp_path, tiny_model_dir):
     state = _state(tmp_path, tiny_model_dir, "local")
-    state.leave(LeaveRequest(worker_id="dear"))
-    state.leave(LeaveRequest(worker_id="cheap"))
+    state.worker_desk.leave(LeaveRequest(worker_id="dear"))
+    state.worker_desk.leave(LeaveRequest(worker_id="cheap"))
     assert _left(state, "cheap")["released"] is False and not state.controller.is_released("cheap")
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["active"] == ["dear"]  # the provider is asked to acquire it

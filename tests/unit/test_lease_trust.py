@@ -38,7 +38,7 @@ def work(state, worker_id: str, *, version: int = 0, max_tasks: int = 1, gen_s: 
     tasks = lease(state, worker_id, version, max_tasks=max_tasks).tasks
     state.clock.now += gen_s
     for task in tasks:
-        assert state.submit(submission(state, worker_id, task.lease_id, version)).accepted
+        assert state.intake.submit(submission(state, worker_id, task.lease_id, version)).accepted
     return len(tasks)
 
 
@@ -62,7 +62,7 @@ def test_fresh_ids_cannot_starve_an_honest_worker_of_leases(tmp_path, tiny_model
     batch = None
     for _ in range(6):  # the honest worker keeps leasing and delivering while the hoarders sit
         work(state, "honest", max_tasks=100, gen_s=0.5)
-        batch = batch or state.take_batch(0)
+        batch = batch or state.learner_desk.take_batch(0)
     assert batch is not None and {g.worker_id for g in batch} == {"honest"}
 
 
@@ -73,11 +73,11 @@ def test_a_new_id_gets_one_lease_until_a_group_of_it_is_accepted_then_more(tmp_p
     assert len(lease(state, "new", 0, max_tasks=10).tasks) == 1
     again = lease(state, "new", 0, max_tasks=10)
     assert again.tasks == [] and "holding 1 leases (allowed 1 until more of its groups are accepted)" in again.reason
-    state.submit(submission(state, "new", state.leases_book.held_by("new")[0].lease_id, 0))
+    state.intake.submit(submission(state, "new", state.leases_book.held_by("new")[0].lease_id, 0))
     assert work(state, "new", max_tasks=10) == 2  # one group accepted: twice the allowance
     assert work(state, "new", max_tasks=10) == 8  # three accepted: 2**3, here the per-worker cap (P = 8)
     # standing belongs to a registration: the same id registered again starts over
-    state.leave(LeaveRequest(worker_id="new"))
+    state.worker_desk.leave(LeaveRequest(worker_id="new"))
     register(state, "new")
     assert len(lease(state, "new", 0, max_tasks=10).tasks) == 1
 
@@ -87,15 +87,15 @@ def test_a_lease_deadline_follows_measured_generation_time(tmp_path, tiny_model_
     publish(state, 0)
     register(state, "quick")
     task = lease(state, "quick", 0).tasks[0]
-    assert state.leases[task.lease_id].expires_at == clock.now + 60.0  # never measured: lease_timeout_s
+    assert state.leases_book.leases[task.lease_id].expires_at == clock.now + 60.0  # never measured: lease_timeout_s
     clock.now += 2.0
-    state.submit(submission(state, "quick", task.lease_id, 0))
+    state.intake.submit(submission(state, "quick", task.lease_id, 0))
     task = lease(state, "quick", 0).tasks[0]
-    assert state.leases[task.lease_id].expires_at == clock.now + DEADLINE_FLOOR_S  # 4 x 2 s is under the floor
+    assert state.leases_book.leases[task.lease_id].expires_at == clock.now + DEADLINE_FLOOR_S  # 4 x 2 s is under the floor
     clock.now += DEADLINE_FLOOR_S + 1
-    state.heartbeat(Heartbeat(worker_id="quick", version=0))  # alive, but far past its own pace
-    state.sweep()
-    assert task.lease_id not in state.leases
+    state.worker_desk.heartbeat(Heartbeat(worker_id="quick", version=0))  # alive, but far past its own pace
+    state.worker_desk.sweep()
+    assert task.lease_id not in state.leases_book.leases
     assert [e for e in event_records(state) if e["kind"] == "lease_requeued"][-1]["reason"] == "lease_timeout"
 
     trust = LeaseTrust()
@@ -115,10 +115,10 @@ def test_no_worker_fills_more_than_its_share_of_a_batch_while_others_deliver(tmp
     past_slow_start(state, "fast", "slow")
     work(state, "fast", max_tasks=4)  # the four oldest groups are all the fast worker's
     held = lease(state, "slow", 0, max_tasks=2).tasks
-    assert state.take_batch(0) is None  # the slow worker is generating: its groups are waited for
+    assert state.learner_desk.take_batch(0) is None  # the slow worker is generating: its groups are waited for
     for task in held:
-        state.submit(submission(state, "slow", task.lease_id, 0))
-    batch = state.take_batch(0)
+        state.intake.submit(submission(state, "slow", task.lease_id, 0))
+    batch = state.learner_desk.take_batch(0)
     assert [g.worker_id for g in batch].count("fast") == 2 and [g.worker_id for g in batch].count("slow") == 2
     assert [e for e in event_records(state) if e["kind"] == "batch_assigned"][-1]["max_worker_share"] == 0.5
 
@@ -126,9 +126,9 @@ def test_no_worker_fills_more_than_its_share_of_a_batch_while_others_deliver(tmp
     publish(state, 1)
     work(state, "fast", version=1, max_tasks=4)
     lease(state, "slow", 1)
-    assert state.take_batch(1) is None
+    assert state.learner_desk.take_batch(1) is None
     clock.now += 1.5
-    assert [g.worker_id for g in state.take_batch(1)] == ["fast"] * 4  # filled from the fast worker's groups
+    assert [g.worker_id for g in state.learner_desk.take_batch(1)] == ["fast"] * 4  # filled from the fast worker's groups
 
 
 def test_a_one_worker_run_still_forms_batches(tmp_path, tiny_model_dir, clock):
@@ -138,7 +138,7 @@ def test_a_one_worker_run_still_forms_batches(tmp_path, tiny_model_dir, clock):
     past_slow_start(state, "alone")
     work(state, "alone", max_tasks=4)
     lease(state, "alone", 0)  # holding a lease itself: nobody else to wait for
-    assert [g.worker_id for g in state.take_batch(0)] == ["alone"] * 4
+    assert [g.worker_id for g in state.learner_desk.take_batch(0)] == ["alone"] * 4
 
 
 def test_the_share_cap_on_plain_data():

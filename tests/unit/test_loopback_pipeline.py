@@ -15,7 +15,7 @@ from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
-from echo2.coordinator.state import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.learner.io import LearnerIO
 from echo2.models.loading import load_model
 from echo2.models.weights import model_payload
@@ -85,7 +85,7 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
     assert sorted(map(sorted, sources.values())) == [["origin"], ["w1"]] or sorted(
         map(sorted, sources.values())) == [["origin"], ["w2"]]
     assert all(r["publish_to_loaded_s"] >= r["publish_to_verified_s"] > 0 for r in loads)
-    assert not any(state.workers[w].alive for w in ("w1", "w2"))  # both left cleanly on stop
+    assert not any(state.registry.workers[w].alive for w in ("w1", "w2"))  # both left cleanly on stop
 
 
 def forge(state, io: LearnerIO) -> None:
@@ -98,7 +98,7 @@ def forge(state, io: LearnerIO) -> None:
     signed = sign_manifest(manifest, generate_private_key())
     info = VersionInfo(version=2, signed=signed, origin_url=io.origin_url, published_at=time.time())
     with pytest.raises(RequestError, match="publish of version 2 refused"):
-        state.publish(info, state.public_key_hex)
+        state.learner_desk.publish(info, state.versions.public_key_hex)
     state.versions.dissemination.plan_version(2, info.origin_url, state.registry.peers())
     state.versions.dissemination.published(info, restarted=False)
     state.versions.latest = info

@@ -75,10 +75,10 @@ def test_the_coordinator_shapes_before_the_uninformative_check_and_counts_trunca
     long = state.scorer.tokenizer.encode("9999", add_special_tokens=False).ids
     assert len(short) == 2 and len(long) == 4 and long[-1] not in state.scorer.eos_ids
     completions = [RolloutCompletion(token_ids=ids, logprobs=[-0.5] * len(ids)) for ids in (short, long)]
-    reply = state.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0,
+    reply = state.intake.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0,
                                            completions=completions, gen_time_s=0.1))
     assert reply.accepted and reply.rewards == [0.0, -1.0]
     assert state.counters.completions_truncated == 1 and state.counters.dropped_uninformative == 0
-    batch = state.take_batch(0)
+    batch = state.learner_desk.take_batch(0)
     assert len(batch) == 1 and batch[0].rewards == [0.0, -1.0]
     assert [r["completions_truncated"] for r in event_records(state) if r["kind"] == "batch_assigned"] == [1]

@@ -14,7 +14,6 @@ from echo2.config.catalog import PlanConfig
 from echo2.config.run import RunConfig
 from echo2.config.sim import load_scenario
 from echo2.coordinator.records.errors import RequestError
-from echo2.coordinator.settings import resolve
 from echo2.planner import make_plan
 from echo2.planner.fleet import MeasuredOnTime, class_plans
 from echo2.policy.controller import ActivationController
@@ -179,19 +178,19 @@ def test_the_coordinator_counts_time_a_worker_is_too_stale_to_lease(tmp_path, ti
     clock = FakeClock()
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=1, groups_per_step=4)
     publish(state, 0)
-    state.register(RegisterRequest(worker_id="slow", engine="hf", price_per_hour=0.1))
+    state.worker_desk.register(RegisterRequest(worker_id="slow", engine="hf", price_per_hour=0.1))
     task = lease(state, "slow", 0).tasks[0]
     clock.now += 2.0
-    assert state.submit(submission(state, "slow", task.lease_id, 0)).accepted
+    assert state.intake.submit(submission(state, "slow", task.lease_id, 0)).accepted
     publish(state, 1)
     publish(state, 2)
-    state.heartbeat(Heartbeat(worker_id="slow", version=0, rollouts_total=0, busy_s_total=0.0))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="slow", version=0, rollouts_total=0, busy_s_total=0.0))
     clock.now += 10.0
-    state.heartbeat(Heartbeat(worker_id="slow", version=2, rollouts_total=0, busy_s_total=0.0))
+    state.worker_desk.heartbeat(Heartbeat(worker_id="slow", version=2, rollouts_total=0, busy_s_total=0.0))
     clock.now += 5.0  # fresh again: idle time now is not its fault
     task = lease(state, "slow", 2).tasks[0]
     clock.now += 2.0
-    assert state.submit(submission(state, "slow", task.lease_id, 2)).accepted
+    assert state.intake.submit(submission(state, "slow", task.lease_id, 2)).accepted
     view = state.controller.workers["slow"]
     assert view.stale_s_total == pytest.approx(10.0) and view.busy_s_total == pytest.approx(4.0)
 
@@ -250,19 +249,19 @@ def test_a_run_with_a_catalog_chooses_among_registered_workers_by_the_planner(tm
     run_cfg = RunConfig.model_validate({"run_dir": str(tmp_path / "run"), "activation": {"catalog": str(path)},
                                         "train": {"max_staleness": 3}, "grpo": {"prompts_per_step": 4},
                                         "sampling": {"group_size": 2}})
-    catalog_cfg = resolve(run_cfg, multi_turn=False).activation_catalog
+    catalog_cfg = run_cfg.activation_plan()
     assert catalog_cfg.workload.max_staleness == 3 and catalog_cfg.workload.prompts_per_step == 4
     assert catalog_cfg.workload.group_size == run_cfg.sampling.group_size
     clock = FakeClock()
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=4,
-                       activation_catalog=catalog_cfg)
+                       config={"activation": {"catalog": str(path)}})
     publish(state, 0)
     for worker_id, cls, price in (("c1", "cheap", 0.3), ("c2", "cheap", 0.3), ("d1", "dear", 0.9)):
-        state.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price, worker_class=cls))
+        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price, worker_class=cls))
     with pytest.raises(RequestError, match="not a class of the run's activation catalog"):
-        state.register(RegisterRequest(worker_id="x", engine="hf", worker_class="h100"))
+        state.worker_desk.register(RegisterRequest(worker_id="x", engine="hf", worker_class="h100"))
     clock.now += 1.0
-    state.control()
+    state.worker_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"]
     assert decision, [e for e in event_records(state)][-3:]
     decision = decision[-1]
@@ -300,17 +299,15 @@ def test_echo2_run_offers_classed_local_workers_and_the_first_decision_picks_amo
     assert run_cfg.workers_started_on_demand() == {"w0", "w1", "w2"}  # w3 declares no class: it starts
     static = RunConfig.model_validate({**data, "activation": {"catalog": str(path)}})
     assert static.workers_started_on_demand() == set()  # a static fleet's machines all run anyway
-    settings = resolve(run_cfg, multi_turn=False)
     clock = FakeClock()
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=4,
-                       activation=run_cfg.activation, activation_catalog=settings.activation_catalog,
-                       offered_workers=settings.offered_workers)
+                       config={"activation": data["activation"], "workers": data["workers"]})
     clock.now += 1.0
-    state.control()
+    state.worker_desk.control()
     decisions = [e for e in event_records(state) if e["kind"] == "activation"]
     assert decisions and decisions[-1]["active"] == ["w1"], decisions  # one cheap worker covers the prior
-    assert not state.workers  # nothing registered: it is the launcher's to start w1
-    state.register(RegisterRequest(worker_id="w1", engine="hf", price_per_hour=0.3, worker_class="cheap"))
+    assert not state.registry.workers  # nothing registered: it is the launcher's to start w1
+    state.worker_desk.register(RegisterRequest(worker_id="w1", engine="hf", price_per_hour=0.3, worker_class="cheap"))
     assert state.controller.is_active("w1")
     bad = [*fleet[:3], {"worker_class": "h100"}]
     with pytest.raises(ValueError, match="local worker 3 has worker_class 'h100'.*classes: cheap, dear"):

@@ -142,16 +142,16 @@ def test_a_lease_that_expires_while_its_group_is_scored_is_refused_and_nothing_a
     register(state, "a")
     task = lease(state, "a", 0).tasks[0]
     req = submission(state, "a", task.lease_id, 0)
-    prompt = state.leases[task.lease_id].prompt_index
+    prompt = state.leases_book.leases[task.lease_id].prompt_index
 
     def expire():  # the housekeeping, while the pool scores
         clock.now += 4.0
-        state.sweep()
+        state.worker_desk.sweep()
 
     with pytest.raises(RequestError) as refused:
-        asyncio.run(state.submit_scored(req, StandInScoring(during=expire)))
+        asyncio.run(state.intake.submit_scored(req, StandInScoring(during=expire)))
     assert refused.value.status == 409 and "not held" in refused.value.message
-    assert state.buffer == [] and state.workers["a"].rollouts == 0 and state.workers["a"].alive
+    assert state.groups.buffer == [] and state.registry.workers["a"].rollouts == 0 and state.registry.workers["a"].alive
     assert list(state.leases_book.queue) == [prompt]  # back in the queue once, for someone else
     assert state.limits.busy == set()
 
@@ -165,17 +165,17 @@ def test_a_worker_has_one_submission_scored_at_a_time(tmp_path, tiny_model_dir):
 
     async def main():
         gate = asyncio.Event()
-        scoring = asyncio.create_task(state.submit_scored(submission(state, "a", first.lease_id, 0),
+        scoring = asyncio.create_task(state.intake.submit_scored(submission(state, "a", first.lease_id, 0),
                                                           StandInScoring(gate=gate)))
         await asyncio.sleep(0.01)
         with pytest.raises(RequestError) as refused:
-            await state.submit_scored(submission(state, "a", second.lease_id, 0), StandInScoring())
+            await state.intake.submit_scored(submission(state, "a", second.lease_id, 0), StandInScoring())
         gate.set()
         return refused.value, await scoring
 
     refused, reply = asyncio.run(main())
     assert refused.status == 429 and "already has a submission being scored" in refused.message
-    assert reply.accepted and second.lease_id in state.leases  # the refused one changed nothing
+    assert reply.accepted and second.lease_id in state.leases_book.leases  # the refused one changed nothing
 
 
 def test_a_worker_whose_completions_keep_running_over_budget_is_refused_for_a_while(tmp_path, tiny_model_dir):
@@ -189,7 +189,7 @@ def test_a_worker_whose_completions_keep_running_over_budget_is_refused_for_a_wh
     cut = OverBudget(reason="over budget", pid=4321)
 
     def submit(task, outcomes):
-        return asyncio.run(state.submit_scored(submission(state, "a", task.lease_id, 0), StandInScoring(outcomes)))
+        return asyncio.run(state.intake.submit_scored(submission(state, "a", task.lease_id, 0), StandInScoring(outcomes)))
 
     assert submit(tasks[0], [cut, 1.0]).rewards == [0.0, 1.0]
     assert submit(tasks[1], [cut, cut]).rewards == [0.0, 0.0]
@@ -211,7 +211,7 @@ def test_an_evaluation_completion_over_budget_is_wrong_and_counts_against_its_wo
     task = lease(state, "w0", 0).evaluation
     req = EvalSubmission(worker_id="w0", lease_id=task.lease_id, version=0, completions=[[20, 3], [21, 3]],
                          gen_time_s=1.0)
-    ack = asyncio.run(state.submit_evaluation_scored(req, StandInScoring([OverBudget("over budget"), 1.0])))
+    ack = asyncio.run(state.evaluation.submit_scored(req, StandInScoring([OverBudget("over budget"), 1.0])))
     assert ack.accepted and state.evaluation.board.running.correct == [False, True]
     (record,) = [e for e in event_records(state) if e["kind"] == "scoring_over_budget"]
     assert (record["worker_id"], record["what"], record["completion"]) == ("w0", "evaluation", 0)
@@ -222,13 +222,13 @@ def test_the_coordinators_own_stall_evicts_no_worker(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, clock)  # worker_timeout_s = 5
     register(state, "a")
     clock.now += 4.0
-    state.excuse_stall(3.0)  # the loop did not run for 3 of those 4 s
+    state.worker_desk.excuse_stall(3.0)  # the loop did not run for 3 of those 4 s
     clock.now += 3.0
-    state.sweep()
-    assert state.workers["a"].alive
+    state.worker_desk.sweep()
+    assert state.registry.workers["a"].alive
     clock.now += 2.5
-    state.sweep()
-    assert not state.workers["a"].alive  # a worker really silent is still lost
+    state.worker_desk.sweep()
+    assert not state.registry.workers["a"].alive  # a worker really silent is still lost
 
 
 def test_the_server_notices_its_event_loop_stalled(tmp_path, tiny_model_dir):
@@ -244,4 +244,4 @@ def test_the_server_notices_its_event_loop_stalled(tmp_path, tiny_model_dir):
     run_with_server(state, scenario, metrics_path=metrics)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     (stalled,) = [r for r in records if r["kind"] == "coordinator_stalled"]
-    assert stalled["stall_s"] > 0.5 and stalled["workers_excused"] == 1 and state.workers["a"].alive
+    assert stalled["stall_s"] > 0.5 and stalled["workers_excused"] == 1 and state.registry.workers["a"].alive

@@ -12,7 +12,7 @@ import torch
 from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
 from echo2.config.audit import AuditConfig
-from echo2.coordinator.state import RequestError
+from echo2.coordinator.records.errors import RequestError
 from echo2.learner.audit import Auditor
 from echo2.learner.sampler_audit import group_shortfalls, violations
 from echo2.models.loading import load_model, load_tokenizer
@@ -135,21 +135,21 @@ def test_the_coordinator_seeds_each_lease_and_keeps_the_seed_with_the_group(tmp_
     task = lease(state, "w0", 0).tasks[0]
     assert task.sampling_seed is not None and 0 <= task.sampling_seed < 2**32
     assert task.sampling_seed == state.leases_book.seed_of(task.lease_id)
-    state.submit(submission(state, "w0", task.lease_id, 0))
-    assert state.take_batch(0)[0].sampling_seed == task.sampling_seed
+    state.intake.submit(submission(state, "w0", task.lease_id, 0))
+    assert state.learner_desk.take_batch(0)[0].sampling_seed == task.sampling_seed
 
 
 def test_a_free_sampling_worker_is_refused_unless_the_run_allows_it(tmp_path, tiny_model_dir):
     state = make_state(tmp_path / "strict", tiny_model_dir, FakeClock())
     with pytest.raises(RequestError, match="sampler 'free'.*engine = 'hf'.*require_seeded_sampler = false"):
-        state.register(RegisterRequest(worker_id="v0", engine="vllm", sampler="free"))
+        state.worker_desk.register(RegisterRequest(worker_id="v0", engine="vllm", sampler="free"))
     lenient = make_state(tmp_path / "lenient", tiny_model_dir, FakeClock(), groups_per_step=1,
                          require_seeded_sampler=False)
     publish(lenient, 0)
-    lenient.register(RegisterRequest(worker_id="v0", engine="vllm", sampler="free"))
+    lenient.worker_desk.register(RegisterRequest(worker_id="v0", engine="vllm", sampler="free"))
     task = lease(lenient, "v0", 0).tasks[0]
-    lenient.submit(submission(lenient, "v0", task.lease_id, 0))
-    assert lenient.take_batch(0)[0].sampling_seed is None  # audited by log-probs only
+    lenient.intake.submit(submission(lenient, "v0", task.lease_id, 0))
+    assert lenient.learner_desk.take_batch(0)[0].sampling_seed is None  # audited by log-probs only
 
 
 def test_groups_checked_together_get_the_shortfalls_of_a_plain_forward_under_the_claimed_weights(engine):

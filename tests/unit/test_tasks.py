@@ -80,9 +80,9 @@ def test_epoch_order_is_a_seeded_shuffle_that_a_new_process_repeats(tmp_path):
 def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_dir):
     from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish, register, submission
 
+    from echo2.coordinator.records.store import Store
     from echo2.coordinator.scoring.scorer import Scorer
     from echo2.coordinator.state import CoordinatorState
-    from echo2.coordinator.records.store import Store
 
     path = write_jsonl(tmp_path / "p.jsonl", word_problems(30))
     cfg = load_run_config(None, ["task.name=math", f"task.dataset={path}", "task.eval_fraction=0.2"])
@@ -90,7 +90,7 @@ def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_d
     def state(where):
         base = make_state(where, tiny_model_dir, FakeClock(), max_staleness=100, groups_per_step=1000)
         base.store.close()
-        return CoordinatorState(base.settings, Store(where / "coordinator.db"),
+        return CoordinatorState(base.cfg, Store(where / "coordinator.db"),
                                 Scorer(make_task(cfg.task, cfg.seed), str(tiny_model_dir)), clock=FakeClock())
 
     def take(s, count):
@@ -100,8 +100,8 @@ def test_a_restarted_coordinator_continues_the_data_order(tmp_path, tiny_model_d
         prompts = []
         while len(prompts) < count:
             for t in lease(s, "a", 0, max_tasks=min(8, count - len(prompts))).tasks:
-                prompts.append(s.scorer.problem(s.leases[t.lease_id].prompt_index).prompt)
-                assert s.submit(submission(s, "a", t.lease_id, 0)).accepted
+                prompts.append(s.scorer.problem(s.leases_book.leases[t.lease_id].prompt_index).prompt)
+                assert s.intake.submit(submission(s, "a", t.lease_id, 0)).accepted
         return prompts
 
     straight = take(state(tmp_path / "straight"), 40)

@@ -135,12 +135,12 @@ def test_the_coordinator_checks_the_versions_a_worker_claims_and_admits_by_share
     ok = submission(state, "a", task.lease_id, 0)
     claimed = [c.model_copy(update={"token_versions": [(0, 1), (2, len(c.token_ids) - 1)]}) for c in ok.completions]
     with pytest.raises(RequestError) as err:  # version 2 is not out yet
-        state.submit(ok.model_copy(update={"completions": claimed}))
+        state.intake.submit(ok.model_copy(update={"completions": claimed}))
     assert err.value.status == 422 and "token_versions claims version 2" in str(err.value)
     straddled = [c.model_copy(update={"token_versions": [(0, 1), (1, len(c.token_ids) - 1)]})
                  for c in ok.completions]
-    assert state.submit(ok.model_copy(update={"completions": straddled})).accepted
-    (group,) = state.take_batch(0)
+    assert state.intake.submit(ok.model_copy(update={"completions": straddled})).accepted
+    (group,) = state.learner_desk.take_batch(0)
     assert group.completions[0].token_versions == [(0, 1), (1, 3)]  # stored and sent to the learner as sent
 
 
@@ -201,7 +201,7 @@ def test_the_coordinator_measures_how_long_swapping_leases_take(tmp_path, tiny_m
     task = lease(state, "a", 0).tasks[0]
     clock.now += 30.0
     ok = submission(state, "a", task.lease_id, 0)
-    state.submit(ok)
+    state.intake.submit(ok)
     longest = max(len(c.token_ids) for c in ok.completions)
     assert state.groups.plane.segment_swaps
     assert list(state.groups.plane.generations) == [(30.0, 30.0 * min(1.0, 2 / longest))]

@@ -20,9 +20,9 @@ from tests.unit.test_coordinator_http import TOKEN, _post, run_with_server
 from echo2.broadcast.relay import RelayServer
 from echo2.broadcast.wire import STATUS_PATH
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.records import events as ev
 from echo2.coordinator.http.log_lines import describe
 from echo2.coordinator.parts.probe import NOT_REACHED, REACHED, own_address
+from echo2.coordinator.records import events as ev
 from echo2.protocol.messages import PROTOCOL_VERSION
 
 EVIL = "w1\nFAKE LINE: worker w9 joined\r\x1b[31m\x00\x07\x7f\x9b[2J\u2028end"
@@ -50,7 +50,7 @@ def test_an_engine_with_control_characters_is_refused_naming_the_field(state):
 
     (status, reply), good = run_with_server(state, scenario)
     assert status == 422 and "engine='hf\\nFAKE LINE'" in reply["error"] and "\n" not in reply["error"]
-    assert good[0] == 200 and set(state.workers) == {"w2"}
+    assert good[0] == 200 and set(state.registry.workers) == {"w2"}
 
 
 @pytest.mark.parametrize("address", [
@@ -70,7 +70,7 @@ def test_a_bad_relay_address_is_refused_at_registration_naming_field_value_and_f
     status, reply = run_with_server(state, scenario)
     assert status == 422, reply
     assert "relay_address" in reply["error"] and repr(address) in reply["error"] and "fix:" in reply["error"]
-    assert state.workers == {} and not [e for e in state.events if e.kind == "worker_registered"]
+    assert state.registry.workers == {} and not [e for e in state.events if e.kind == "worker_registered"]
 
 
 def test_a_relay_address_or_none_still_registers(state):
@@ -80,7 +80,7 @@ def test_a_relay_address_or_none_still_registers(state):
                 for i, address in enumerate(["", "http://10.0.0.1:80", "https://relay.example.org:8471/"])]
 
     assert run_with_server(state, scenario) == [200, 200, 200]
-    assert state.workers["w0"].relay_address == ""  # a broadcast leaf
+    assert state.registry.workers["w0"].relay_address == ""  # a broadcast leaf
 
 
 def _evil_event(cls: type[ev.Event]) -> dict:

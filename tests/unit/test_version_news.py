@@ -143,4 +143,4 @@ def test_a_real_worker_hears_of_a_version_at_once_and_stops_without_waiting_out_
 
     heard_s, stop_s = asyncio.run(asyncio.wait_for(main(), timeout=120))
     assert max(heard_s) < 0.6, heard_s  # the heartbeat interval is 1 s
-    assert stop_s < 2.0 and not state.workers["w0"].alive  # it left, well inside its 5 s poll
+    assert stop_s < 2.0 and not state.registry.workers["w0"].alive  # it left, well inside its 5 s poll

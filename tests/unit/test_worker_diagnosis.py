@@ -61,7 +61,7 @@ def test_a_wrong_join_token_is_named_at_once(state, tmp_path):
     message, elapsed_s = _join_fails(state, "not-the-join-token-0123456789", tmp_path)
     assert "refused this worker's join token" in message and "ECHO2_AUTH_TOKEN" in message
     assert elapsed_s < 5
-    assert state.workers == {}
+    assert state.registry.workers == {}
 
 
 def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_path, monkeypatch):
@@ -70,7 +70,7 @@ def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_
     assert f"incompatible echo2 versions: this coordinator speaks protocol {PROTOCOL_VERSION + 1}" in message
     assert f"the request speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0)" in message and "same echo2 release" in message
     assert elapsed_s < 5
-    assert state.workers == {}
+    assert state.registry.workers == {}
 
 
 def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
@@ -126,7 +126,7 @@ def test_check_passes_for_a_reachable_worker(state):
     assert {name: status for name, (status, _) in checks.items()} == \
         {"reach": "ok", "protocol": "ok", "auth": "ok", "relay": "ok"}
     assert "peers can pull weights from it" in checks["relay"][1]
-    assert state.workers == {}  # checking joins nothing
+    assert state.registry.workers == {}  # checking joins nothing
 
 
 def test_check_tells_a_worker_peers_cannot_reach_that_it_would_be_a_leaf(state):
@@ -217,11 +217,11 @@ def test_a_worker_joins_again_when_a_restarted_coordinator_no_longer_knows_it(st
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         try:
-            await _until(lambda: "w7" in state.workers)
-            first = state.workers["w7"].credential_digest
-            state.workers.clear()  # what a restart leaves: accepted work kept, the registry gone
+            await _until(lambda: "w7" in state.registry.workers)
+            first = state.registry.workers["w7"].credential_digest
+            state.registry.workers.clear()  # what a restart leaves: accepted work kept, the registry gone
             state.registry.credentials.clear()
-            await _until(lambda: "w7" in state.workers and state.workers["w7"].credential_digest != first)
+            await _until(lambda: "w7" in state.registry.workers and state.registry.workers["w7"].credential_digest != first)
         finally:
             stop.set()
             await asyncio.wait_for(task, 20)

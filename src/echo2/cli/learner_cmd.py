@@ -24,8 +24,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from echo2.coordinator.parts.credentials import LEARNER, MIN_TOKEN_CHARS, key_file, read_secret
     from echo2.coordinator.main import auth_token
+    from echo2.coordinator.parts.credentials import LEARNER, MIN_TOKEN_CHARS, key_file, read_secret
     from echo2.learner.train import Learner
 
     cfg = resolved_with_overrides(args.run_dir, args.overrides)

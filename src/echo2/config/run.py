@@ -8,7 +8,7 @@ they need (sampling, group size, S, model source) from the coordinator when they
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -24,7 +24,7 @@ from echo2.config.base import (
     validate,
 )
 from echo2.config.broadcast import BroadcastConfig
-from echo2.config.catalog import load_plan_config
+from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.evaluation import EvaluationConfig
 from echo2.config.grpo import GRPOConfig, LoraConfig
 from echo2.config.report import ReportConfig
@@ -234,6 +234,14 @@ class LocalWorkersConfig(Frozen):
         return validate(WorkerConfig, data, source=f"workers.per_worker[{index}]")
 
 
+class OfferedWorker(NamedTuple):
+    """A worker the run's provider starts only when the controller chooses it."""
+
+    worker_id: str
+    price_per_hour: float
+    worker_class: str
+
+
 class RunConfig(Frozen):
     run_dir: str = "runs/demo"
     """Everything a run writes: resolved config, metrics.jsonl, checkpoints, logs, the
@@ -301,12 +309,32 @@ class RunConfig(Frozen):
                                  f"{', '.join(sorted(classes))}); set it to one of them, or empty")
         return self
 
+    def offered_workers(self) -> tuple[OfferedWorker, ...]:
+        """The local workers started on demand (`workers_started_on_demand`), as the coordinator
+        offers them to its activation controller at start: its first decision picks among them
+        unstarted."""
+        on_demand = self.workers_started_on_demand()
+        configs = (self.workers.worker_config(i) for i in range(self.workers.count))
+        return tuple(OfferedWorker(w.worker_id, w.price_per_hour, w.worker_class) for w in configs
+                     if w.worker_id in on_demand)
+
+    def activation_plan(self) -> PlanConfig | None:
+        """[activation] catalog, loaded, with the run's S and batch in its workload (None: no
+        catalog): what the controller's planned cover prices classes with."""
+        if not self.activation.catalog:
+            return None
+        catalog = load_plan_config(self.activation.catalog)
+        workload = catalog.workload.model_copy(update={
+            "max_staleness": self.train.max_staleness, "prompts_per_step": self.grpo.prompts_per_step,
+            "group_size": self.sampling.group_size})
+        return catalog.model_copy(update={"workload": workload})
+
     def workers_started_on_demand(self) -> set[str]:
         """Local worker ids `echo2 run` starts only once the activation controller chooses them:
         with a catalog and a releasable provider, those that declare a class are offered to the
         coordinator at its start (the catalog prices them before any runs) and its first decision
         acquires the covering set; the rest never bill. Unclassed workers start at once (only
-        their measured rate can price them). The coordinator offers the same set (settings.py)."""
+        their measured rate can price them). The coordinator offers the same set (`offered_workers`)."""
         a = self.activation
         if not (a.enabled and a.provider == "local" and a.catalog and self.train.max_staleness > 0):
             return set()

@@ -13,13 +13,12 @@ import signal
 from aiohttp import web
 
 from echo2.config.run import RunConfig
+from echo2.coordinator.http.server import build_app
 from echo2.coordinator.parts.credentials import coordinator_secrets
+from echo2.coordinator.records.store import Store
 from echo2.coordinator.scoring.pool import ScoringPool
 from echo2.coordinator.scoring.scorer import make_scorer, scorer_recipe
-from echo2.coordinator.http.server import build_app
-from echo2.coordinator.settings import resolve
 from echo2.coordinator.state import CoordinatorState
-from echo2.coordinator.records.store import Store
 from echo2.protocol import tls
 from echo2.report.metrics import MetricsWriter
 from echo2.tasks import make_task
@@ -42,7 +41,7 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
     task = make_task(cfg.task, cfg.seed)
     task.check()  # loads and validates the task's data before the first lease needs it
     scorer = make_scorer(task, cfg.base_model_path, cfg.sampling.max_new_tokens)
-    state = CoordinatorState(resolve(cfg, multi_turn=task.kind == "episode"), store, scorer)
+    state = CoordinatorState(cfg, store, scorer)
     # submissions are scored in processes that build the same scorer from the config (off the
     # event loop, killed when over budget); `scorer` here renders prompts and checks token ids
     scoring = ScoringPool(scorer_recipe(cfg.task, cfg.seed, cfg.base_model_path, cfg.sampling.max_new_tokens),

@@ -34,6 +34,7 @@ from echo2.planner import (
     swapped_lateness_s,
 )
 from echo2.policy.credit import audit_credit, capped_offers
+from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
 from echo2.policy.rewards import measured_uninformative_share
 from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView, candidate, delivering, value_or_zero
@@ -121,14 +122,11 @@ class ActivationController:
                      stale_s_total: float = 0.0) -> None:
         """Cumulative counters (rollouts, lease-holding seconds, seconds active but refused as
         too stale); the rate over the new working time (holding leases or too stale) is one
-        sample (lease round trips and submits included, unlike generation time alone). Time
-        too stale counts: a worker whose link cannot bring versions within S is idle for it,
-        and a rate over lease-holding time alone prices exactly the cheap slow-linked workers
-        too high.
-        A sample spans at least one lease's generation time: a worker generating k leases at
-        once (continuous batching) submits k times per generation time, and the rate over each
-        short gap between submits swings from a fraction to k times the truth; an average of
-        such ratios overstated the simulated fleet's 4B workers about twofold."""
+        sample, round trips included. Time too stale counts: a worker whose link cannot bring
+        versions within S is idle for it, and leaving it out prices the cheap slow-linked
+        workers too high. A sample spans at least one lease's generation time: a worker
+        generating k leases at once submits k times per generation time, so the rate over one
+        gap between submits swings from a fraction to k times the truth."""
         view = self.workers.get(worker_id)
         if view is None:
             return
@@ -158,6 +156,15 @@ class ActivationController:
             view.admitted.add(1.0 if admitted else 0.0)
             view.admitted_n += admitted
             view.outcomes_n += 1
+
+    def observe_submission(self, outcome: SubmissionOutcome) -> None:
+        """Everything one applied group tells activation (`policy.outcome`)."""
+        self.observe_tokens(outcome.worker_id, outcome.tokens, outcome.gen_time_s)
+        self.observe_outcome(outcome.worker_id, admitted=outcome.admitted)
+        if outcome.segment_s is not None:
+            self.observe_segment(outcome.segment_s)
+        self.observe_busy(outcome.worker_id, outcome.rollouts_total, outcome.busy_s_total, outcome.stale_s_total)
+        self.observe_uninformative(outcome.dropped_uninformative_total, outcome.scored_total)
 
     def observe_audit(self, worker_id: str, *, audited: int, failed: int) -> None:
         """The worker's audit record so far (cumulative: a report seen twice changes nothing)."""

@@ -33,6 +33,7 @@ from typing import Generic, TypeVar
 
 from echo2.planner.capacity import swap_ahead_steps
 from echo2.policy.admission import admits_tokens, last_admissible_step, lease_capacity, worker_may_lease
+from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
 
@@ -201,6 +202,13 @@ class DataPlane(Generic[G]):
         return gaps[len(gaps) // 2] if gaps else None
 
     # ---- rollouts ----
+    def observe_submission(self, outcome: SubmissionOutcome) -> None:
+        """An applied group: its worker's lease trust (time held, admitted or not) and, for
+        swapping workers, the generation time that sets how far ahead they lease."""
+        self.trust.submitted(outcome.worker_id, outcome.held_s, accepted=outcome.admitted)
+        if outcome.segment_s is not None:
+            self.observe_generation(outcome.held_s, outcome.segment_s)
+
     def admits(self, group: G) -> bool:
         """Would this group submitted now be buffered (rather than dropped as stale)?"""
         return self.admissible(self.learner_step, group)

@@ -27,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from echo2.config.audit import AuditConfig
+from echo2.config.grpo import GRPOConfig
+
 
 def overlong_penalty(length_tokens: int, *, max_new_tokens: int, buffer_tokens: int, penalty: float) -> float:
     """The penalty (<= 0) of a completion of `length_tokens` (rule 1); 0 with no buffer."""
@@ -50,7 +53,7 @@ def is_uninformative(rewards: Sequence[float]) -> bool:
 
 @dataclass(frozen=True)
 class RewardRules:
-    """The run's reward rules, from [grpo] (`coordinator.settings.resolve`)."""
+    """The run's reward rules, from [grpo] and [audit] (`from_config`)."""
 
     overlong_buffer_tokens: int = 0
     """0: no shaping."""
@@ -62,6 +65,15 @@ class RewardRules:
     audited_before_dropping: int = 0
     """Every uninformative group of a worker with fewer audited groups than this is sent to the
     learner for the audit (AUDITED_BEFORE_DROPPING when the audit is on)."""
+
+    @classmethod
+    def from_config(cls, grpo: GRPOConfig, audit: AuditConfig) -> RewardRules:
+        """Overlong shaping and dynamic sampling as configured; the audit's sample of dropped
+        groups only while the rollout audit runs."""
+        return cls(overlong_buffer_tokens=grpo.overlong_buffer_tokens, overlong_penalty=grpo.overlong_penalty,
+                   drop_uninformative_groups=grpo.drop_uninformative_groups,
+                   audit_fraction=audit.uninformative_fraction if audit.enabled else 0.0,
+                   audited_before_dropping=AUDITED_BEFORE_DROPPING if audit.enabled else 0)
 
     def shaped(self, rewards: Sequence[float], lengths_tokens: Sequence[int], *, max_new_tokens: int) -> list[float]:
         """Task rewards plus each completion's overlong penalty (rule 1), L = `max_new_tokens`."""

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from echo2.config.base import MAX_GROUP_SIZE, MAX_NEW_TOKENS
 from echo2.config.broadcast import BroadcastConfig
-from echo2.config.run import LoraConfig
+from echo2.config.run import LoraConfig, SamplingConfig
 from echo2.config.task import TaskConfig
 from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
@@ -54,6 +54,12 @@ class SamplingParams(BaseModel):
     segment_tokens: int = 0
     """sampling.segment_tokens: swap a newer version in at every multiple of this many tokens
     of a generation in flight (0: between generations only)."""
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig) -> SamplingParams:
+        """The run's [sampling], as every lease carries it."""
+        return cls(temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens,
+                   group_size=sampling.group_size, segment_tokens=sampling.segment_tokens)
 
 
 class VersionInfo(BaseModel):

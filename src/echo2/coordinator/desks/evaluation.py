@@ -6,34 +6,36 @@ metrics.jsonl records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts.evaluations import Evaluations, Running
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
-from echo2.coordinator.parts.evaluations import Evaluations, Running
 from echo2.coordinator.scoring.jobs import Outcome, Scoring, eval_jobs, inline_outcomes
-from echo2.coordinator.scoring.limits import ScoringLimits
-from echo2.coordinator.scoring.scorer import Scorer
-from echo2.coordinator.records.store import Store
 from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult, LeaseResponse
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 STORE_KEY = "evaluations"
 
 
 class EvaluationDesk:
-    def __init__(self, scorer: Scorer, store: Store, events: list[ev.Event], *, limits: ScoringLimits, eval_every: int,
-                 final_version: int, problems_per_lease: int, max_new_tokens: int) -> None:
-        """`events`: the coordinator's (shared): this desk's events go there."""
-        self.scorer, self.store, self.limits = scorer, store, limits
-        saved = store.get_meta(STORE_KEY, {})
-        problems = len(scorer.eval_problems)
-        self.board = Evaluations(eval_every=eval_every, final_version=final_version, problems=problems,
-                                 problems_per_lease=problems_per_lease, max_new_tokens=max_new_tokens,
-                                 pending=saved.get("pending"),
+    def __init__(self, state: CoordinatorState) -> None:
+        """The run's due versions (train.eval_every, the last one train.steps), split into
+        leases of evaluation.problems_per_lease prompts; its events go to the state's list."""
+        cfg, scorer = state.cfg, state.scorer
+        self.scorer, self.store, self.limits, self.events = scorer, state.store, state.limits, state.events
+        self.registry, self.clock = state.registry, state.clock
+        saved = self.store.get_meta(STORE_KEY, {})
+        self.board = Evaluations(eval_every=cfg.train.eval_every, final_version=cfg.train.steps,
+                                 problems=len(scorer.eval_problems), problems_per_lease=cfg.evaluation.problems_per_lease,
+                                 max_new_tokens=cfg.sampling.max_new_tokens, pending=saved.get("pending"),
                                  done={int(k): v for k, v in saved.get("done", {}).items()})
         self.vocab_size = scorer.vocab_size
-        self.events = events
         self._prompts: dict[int, list[int]] = {}
+        if state.versions.latest is not None:  # a restarted coordinator: what is due since its newest version
+            self.published(state.versions.latest.version)
 
     def _save(self) -> None:
         with self.store.tx():
@@ -91,25 +93,26 @@ class EvaluationDesk:
             return None
         return LeaseResponse(tasks=[], evaluation=task, hold_version=task.version)
 
-    def submit(self, req: EvalSubmission, now: Callable[[], float]) -> EvalAck:
+    def submit(self, req: EvalSubmission) -> EvalAck:
         """A worker's greedy completions for its evaluation lease, scored here and now (tests;
         the server scores off its event loop, `submit_scored`)."""
         running, start = self.check(req)
         outcomes = inline_outcomes(self.scorer, eval_jobs(start, req.completions))
-        return self.apply(req, running, start, outcomes, now=now())
+        return self.apply(req, running, start, outcomes, now=self.clock())
 
-    async def submit_scored(self, req: EvalSubmission, scoring: Scoring, now: Callable[[], float]) -> EvalAck:
+    async def submit_scored(self, req: EvalSubmission, scoring: Scoring) -> EvalAck:
         """The server's path: checked, scored by `scoring` (the pool) off the event loop, applied."""
         running, start = self.check(req)
         with self.limits.scoring(req.worker_id):
             outcomes = await scoring.score(eval_jobs(start, req.completions),
                                            give_up_after=self.limits.strikes_left(req.worker_id))
-        return self.apply(req, running, start, outcomes, now=now())
+        return self.apply(req, running, start, outcomes, now=self.clock())
 
     def check(self, req: EvalSubmission) -> tuple[Running, int]:
         """The evaluation this submission answers and the index of its first problem; refused
         (RequestError) having changed nothing when the lease is not the worker's (409), the
         completions do not fit it (422) or the scoring limits say no (429)."""
+        self.registry.live(req.worker_id)
         running = self.board.lease_of(req.worker_id, req.lease_id)
         if running is None:
             raise RequestError(409, self._not_held(req))

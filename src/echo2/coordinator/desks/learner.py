@@ -6,37 +6,31 @@ worker. Every method applies a whole change or raises `RequestError` having chan
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from echo2.coordinator.records import events as ev
-from echo2.coordinator.parts.audit import AuditLedger
-from echo2.coordinator.desks.evaluation import EvaluationDesk
-from echo2.coordinator.parts.groups import GroupBook
-from echo2.coordinator.parts.leases import LeaseBook
-from echo2.coordinator.parts.registry import Registry
-from echo2.coordinator.records.store import Store
-from echo2.coordinator.parts.versions import VersionDesk
-from echo2.coordinator.desks.workers import WorkerDesk
 from echo2.policy import staleness
-from echo2.policy.controller import ActivationController
 from echo2.protocol.learner_api import AuditReport
 from echo2.protocol.messages import TrainGroup, VersionInfo
 
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
+
 
 class LearnerDesk:
-    def __init__(self, *, groups: GroupBook, versions: VersionDesk, controller: ActivationController,
-                 evaluation: EvaluationDesk | None, leases_book: LeaseBook, audit: AuditLedger, registry: Registry,
-                 worker_desk: WorkerDesk, store: Store, events: list[ev.Event], clock: Callable[[], float]) -> None:
-        self.groups, self.versions, self.controller, self.evaluation = groups, versions, controller, evaluation
-        self.leases_book, self.audit, self.registry, self.worker_desk = leases_book, audit, registry, worker_desk
-        self.store, self.events, self.clock = store, events, clock
+    def __init__(self, state: CoordinatorState) -> None:
+        self.groups, self.versions, self.controller, self.evaluation = (state.groups, state.versions, state.controller,
+                                                                        state.evaluation)
+        self.leases_book, self.audit, self.registry = state.leases_book, state.audit, state.registry
+        self.worker_desk, self.store, self.events, self.clock = state.worker_desk, state.store, state.events, state.clock
 
     def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
         """Accept a version from the learner (`VersionDesk.publish` says which). Returns whether
         the learner should make its next version an anchor."""
         event, anchor_wanted = self.versions.publish(info, public_key_hex, self.registry.peers())
         if isinstance(event, ev.VersionPublished):
-            self.groups.plane.publish(info.version)
+            self.groups.published(info.version)
             if self.evaluation is not None:
                 self.evaluation.published(info.version)
         self.events.append(event)
@@ -45,7 +39,7 @@ class LearnerDesk:
     def observe_step_time(self, step_time_s: float) -> None:
         """The learner's busy time per step (train + publish), reported with its batch requests."""
         self.controller.observe_step_time(step_time_s)
-        self.groups.plane.step_time_s = self.controller.step_time_s.value
+        self.groups.observe_step_time(self.controller.step_time_s.value)
 
     def checkpointed(self, durable_step: int, step: int) -> None:
         """The learner's checkpoint of `durable_step` is on disk and it asks for `step`: batches
@@ -75,7 +69,7 @@ class LearnerDesk:
             since = self.groups.take_since_batch()
             self.events.append(ev.BatchAssigned(
                 step=step, staleness_hist={str(k): v for k, v in sorted(hist.items())}, max_staleness_seen=max(hist),
-                lease_window_steps=self.groups.plane.window.steps, buffered=len(self.groups.buffer),
+                lease_window_steps=self.groups.window_steps, buffered=len(self.groups.buffer),
                 leased=len(self.leases_book.leases), max_worker_share=round(largest / len(batch), 4),
                 dropped_uninformative=since.dropped_uninformative, completions_truncated=since.completions_truncated,
             ))

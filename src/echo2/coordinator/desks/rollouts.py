@@ -11,36 +11,35 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts.leases import Lease
+from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
-from echo2.coordinator.parts.groups import GroupBook
-from echo2.coordinator.parts.leases import Lease, LeaseBook
-from echo2.coordinator.parts.registry import Registry, WorkerRecord
 from echo2.coordinator.scoring.jobs import Mismatch, Outcome, Scoring, inline_outcomes, rollout_jobs
-from echo2.coordinator.scoring.limits import ScoringLimits
-from echo2.coordinator.scoring.scorer import Scorer
-from echo2.coordinator.records.store import Store
 from echo2.coordinator.scoring.validation import check_submission
-from echo2.coordinator.parts.versions import VersionDesk
-from echo2.policy.controller import ActivationController
 from echo2.policy.dataplane import segment_seconds
+from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.rewards import RewardRules, is_uninformative, truncated
 from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
 
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
+
 
 class RolloutIntake:
-    def __init__(self, *, registry: Registry, leases: LeaseBook, groups: GroupBook, versions: VersionDesk,
-                 controller: ActivationController, scorer: Scorer, sampling: SamplingParams, store: Store,
-                 limits: ScoringLimits, events: list[ev.Event], clock: Callable[[], float],
-                 rules: RewardRules) -> None:
-        self.registry, self.leases, self.groups, self.versions = registry, leases, groups, versions
-        self.controller, self.scorer, self.sampling, self.store = controller, scorer, sampling, store
-        self.limits, self.events, self.clock, self.rules = limits, events, clock, rules
+    def __init__(self, state: CoordinatorState) -> None:
+        """Checks against the run's [sampling], rewards shaped by [grpo] (`RewardRules`)."""
+        self.registry, self.leases, self.groups, self.versions = (state.registry, state.leases_book, state.groups,
+                                                                  state.versions)
+        self.controller, self.scorer, self.store, self.limits = state.controller, state.scorer, state.store, state.limits
+        self.events, self.clock = state.events, state.clock
+        self.sampling = SamplingParams.of(state.cfg.sampling)
+        self.rules = RewardRules.from_config(state.cfg.grpo, state.cfg.audit)
         self._draws = random.SystemRandom()  # which dropped groups the audit sees: unpredictable
-        counters = groups.counters  # a restarted coordinator plans with the share it measured before
-        controller.observe_uninformative(counters.dropped_uninformative, counters.scored)
+        counters = self.groups.counters  # a restarted coordinator plans with the share it measured before
+        self.controller.observe_uninformative(counters.dropped_uninformative, counters.scored)
 
     def submit(self, req: RolloutSubmission) -> SubmitResponse:
         """The whole submission with its group scored here and now (tests and tools that drive
@@ -97,25 +96,16 @@ class RolloutIntake:
         rewards = self._rewards(lease, req, outcomes, scoring_s)
         record = self.registry.live(req.worker_id)
         self._held(req)  # lease ids are never reused: still held is still this lease
-        record.rollouts += len(req.completions)
         tokens = sum(len(c.token_ids) for c in req.completions)
+        record.rollouts += len(req.completions)
         record.tokens += tokens
         record.gen_time_s += req.gen_time_s
-        self.controller.observe_tokens(req.worker_id, tokens, req.gen_time_s)
         group = TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
                            worker_id=req.worker_id, rewards=rewards, completions=req.completions,
                            sampling_seed=self._seed(record, lease))
-        fresh = self.groups.plane.admits(group)
+        fresh = self.groups.admits(group)
         uninformative = fresh and self._drops(rewards, req.worker_id)
-        self.controller.observe_outcome(req.worker_id, admitted=fresh)
-        held_s = self.clock() - lease.leased_at
-        self.groups.plane.trust.submitted(req.worker_id, held_s, accepted=fresh)
-        if self.sampling.segment_tokens > 0:  # how far ahead swapping workers may lease (DataPlane.ahead_steps)
-            longest = max(len(c.token_ids) for c in req.completions)
-            segment_s = segment_seconds(held_s, self.sampling.segment_tokens, longest)
-            self.groups.plane.observe_generation(held_s, segment_s)
-            self.controller.observe_segment(segment_s)
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
             if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done
@@ -123,17 +113,34 @@ class RolloutIntake:
             elif not fresh:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
-        self._measure(record)
-        self.controller.observe_uninformative(self.groups.counters.dropped_uninformative, self.groups.counters.scored)
+        outcome = self._outcome(req, record, lease, tokens=tokens, admitted=fresh)
+        self.controller.observe_submission(outcome)
+        self.groups.observe_submission(outcome)
         return self._reply(req, lease, rewards, fresh=fresh, uninformative=uninformative)
+
+    def _outcome(self, req: RolloutSubmission, record: WorkerRecord, lease: Lease, *, tokens: int,
+                 admitted: bool) -> SubmissionOutcome:
+        """What the applied group teaches activation and the data plane. Throughput is as the
+        coordinator sees it: validated rollouts per second of holding leases or being too stale
+        to get any; a worker's own figures (heartbeats) never steer activation."""
+        now = self.clock()
+        held_s = now - lease.leased_at
+        segment_s = None
+        if self.sampling.segment_tokens > 0:  # how far ahead swapping workers may lease (DataPlane.ahead_steps)
+            longest = max(len(c.token_ids) for c in req.completions)
+            segment_s = segment_seconds(held_s, self.sampling.segment_tokens, longest)
+        counters = self.groups.counters
+        return SubmissionOutcome(req.worker_id, admitted, held_s, tokens, req.gen_time_s,
+                                 *record.work_counters(now), segment_s=segment_s,
+                                 dropped_uninformative_total=counters.dropped_uninformative,
+                                 scored_total=counters.scored)
 
     def _drops(self, rewards: list[float], worker_id: str) -> bool:
         """Dynamic sampling with its stall guard (policy.rewards.STALL_GUARD_BATCHES: a long run
         of dropped groups lets the next one through, and says so once per streak) and the
         audit's sample of what it drops (RewardRules.audit_keeps)."""
-        plane = self.groups.plane
         dropped = self.rules.drops(rewards, dropped_in_a_row=self.groups.dropped_in_a_row,
-                                   groups_per_step=plane.groups_per_step)
+                                   groups_per_step=self.groups.groups_per_step)
         view = self.controller.workers.get(worker_id)
         audited = dropped and self.rules.audit_keeps(worker_audited=view.audited if view else 0,
                                                      draw=self._draws.random())
@@ -141,7 +148,7 @@ class RolloutIntake:
             self.groups.counters.uninformative_audited += 1
             dropped = False
         elif is_uninformative(rewards) and self.rules.drop_uninformative_groups and not dropped:
-            self.events.append(ev.UninformativeStreak(step=plane.learner_step,
+            self.events.append(ev.UninformativeStreak(step=self.groups.learner_step,
                                                       dropped_in_a_row=self.groups.dropped_in_a_row))
         self.groups.dropped_in_a_row = self.groups.dropped_in_a_row + 1 if dropped else 0
         return dropped
@@ -149,7 +156,7 @@ class RolloutIntake:
     def _reply(self, req: RolloutSubmission, lease: Lease, rewards: list[float], *, fresh: bool,
                uninformative: bool) -> SubmitResponse:
         """The worker's answer, and the event of a dropped group (where its prompt went)."""
-        step = self.groups.plane.learner_step
+        step = self.groups.learner_step
         if uninformative:
             self.events.append(ev.GroupsDropped(reason="uninformative", step=step, prompt_indices=[lease.prompt_index]))
             return SubmitResponse(accepted=True, rewards=rewards, reason="uninformative: every reward equal, not trained")
@@ -190,9 +197,3 @@ class RolloutIntake:
         """The seed its tokens were drawn with, for the audit to check: seeded workers only (a
         multi-turn group's actions are drawn with it too, turn after turn)."""
         return self.leases.seed_of(lease.lease_id) if record.sampler == "seeded" else None
-
-    def _measure(self, record: WorkerRecord) -> None:
-        """Throughput as the coordinator sees it: validated rollouts per second of holding
-        leases or being too stale to get any. A worker's own figures (heartbeats) never steer activation: one claiming 10^6
-        rollouts/s once had the honest workers switched off."""
-        self.controller.observe_busy(record.worker_id, *record.work_counters(self.clock()))

@@ -5,19 +5,12 @@ whole change or raises `RequestError` having changed nothing; events go to the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts.leases import Lease
+from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
-from echo2.coordinator.desks.evaluation import EvaluationDesk
-from echo2.coordinator.parts.groups import Counters, GroupBook
-from echo2.coordinator.parts.leases import Lease, LeaseBook
-from echo2.coordinator.parts.registry import Registry, WorkerRecord
-from echo2.coordinator.scoring.scorer import Scorer
-from echo2.coordinator.settings import Settings
-from echo2.coordinator.records.store import Store
-from echo2.coordinator.parts.versions import VersionDesk
-from echo2.policy.controller import ActivationController
 from echo2.protocol.messages import (
     BadPeerRequest,
     Heartbeat,
@@ -27,25 +20,29 @@ from echo2.protocol.messages import (
     LeaveRequest,
     RegisterRequest,
     RegisterResponse,
+    SamplingParams,
     Task,
 )
 
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
+
 
 class WorkerDesk:
-    def __init__(self, *, settings: Settings, registry: Registry, leases_book: LeaseBook, groups: GroupBook,
-                 versions: VersionDesk, controller: ActivationController, evaluation: EvaluationDesk | None,
-                 scorer: Scorer, store: Store, counters: Counters, events: list[ev.Event],
-                 clock: Callable[[], float]) -> None:
-        self.settings, self.registry, self.leases_book, self.groups = settings, registry, leases_book, groups
-        self.versions, self.controller, self.evaluation, self.scorer = versions, controller, evaluation, scorer
-        self.store, self.counters, self.events, self.clock = store, counters, events, clock
+    def __init__(self, state: CoordinatorState) -> None:
+        self.cfg = state.cfg
+        self.registry, self.leases_book, self.groups = state.registry, state.leases_book, state.groups
+        self.versions, self.controller, self.evaluation = state.versions, state.controller, state.evaluation
+        self.scorer, self.store, self.counters = state.scorer, state.store, state.counters
+        self.events, self.clock = state.events, state.clock
+        self.sampling = SamplingParams.of(state.cfg.sampling)
 
     def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this
         worker must carry; only an evicted or departed worker's id can register again (its old
         credential and leases are void). `source`, the caller's address, is rate-limited."""
         self.registry.take_join_token(source)
-        if self.settings.require_seeded_sampler and req.sampler != "seeded":
+        if self.cfg.audit.require_seeded_sampler and req.sampler != "seeded":
             raise RequestError(422, f"sampler {req.sampler!r}: this run audits every worker's tokens against the "
                                     "seeded sampler (audit.require_seeded_sampler = true), which echo2's engines "
                                     "use; run this worker with engine = 'hf' or 'vllm' (of this release), or set "
@@ -55,17 +52,17 @@ class WorkerDesk:
         record, credential, old = self.registry.admit(req)
         if old is not None:
             self.release_leases(record.worker_id, reason="reregistered")
-        self.groups.plane.trust.forget(record.worker_id)  # earned by a registration, not an id
+        self.groups.trust.forget(record.worker_id)  # earned by a registration, not an id
         self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None)
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
                                                source=source))
-        s = self.settings
+        cfg = self.cfg
         return RegisterResponse(
-            worker_id=record.worker_id, heartbeat_interval_s=s.heartbeat_interval_s, max_staleness=s.max_staleness,
-            sampling=s.sampling, model_source=s.model_source, broadcast=s.broadcast,
-            learner_public_key=self.versions.public_key_hex, credential=credential, task=self.scorer.task_config(),
-            lora=s.lora,
+            worker_id=record.worker_id, heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+            max_staleness=cfg.train.max_staleness, sampling=self.sampling, model_source=cfg.base_model_path,
+            broadcast=cfg.broadcast, learner_public_key=self.versions.public_key_hex, credential=credential,
+            task=self.scorer.task_config(), lora=cfg.grpo.lora,
         )
 
     def _check_class(self, worker_class: str) -> None:
@@ -80,7 +77,7 @@ class WorkerDesk:
         releasable provider an idle worker leaving was released: it stays a candidate the
         controller may choose again (an active one leaving is a departure, as always)."""
         record = self.registry.live(req.worker_id)
-        fleet_release = self.settings.activation.provider != "static" and not self.controller.is_active(req.worker_id)
+        fleet_release = self.cfg.activation.provider != "static" and not self.controller.is_active(req.worker_id)
         record.alive = False
         (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
         released = self.release_leases(req.worker_id, reason="worker_left")
@@ -138,14 +135,13 @@ class WorkerDesk:
             return evaluation
         if not self.controller.is_active(record.worker_id):
             return self._spare_or_refused(record, req.version, 1.0, "inactive: idle until activated")
-        plane = self.groups.plane
-        grant = plane.grant(req.version, req.max_tasks, leased=len(self.leases_book.leases),
-                            held_by_worker=len(self.leases_book.held_by(record.worker_id)), worker_id=record.worker_id,
-                            held_by_new=self.leases_book.held_by_new(plane.trust.is_new))
+        grant = self.groups.grant(record.worker_id, req.version, req.max_tasks, leased=len(self.leases_book.leases),
+                                  held_by_worker=len(self.leases_book.held_by(record.worker_id)),
+                                  held_by_new=self.leases_book.held_by_new(self.groups.trust.is_new))
         if grant.count == 0:
             self.track_stale(record)
             return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
-        deadline_s = plane.trust.deadline_s(record.worker_id, self.settings.lease_timeout_s)
+        deadline_s = self.groups.trust.deadline_s(record.worker_id, self.cfg.coordinator.lease_timeout_s)
         leases = self.leases_book.issue(record, req.version, grant.count, deadline_s)
         self.track_stale(record)
         tasks = [self._task(lease) for lease in leases]
@@ -156,12 +152,12 @@ class WorkerDesk:
         does not even ask then: its heartbeats say which version it holds) counts as working
         time in its measured rate, so a link too slow for S shows in what it is credited."""
         stale = (self.controller.is_active(record.worker_id) and record.leases_held == 0 and record.version >= 0
-                 and not self.groups.plane.may_lease(record.version))
+                 and not self.groups.may_lease(record.version))
         record.mark_stale(stale, self.clock())
 
     def _task(self, lease: Lease) -> Task:
         return Task(lease_id=lease.lease_id, prompt_ids=self.scorer.prompt_ids(lease.prompt_index),
-                    sampling=self.settings.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index),
+                    sampling=self.sampling, episode_seed=self.scorer.episode_seed(lease.prompt_index),
                     sampling_seed=self.leases_book.seed_of(lease.lease_id))
 
     def _evaluation_first(self, record: WorkerRecord, version: int) -> LeaseResponse | None:
@@ -209,17 +205,17 @@ class WorkerDesk:
         if lost:  # a preempted worker: re-plan now, not at the next control period
             self.control(trigger=f"lost {', '.join(lost)}")
         if self.evaluation is not None:
-            self.evaluation.sweep(self.registry.alive_versions(), self.settings.lease_timeout_s, now)
-        for worker_id in self.registry.forget(now, self.settings.forget_workers_after_s, self.controller.costless):
+            self.evaluation.sweep(self.registry.alive_versions(), self.cfg.coordinator.lease_timeout_s, now)
+        for worker_id in self.registry.forget(now, self.cfg.coordinator.forget_workers_after_s, self.controller.costless):
             self.controller.forget(worker_id)
-            self.groups.plane.trust.forget(worker_id)
+            self.groups.trust.forget(worker_id)
             self.versions.dissemination.forget(worker_id)
 
     def control(self, trigger: str = "") -> None:
         """Re-decide which workers are active; record the decision when the set changes, or
         always when something happened (`trigger`, e.g. a worker vanished)."""
         decision = self.controller.decide(self.clock())
-        self.groups.plane.window.set_floor(self.controller.s_min())
+        self.groups.set_window_floor(self.controller.s_min())
         if decision.changed or trigger:
             self.events.append(ev.Activation(
                 active=sorted(decision.active), reason=decision.reason, trigger=trigger, changed=decision.changed,

@@ -7,18 +7,23 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.http.log_lines import log_event
+from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.scoring.jobs import Scoring
-from echo2.coordinator.state import CoordinatorState
 from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
 from echo2.report.metrics import MetricsWriter
+
+if TYPE_CHECKING:
+    from echo2.coordinator.desks.evaluation import EvaluationDesk
+    from echo2.coordinator.state import CoordinatorState
+
 
 
 class Signal:
@@ -47,7 +52,8 @@ class Signal:
             pass
 
 
-STATE_KEY = web.AppKey("state", CoordinatorState)
+# the key's type is for type checkers: the routes see the state, never import it (it is built above them)
+STATE_KEY: web.AppKey[CoordinatorState] = web.AppKey("state")
 METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
@@ -56,6 +62,13 @@ HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)
 SCORING_KEY = web.AppKey("scoring", Scoring)  # where submissions are scored: the pool, off the event loop
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
+
+
+def evaluation_desk(state: CoordinatorState) -> EvaluationDesk:
+    """The run's evaluation leases; refused (409) when the learner evaluates instead."""
+    if state.evaluation is None:
+        raise RequestError(409, "this run evaluates on the learner ([evaluation] where); no evaluation leases")
+    return state.evaluation
 
 
 def error_reply(status: int, message: str) -> web.Response:

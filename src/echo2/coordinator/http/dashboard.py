@@ -16,12 +16,15 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from echo2.coordinator.http.history import RunHistory
-from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.http.view import run_view
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 STATIC_DIR = Path(__file__).parent / "static"
 SESSION_COOKIE = "echo2_dashboard"
@@ -35,7 +38,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-STATE_KEY = web.AppKey("dashboard_state", CoordinatorState)
+STATE_KEY: web.AppKey[CoordinatorState] = web.AppKey("dashboard_state")
 HISTORY_KEY = web.AppKey("dashboard_history", RunHistory)
 
 
@@ -71,7 +74,7 @@ async def handle_login(request: web.Request, operator_token: str) -> web.StreamR
     if not isinstance(token, str) or not hmac.compare_digest(token.strip().encode(), operator_token.encode()):
         # wrong guesses draw from the address's registration bucket (429 once it is empty): the
         # token is far too long to guess, and a guessing loop must not cost the coordinator either
-        request.app[STATE_KEY].take_join_token(request.remote or "")
+        request.app[STATE_KEY].registry.take_join_token(request.remote or "")
         return _login_page(status=401, wrong=True)
     response = web.Response(status=303, headers={**SECURITY_HEADERS, "Location": "/"})
     response.set_cookie(SESSION_COOKIE, session_value(operator_token), path="/", httponly=True, samesite="Strict",

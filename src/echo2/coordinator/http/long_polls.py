@@ -15,6 +15,7 @@ from echo2.coordinator.http.base import (
     ROOM_KEY,
     SCORING_KEY,
     STATE_KEY,
+    evaluation_desk,
     float_query,
     int_query,
     parse_body,
@@ -46,15 +47,15 @@ async def handle_heartbeat(request: web.Request) -> web.Response:
     req = await worker_body(request, Heartbeat)
     state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(req.wait_s, state.settings.heartbeat_interval_s)
-    reply = state.heartbeat(req)
-    if state.current_version > req.known_version:
+    deadline = loop.time() + min(req.wait_s, state.cfg.coordinator.heartbeat_interval_s)
+    reply = state.worker_desk.heartbeat(req)
+    if state.versions.current > req.known_version:
         return typed_reply(reply)
     # every request wakes the held beats: the re-check is one comparison, the reply (a relay
     # plan) is made once, when the beat is answered
-    while state.current_version <= req.known_version and loop.time() < deadline and not room.closed:
+    while state.versions.current <= req.known_version and loop.time() < deadline and not room.closed:
         await room.wait(deadline - loop.time())
-    return typed_reply(state.heartbeat_reply(req))
+    return typed_reply(state.worker_desk.heartbeat_reply(req))
 
 
 async def handle_lease(request: web.Request) -> web.Response:
@@ -65,12 +66,12 @@ async def handle_lease(request: web.Request) -> web.Response:
     state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, MAX_LEASE_WAIT_S)
-    asked_at = state.current_version
-    reply = state.lease(req)
-    while (_waits_for_room(reply) and loop.time() < deadline and state.current_version == asked_at
+    asked_at = state.versions.current
+    reply = state.worker_desk.lease(req)
+    while (_waits_for_room(reply) and loop.time() < deadline and state.versions.current == asked_at
            and not room.closed):
         await room.wait(deadline - loop.time())
-        reply = state.lease(req)
+        reply = state.worker_desk.lease(req)
     return typed_reply(reply)
 
 
@@ -81,7 +82,7 @@ def _waits_for_room(reply: LeaseResponse) -> bool:
 async def handle_evaluation(request: web.Request) -> web.Response:
     """Scored off the event loop (the scoring pool), like rollouts."""
     req = await worker_body(request, EvalSubmission)
-    return typed_reply(await request.app[STATE_KEY].submit_evaluation_scored(req, request.app[SCORING_KEY]))
+    return typed_reply(await evaluation_desk(request.app[STATE_KEY]).submit_scored(req, request.app[SCORING_KEY]))
 
 
 async def handle_evaluation_result(request: web.Request) -> web.Response:
@@ -91,10 +92,10 @@ async def handle_evaluation_result(request: web.Request) -> web.Response:
     state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    result = state.evaluation_result(version)
+    result = evaluation_desk(state).result(version)
     while not result.done and loop.time() < deadline and not room.closed:
         await room.wait(deadline - loop.time())
-        result = state.evaluation_result(version)
+        result = evaluation_desk(state).result(version)
     return typed_reply(result)
 
 
@@ -104,19 +105,19 @@ async def handle_batch(request: web.Request) -> web.Response:
     req = await parse_body(request, BatchRequest)
     state, changed = request.app[STATE_KEY], request.app[CHANGED_KEY]
     if req.step_time_s is not None:
-        state.observe_step_time(req.step_time_s)
+        state.learner_desk.observe_step_time(req.step_time_s)
     if req.durable_step is not None:  # the learner's newest checkpoint: older batches can go
-        state.checkpointed(req.durable_step, req.step)
+        state.learner_desk.checkpointed(req.durable_step, req.step)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, MAX_BATCH_WAIT_S)
-    groups = state.take_batch(req.step)
+    groups = state.learner_desk.take_batch(req.step)
     while groups is None and loop.time() < deadline and not request.app[ROOM_KEY].closed:
         async with changed:
             try:
                 await asyncio.wait_for(changed.wait(), timeout=min(deadline - loop.time(), BATCH_RECHECK_S))
             except TimeoutError:
                 pass
-        groups = state.take_batch(req.step)
+        groups = state.learner_desk.take_batch(req.step)
     return typed_reply(BatchResponse(step=req.step, groups=groups or []))
 
 

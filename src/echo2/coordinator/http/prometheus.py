@@ -9,6 +9,7 @@ series carry a `worker` label and stay bounded by `view.MAX_WORKER_ROWS`."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -17,8 +18,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from echo2.coordinator.http.history import RunHistory
-from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.http.view import run_view
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 REGISTRY_KEY = web.AppKey("prometheus_registry", CollectorRegistry)
 

@@ -9,15 +9,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.parts.credentials import JOIN, LEARNER, OPEN, OPERATOR, ROUTE_ROLES, VIEWER, WORKER, Secrets
-from echo2.coordinator.http.dashboard import add_dashboard_routes, viewer_gate
-from echo2.coordinator.records.errors import RequestError
-from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.http.base import (
     CHANGED_KEY,
     HISTORY_KEY,
@@ -36,6 +33,8 @@ from echo2.coordinator.http.base import (
     worker_body,
     write_events,
 )
+from echo2.coordinator.http.dashboard import add_dashboard_routes, viewer_gate
+from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.http.long_polls import (
     answer_long_polls_now,
     handle_batch,
@@ -44,11 +43,21 @@ from echo2.coordinator.http.long_polls import (
     handle_heartbeat,
     handle_lease,
 )
-from echo2.coordinator.parts.probe import check_relay_address, own_address, probe_relay
 from echo2.coordinator.http.prometheus import add_metrics_route
-from echo2.coordinator.scoring.jobs import InlineScoring, Scoring
-from echo2.coordinator.state import CoordinatorState
 from echo2.coordinator.http.view import snapshot, stats_event
+from echo2.coordinator.parts.credentials import (
+    JOIN,
+    LEARNER,
+    OPEN,
+    OPERATOR,
+    ROUTE_ROLES,
+    VIEWER,
+    WORKER,
+    Secrets,
+)
+from echo2.coordinator.parts.probe import check_relay_address, own_address, probe_relay
+from echo2.coordinator.records.errors import RequestError
+from echo2.coordinator.scoring.jobs import InlineScoring, Scoring
 from echo2.protocol.learner_api import (
     AuditReport,
     AuditResponse,
@@ -69,6 +78,9 @@ from echo2.protocol.messages import (
     RolloutSubmission,
 )
 from echo2.report.metrics import MetricsWriter
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 # how often silent workers and overdue leases are looked for; well under worker_timeout_s so a
 # dead worker's prompts return within about one timeout
@@ -98,7 +110,7 @@ def make_auth_middleware(secrets: Secrets, state: CoordinatorState):
             return await viewer_gate(request, secrets.operator, handler)
         given = request.headers.get("Authorization", "")
         if role == WORKER:
-            worker_id = state.worker_for_credential(given.removeprefix("Bearer "))
+            worker_id = state.registry.worker_for_credential(given.removeprefix("Bearer "))
             if worker_id is None:
                 return error_reply(401, "missing or unknown worker credential: register (POST /v1/register with the "
                                    "join token) and send the credential it returns")
@@ -133,16 +145,16 @@ async def error_middleware(request: web.Request, handler):
 
 
 async def handle_register(request: web.Request) -> web.Response:
-    return typed_reply(request.app[STATE_KEY].register(await parse_body(request, RegisterRequest), source=request.remote or ""))
+    return typed_reply(request.app[STATE_KEY].worker_desk.register(await parse_body(request, RegisterRequest), source=request.remote or ""))
 
 
 async def handle_leave(request: web.Request) -> web.Response:
-    request.app[STATE_KEY].leave(await worker_body(request, LeaveRequest))
+    request.app[STATE_KEY].worker_desk.leave(await worker_body(request, LeaveRequest))
     return typed_reply(OkResponse())
 
 
 async def handle_bad_peer(request: web.Request) -> web.Response:
-    request.app[STATE_KEY].bad_peer(await worker_body(request, BadPeerRequest))
+    request.app[STATE_KEY].worker_desk.bad_peer(await worker_body(request, BadPeerRequest))
     return typed_reply(OkResponse())
 
 
@@ -150,7 +162,7 @@ async def handle_rollout(request: web.Request) -> web.Response:
     """Checked, scored off the event loop (heartbeats and everything else are answered
     meanwhile), then applied whole (the state's submit_scored)."""
     req = await worker_body(request, RolloutSubmission)
-    reply = await request.app[STATE_KEY].submit_scored(req, request.app[SCORING_KEY])
+    reply = await request.app[STATE_KEY].intake.submit_scored(req, request.app[SCORING_KEY])
     if reply.accepted:
         async with request.app[CHANGED_KEY]:
             request.app[CHANGED_KEY].notify_all()
@@ -159,25 +171,25 @@ async def handle_rollout(request: web.Request) -> web.Response:
 
 async def handle_publish(request: web.Request) -> web.Response:
     req = await parse_body(request, PublishRequest)
-    anchor_wanted = request.app[STATE_KEY].publish(req.info, req.public_key_hex)
+    anchor_wanted = request.app[STATE_KEY].learner_desk.publish(req.info, req.public_key_hex)
     return typed_reply(PublishResponse(version=req.info.version, anchor_wanted=anchor_wanted))
 
 
 async def handle_reject_batch(request: web.Request) -> web.Response:
     req = await parse_body(request, RejectBatchRequest)
-    rejected = request.app[STATE_KEY].reject_batch(req.step, req.reason, req.requeue_lease_ids)
+    rejected = request.app[STATE_KEY].learner_desk.reject_batch(req.step, req.reason, req.requeue_lease_ids)
     return typed_reply(RejectBatchResponse(groups_rejected=rejected))
 
 
 async def handle_audit(request: web.Request) -> web.Response:
-    quarantined = request.app[STATE_KEY].record_audit(await parse_body(request, AuditReport))
+    quarantined = request.app[STATE_KEY].learner_desk.record_audit(await parse_body(request, AuditReport))
     return typed_reply(AuditResponse(quarantined=quarantined))
 
 
 async def handle_broadcast_config(request: web.Request) -> web.Response:
     """What every peer must agree on (chunking, timeouts, limits): fetched before registering,
     since a worker starts its relay server with it."""
-    return web.Response(text=request.app[STATE_KEY].settings.broadcast.model_dump_json(),
+    return web.Response(text=request.app[STATE_KEY].cfg.broadcast.model_dump_json(),
                         content_type="application/json")
 
 
@@ -198,7 +210,7 @@ async def handle_probe(request: web.Request) -> web.Response:
     problem = check_relay_address(req.relay_address)
     if problem:
         raise RequestError(422, problem)
-    request.app[STATE_KEY].take_join_token(request.remote or "")
+    request.app[STATE_KEY].registry.take_join_token(request.remote or "")
     dial = await own_address(req.relay_address, request.remote or "")
     reachable, detail = await probe_relay(req.relay_address, request.app[TLS_KEY], dial=dial)
     return typed_reply(ProbeResponse(reachable=reachable, detail=detail))
@@ -215,12 +227,12 @@ async def _housekeeping(app: web.Application) -> None:
         # still unread; the coordinator's own stall must not evict the workers that sent them
         stall_s = loop.time() - slept_from - SWEEP_INTERVAL_S
         if stall_s > STALL_S:
-            state.excuse_stall(stall_s)
-        state.sweep()
+            state.worker_desk.excuse_stall(stall_s)
+        state.worker_desk.sweep()
         if loop.time() >= next_control:
-            state.control()
+            state.worker_desk.control()
             state.events.append(stats_event(state))
-            next_control = loop.time() + state.settings.activation.control_period_s
+            next_control = loop.time() + state.cfg.activation.control_period_s
         write_events(app)
 
 

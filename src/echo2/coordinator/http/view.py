@@ -13,13 +13,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from echo2.coordinator.records.events import CoordinatorStats
 from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.parts.registry import WorkerRecord
-from echo2.coordinator.state import CoordinatorState
+from echo2.coordinator.records.events import CoordinatorStats
 from echo2.protocol.broadcast import ORIGIN_ID
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 MAX_WORKER_ROWS = 500
 """Workers listed (live ones first): a flood of registrations must not make every poll of the
@@ -30,16 +32,16 @@ def snapshot(state: CoordinatorState) -> dict[str, Any]:
     controller = state.controller
     controller.account(state.clock())  # bill up to now, not to the last control tick
     return {
-        "learner_step": state.learner_step,
-        "version": state.current_version,
+        "learner_step": state.groups.learner_step,
+        "version": state.versions.current,
         "queued": len(state.leases_book.queue),
-        "leased": len(state.leases),
-        "buffered": len(state.buffer),
+        "leased": len(state.leases_book.leases),
+        "buffered": len(state.groups.buffer),
         "counters": asdict(state.counters),
         "cost": controller.snapshot(),
         "audit": state.audit.snapshot(),
         "evaluations": state.evaluation.snapshot() if state.evaluation is not None else None,
-        "workers": {w.worker_id: _worker_state(state, w) for w in state.workers.values()},
+        "workers": {w.worker_id: _worker_state(state, w) for w in state.registry.workers.values()},
     }
 
 
@@ -64,10 +66,10 @@ def _worker_state(state: CoordinatorState, w: WorkerRecord) -> dict[str, Any]:
 def stats_event(state: CoordinatorState) -> CoordinatorStats:
     """The run's gauges right after a control decision (which billed up to now): queue depth,
     active workers, dollars spent so far (metric sinks, end-of-run plots)."""
-    workers = state.workers.values()
+    workers = state.registry.workers.values()
     return CoordinatorStats(
-        learner_step=state.learner_step, version=state.current_version, queued=len(state.leases_book.queue),
-        leased=len(state.leases), buffered=len(state.buffer), workers_alive=sum(1 for w in workers if w.alive),
+        learner_step=state.groups.learner_step, version=state.versions.current, queued=len(state.leases_book.queue),
+        leased=len(state.leases_book.leases), buffered=len(state.groups.buffer), workers_alive=sum(1 for w in workers if w.alive),
         workers_active=sum(1 for w in workers if state.controller.is_active(w.worker_id)),
         cost_total=state.controller.total_cost(), price_per_hour=state.controller.price_per_hour_now(),
     )
@@ -80,7 +82,7 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         "time": time.time(),
         "learner_step": snap["learner_step"],
         "version": snap["version"],
-        "max_staleness": state.settings.max_staleness,
+        "max_staleness": state.cfg.train.max_staleness,
         "queued": snap["queued"],
         "leased": snap["leased"],
         "buffered": snap["buffered"],
@@ -142,7 +144,7 @@ def _tree(state: CoordinatorState) -> dict[str, Any] | None:
         return None
     nodes = [{"id": ORIGIN_ID, "parent": None, "depth": 0, "holds": True, "relay": True}]
     for a in plan.assignments[:MAX_WORKER_ROWS]:
-        record = state.workers.get(a.worker_id)
+        record = state.registry.workers.get(a.worker_id)
         nodes.append({"id": a.worker_id, "parent": a.sources[0].peer_id, "depth": a.depth,
                       "holds": record is not None and record.version >= plan.version,
                       "relay": bool(a.children) or (record is not None and bool(record.relay_address))})

@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+from echo2.config.run import RunConfig
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.records.store import GroupState, Store
 from echo2.policy import DataPlane
+from echo2.policy.dataplane import LeaseGrant
+from echo2.policy.outcome import SubmissionOutcome
+from echo2.policy.trust import LeaseTrust
 from echo2.protocol.messages import TrainGroup
 from echo2.protocol.token_versions import tokens_by_version
 
@@ -81,30 +85,82 @@ def _tokens(group: TrainGroup) -> dict[int, int]:
 
 
 class GroupBook:
-    def __init__(self, store: Store, counters: Counters, *, max_staleness: int, groups_per_step: int,
-                 max_leases_per_worker: int, fresh_leases: bool, current_version: int,
-                 max_worker_share: float, max_masked_fraction: float = 1.0, segment_swaps: bool = False) -> None:
+    def __init__(self, store: Store, counters: Counters, cfg: RunConfig, *, current_version: int) -> None:
+        """The data plane under the run's [train] bounds (S, the per-token bound, fresh leases),
+        its batch (grpo.prompts_per_step), the lease cap per worker and the share cap."""
         self.store, self.counters = store, counters
         # steps before the learner's newest checkpoint have no batch left (see `compact`)
         self.durable_step: int = store.get_meta("durable_step", 0)
         self.plane: DataPlane[TrainGroup] = DataPlane(
-            max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
+            cfg.train.max_staleness, cfg.grpo.prompts_per_step, _version,
+            max_leases_per_worker=cfg.coordinator.max_leases_per_worker,
             buffer=store.groups_in_state(GroupState.BUFFERED), learner_step=store.get_meta("learner_step", 0),
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=current_version,
-            fresh_leases=fresh_leases, worker_of=_worker, max_worker_share=max_worker_share, tokens_of=_tokens,
-            max_masked_fraction=max_masked_fraction, segment_swaps=segment_swaps,
+            fresh_leases=cfg.train.fresh_leases, worker_of=_worker, max_worker_share=cfg.activation.max_worker_share,
+            tokens_of=_tokens, max_masked_fraction=cfg.train.max_masked_fraction,
+            segment_swaps=cfg.sampling.segment_tokens > 0,
         )
         self.seq = store.max_seq() + 1
         self.since_batch = SinceBatch()
-        self.dropped_in_a_row = 0
-        """Uninformative groups dropped since the last one admitted (the stall guard's count)."""
         """What the step's batch_assigned record reports (in memory: a restarted coordinator's
         first one counts from its start; the counters hold the durable totals)."""
+        self.dropped_in_a_row = 0
+        """Uninformative groups dropped since the last one admitted (the stall guard's count)."""
 
     @property
     def buffer(self) -> list[TrainGroup]:
         """Admitted groups waiting for a batch, oldest first."""
         return self.plane.buffer
+
+    # ---- the data plane's rules, as the desks ask them ----
+    @property
+    def learner_step(self) -> int:
+        """The step the learner asked for last."""
+        return self.plane.learner_step
+
+    @property
+    def steps_taken(self) -> int:
+        """Steps whose batch was assigned (the next batch is for this step)."""
+        return self.plane.steps_taken
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.plane.groups_per_step
+
+    @property
+    def window_steps(self) -> int:
+        """How many steps ahead of the learner groups are leased now (policy.window)."""
+        return self.plane.window.steps
+
+    @property
+    def trust(self) -> LeaseTrust:
+        """What each worker has earned: its lease allowance and deadline (policy.trust)."""
+        return self.plane.trust
+
+    def may_lease(self, worker_version: int) -> bool:
+        return self.plane.may_lease(worker_version)
+
+    def admits(self, group: TrainGroup) -> bool:
+        """Admissible at the learner's current step (t - v <= S, or its stale tokens few enough)."""
+        return self.plane.admits(group)
+
+    def grant(self, worker_id: str, worker_version: int, wanted: int, *, leased: int, held_by_worker: int,
+              held_by_new: int) -> LeaseGrant:
+        return self.plane.grant(worker_version, wanted, leased=leased, held_by_worker=held_by_worker,
+                                worker_id=worker_id, held_by_new=held_by_new)
+
+    def published(self, version: int) -> None:
+        self.plane.publish(version)
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        self.plane.step_time_s = step_time_s
+
+    def observe_submission(self, outcome: SubmissionOutcome) -> None:
+        self.plane.observe_submission(outcome)
+
+    def set_window_floor(self, s_min: int | None) -> None:
+        """The measured S_min: the lease window never shrinks below it."""
+        self.plane.window.set_floor(s_min)
 
     def add(self, group: TrainGroup) -> None:
         """An admitted group into the buffer (its lease closes in the same transaction)."""

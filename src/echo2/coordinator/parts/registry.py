@@ -9,10 +9,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from echo2.config.run import CoordinatorConfig
 from echo2.coordinator.parts.credentials import credential_digest, new_worker_credential
 from echo2.coordinator.parts.dissemination import Peer
-from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.parts.probe import check_relay_address
+from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import RegisterRequest
 
 # ids the broadcast uses for itself: a worker registered as one could hijack the learner's place
@@ -77,11 +78,9 @@ class WorkerRecord:
 
 
 class Registry:
-    def __init__(self, registrations_per_minute: float, worker_timeout_s: float, clock: Callable[[], float],
-                 quarantined: dict[str, str]) -> None:
+    def __init__(self, cfg: CoordinatorConfig, clock: Callable[[], float], quarantined: dict[str, str]) -> None:
         """`quarantined`: worker id -> reason, the audit's (shared, not copied): those ids are refused."""
-        self.registrations_per_minute, self.worker_timeout_s = registrations_per_minute, worker_timeout_s
-        self.clock, self.quarantined = clock, quarantined
+        self.cfg, self.clock, self.quarantined = cfg, clock, quarantined
         self.workers: dict[str, WorkerRecord] = {}
         self.credentials: dict[str, str] = {}  # credential digest -> worker id
         self.join_buckets: dict[str, tuple[float, float]] = {}  # source address -> (tokens, as of)
@@ -89,7 +88,7 @@ class Registry:
     def take_join_token(self, source: str) -> None:
         """Token bucket per source address: registrations_per_minute, with as large a burst (relay
         probes draw from it too: each makes the coordinator open a connection)."""
-        rate, now = self.registrations_per_minute, self.clock()
+        rate, now = self.cfg.registrations_per_minute, self.clock()
         tokens, as_of = self.join_buckets.get(source, (rate, now))
         tokens = min(rate, tokens + (now - as_of) * rate / 60.0)
         if tokens < 1.0:
@@ -109,7 +108,7 @@ class Registry:
         old = self.workers.get(worker_id)
         if old is not None and old.alive:
             raise RequestError(409, f"worker {worker_id!r} is live; a restarted worker may register again once the "
-                                    f"coordinator has timed it out (worker_timeout_s={self.worker_timeout_s})")
+                                    f"coordinator has timed it out (worker_timeout_s={self.cfg.worker_timeout_s})")
         _check_relay_address(req.relay_address)
         if old is not None:
             self.credentials.pop(old.credential_digest, None)
@@ -154,7 +153,7 @@ class Registry:
 
     def silent(self, now: float) -> list[str]:
         """Live workers silent past worker_timeout_s, now marked gone."""
-        lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > self.worker_timeout_s]
+        lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > self.cfg.worker_timeout_s]
         for record in lost:
             record.alive = False
         return [w.worker_id for w in lost]

@@ -19,15 +19,16 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from echo2.config.scoring import ScoringConfig
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.scoring.jobs import Outcome, OverBudget
 
 
 class ScoringLimits:
-    def __init__(self, *, strikes: int, window_s: float, events: list[ev.Event], clock: Callable[[], float]) -> None:
-        """`events`: the coordinator's (shared)."""
-        self.strikes, self.window_s, self.events, self.clock = strikes, window_s, events, clock
+    def __init__(self, cfg: ScoringConfig, *, events: list[ev.Event], clock: Callable[[], float]) -> None:
+        """`cfg`: coordinator.scoring; `events`: the coordinator's (shared)."""
+        self.strikes, self.window_s, self.events, self.clock = cfg.strikes, cfg.strike_window_s, events, clock
         self.struck: dict[str, deque[float]] = {}
         """Worker id -> the times of its last `strikes` over-budget completions."""
         self.busy: set[str] = set()
