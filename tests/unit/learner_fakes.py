@@ -1,27 +1,32 @@
-"""A hand-written stand-in for the learner's network side (LearnerIO): batches come from a list,
-publishes are signed for real and recorded, rejected batches are recorded. The learner itself
-(model, step, checkpoints, metrics) is the real one."""
+"""Hand-written stand-ins for the learner's network side (echo2.protocol.links.LearnerLink; real:
+LearnerIO): batches come from a list (FakeIO) or are made per step (StepIO), publishes are
+signed for real and recorded, rejected batches are recorded. The learner itself (model, step,
+checkpoints, metrics) is the real one. tests/unit/test_links.py checks every fake here against
+the Protocol, signature by signature."""
 
 from __future__ import annotations
 
+import mmap
 import random
 import time
 from pathlib import Path
 
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
-from echo2.protocol.manifest import build_manifest
+from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.links import LearnerLink
+from echo2.protocol.manifest import AdapterSpec, build_manifest
 from echo2.protocol.messages import EvaluationResult, RolloutCompletion, TrainGroup, VersionInfo
 
 
-class FakeIO:
+class FakeIO(LearnerLink):
     def __init__(self, batches: list[list[TrainGroup]]) -> None:
         self.batches = list(batches)  # handed out in order: a rejected step gets the next one
         self.key = generate_private_key()
         self.published: list[tuple[int, bytes]] = []
         self.rejected: list[tuple[int, str]] = []
         self.requeued: list[tuple[str, ...]] = []
-        self.audits: list[tuple[int, list]] = []
+        self.audits: list[tuple[int, list[GroupAudit]]] = []
         self.asked: list[int] = []
         self.durable: list[int | None] = []  # the checkpoint step reported with each batch request
         self.last_encode_s = 0.0
@@ -33,7 +38,7 @@ class FakeIO:
     def close(self) -> None:
         pass
 
-    def publish(self, version: int, payload, adapter=None) -> VersionInfo:
+    def publish(self, version: int, payload: bytes | mmap.mmap, *, adapter: AdapterSpec | None = None) -> VersionInfo:
         data = bytes(payload)
         self.published.append((version, data))
         signed = sign_manifest(build_manifest(version, data, 1 << 16, published_at=time.time()), self.key)
@@ -42,7 +47,7 @@ class FakeIO:
     def origin_bytes_sent(self, version: int) -> int:
         return 0
 
-    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
+    def fetch_batch(self, step: int, *, wait_s: float, step_time_s: float | None = None,
                     durable_step: int | None = None) -> list[TrainGroup]:
         self.asked.append(step)
         self.durable.append(durable_step)
@@ -52,13 +57,27 @@ class FakeIO:
         self.rejected.append((step, reason))
         self.requeued.append(tuple(requeue_lease_ids))
 
-    def report_audit(self, step: int, verdicts: list) -> None:
+    def report_audit(self, step: int, verdicts: list[GroupAudit]) -> None:
         self.audits.append((step, verdicts))
 
-    def evaluation_result(self, version: int, wait_s: float) -> EvaluationResult:
+    def evaluation_result(self, version: int, *, wait_s: float) -> EvaluationResult:
         """The last version's evaluation on a worker (here: done at once, as asked)."""
         self.evaluations_asked.append(version)
         return EvaluationResult(version=version, done=True, accuracy=0.5, problems=4, evaluated_version=version)
+
+
+class StepIO(FakeIO):
+    """Batches made per step (step t: seed t + 1, whatever step a resume starts at), so runs of
+    different lengths and resumed runs see the same batch at the same step."""
+
+    def __init__(self, tokenizer) -> None:
+        super().__init__([])
+        self.tokenizer = tokenizer
+
+    def fetch_batch(self, step: int, *, wait_s: float, step_time_s: float | None = None,
+                    durable_step: int | None = None) -> list[TrainGroup]:
+        self.asked.append(step)
+        return addition_batch(self.tokenizer, step + 1)
 
 
 def learner_config(run_dir: Path, model_dir: Path, **sections) -> RunConfig:

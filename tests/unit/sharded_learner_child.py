@@ -8,7 +8,7 @@ torchrun start, and its ranks' torch imports, for all of them: ~15 s on a 2-core
 Learner starts the process group; the ones after it find it started (init_ranks), and only the
 last destroys it: a group destroyed and started again in one torchrun can hang in gloo's
 rendezvous (torchrun's store still holds the first group's keys). Rank 0 gets its batches from
-StepIO (batch of step t: seed t + 1, whatever step a resume starts at) and writes what it
+StepIO (tests/unit/learner_fakes.py; batch of step t: seed t + 1) and writes what it
 published (safetensors payloads) and its audit verdicts to OUT."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.unit.learner_fakes import FakeIO, addition_batch, learner_config
+from tests.unit.learner_fakes import StepIO, learner_config
 
 from echo2.models.loading import load_tokenizer
 
@@ -29,17 +29,6 @@ def sharded_config(run_dir: Path, model_dir: Path, steps: int):
     return learner_config(run_dir, model_dir, train={"steps": steps, "checkpoint_every": 1},
                           grpo={"micro_batch_tokens": 24},
                           audit={"enabled": True, "recompute_fraction": 1.0, "max_mean_abs_logprob_diff": 1e6})
-
-
-class StepIO(FakeIO):
-    def __init__(self, tokenizer) -> None:
-        super().__init__([])
-        self.tokenizer = tokenizer
-
-    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
-                    durable_step: int | None = None):
-        self.asked.append(step)
-        return addition_batch(self.tokenizer, step + 1)
 
 
 def write_outputs(io: StepIO, out: Path) -> None:

@@ -24,7 +24,8 @@ def test_control_plane_imports_without_torch():
     assert result.returncode == 0, result.stderr
 
 
-WIRE_TYPES = ["echo2.protocol.messages", "echo2.protocol.manifest", "echo2.protocol.broadcast"]
+WIRE_TYPES = ["echo2.protocol.messages", "echo2.protocol.manifest", "echo2.protocol.broadcast",
+              "echo2.protocol.links"]  # the seams are typing only
 RUNTIME = ["aiohttp", "cryptography", "torch"]
 
 

@@ -46,7 +46,7 @@ def test_a_worker_plays_episodes_the_coordinator_replays(tmp_path, tiny_model_di
         try:
             await asyncio.to_thread(io.publish, 0, model_payload(model))
             running = asyncio.create_task(worker.run(stop))
-            batch = await asyncio.to_thread(io.fetch_batch, 0, 60.0)
+            batch = await asyncio.to_thread(io.fetch_batch, 0, wait_s=60.0)
             await _until(lambda: worker.stats["tasks"] >= 2)
             stop.set()
             await asyncio.wait_for(running, timeout=60)

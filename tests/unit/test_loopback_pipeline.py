@@ -48,7 +48,7 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
         try:
             await asyncio.to_thread(io.publish, 0, model_payload(model))
             running = [asyncio.create_task(w.run(stop)) for w in workers]
-            batch0 = await asyncio.to_thread(io.fetch_batch, 0, 20.0)
+            batch0 = await asyncio.to_thread(io.fetch_batch, 0, wait_s=20.0)
             await _until(lambda: all(w.version == 0 for w in workers))
             with torch.no_grad():
                 for p in model.parameters():
@@ -56,7 +56,7 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
             await asyncio.to_thread(io.publish, 1, model_payload(model))
             await _until(lambda: all(w.version == 1 for w in workers))
             loaded = [{k: v.clone() for k, v in w.engine.model.state_dict().items()} for w in workers]
-            batch1 = await asyncio.to_thread(io.fetch_batch, 1, 20.0)
+            batch1 = await asyncio.to_thread(io.fetch_batch, 1, wait_s=20.0)
             forge(state, io)  # version 2, signed by a key that is not the learner's
             await asyncio.sleep(1.5)
             after_forgery = [w.version for w in workers]

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.unit.sharded_learner_child import StepIO, sharded_config, write_outputs
+from tests.unit.learner_fakes import StepIO
+from tests.unit.sharded_learner_child import sharded_config, write_outputs
 
 from echo2.learner.checkpoint_reader import load_model_weights
 from echo2.learner.train import Learner

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.origin import LoopThread, Origin
 from echo2.broadcast.signing import generate_private_key, load_private_key, public_key_hex, save_private_key
@@ -37,7 +38,7 @@ KEY_FILE = "keys/learner_ed25519.pem"
 log = logging.getLogger("echo2.learner")
 
 
-def learner_key(cfg: RunConfig):
+def learner_key(cfg: RunConfig) -> Ed25519PrivateKey:
     """The learner's signing key: the configured file, else one kept in the run dir (created on
     first use, owner-readable only) so a restarted learner signs with the same key."""
     path = Path(cfg.broadcast.learner_key_path or cfg.run_path / KEY_FILE)
@@ -50,6 +51,9 @@ def learner_key(cfg: RunConfig):
 
 
 class LearnerIO:
+    """The real echo2.protocol.links.LearnerLink: the broadcast origin and the coordinator's
+    learner API, on one background I/O thread."""
+
     def __init__(self, cfg: RunConfig, coordinator_url: str, learner_token: str, join_token: str) -> None:
         """`learner_token` authorizes publishes and batches at the coordinator; `join_token` is
         what workers present when they pull chunks from the learner's origin."""
@@ -97,7 +101,7 @@ class LearnerIO:
         await self.origin.stop()
 
     # ---- publishing ----
-    def publish(self, version: int, payload: bytes | mmap.mmap, adapter: AdapterSpec | None = None) -> VersionInfo:
+    def publish(self, version: int, payload: bytes | mmap.mmap, *, adapter: AdapterSpec | None = None) -> VersionInfo:
         """Encode `version` in its forms (a delta against the previous version, a full anchor,
         or both: broadcast.deltas), sign each (hashing here, in the training thread), serve them
         from the origin and announce them to the coordinator. The origin serves `payload`
@@ -121,7 +125,7 @@ class LearnerIO:
         return self._call(_run(lambda: self.origin.stats(version).bytes_sent), timeout_s=10)
 
     # ---- coordinator client ----
-    def fetch_batch(self, step: int, wait_s: float, step_time_s: float | None = None,
+    def fetch_batch(self, step: int, *, wait_s: float, step_time_s: float | None = None,
                     durable_step: int | None = None) -> list[TrainGroup]:
         """Groups for `step`; empty when the long poll ended before the batch was ready.
         `step_time_s`, the learner's busy time on its last step, feeds the activation controller;
@@ -132,7 +136,7 @@ class LearnerIO:
                                   self.request_timeout_s + wait_s)
         return BatchResponse.model_validate_json(text).groups
 
-    def evaluation_result(self, version: int, wait_s: float) -> EvaluationResult:
+    def evaluation_result(self, version: int, *, wait_s: float) -> EvaluationResult:
         """A version's evaluation on a worker (evaluation leases), waiting up to wait_s for it."""
         url = f"/v1/evaluation?version={version}&wait_s={wait_s:.3f}"
         text = self._with_retries(lambda: self._get(url, extra_timeout_s=wait_s), self.request_timeout_s + wait_s)

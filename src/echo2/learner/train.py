@@ -38,6 +38,7 @@ from echo2.models.loading import enable_activation_checkpointing, load_model, lo
 from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
 from echo2.models.weights import require_finite, tensors_payload, unique_tensors
 from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.links import LearnerLink
 from echo2.protocol.manifest import AdapterSpec
 from echo2.protocol.messages import TrainGroup
 from echo2.report.metrics import MetricsWriter
@@ -48,7 +49,9 @@ log = logging.getLogger("echo2.learner")
 
 class Learner:
     def __init__(self, cfg: RunConfig, coordinator_url: str, *, learner_token: str = "", join_token: str = "",
-                 io: LearnerIO | None = None) -> None:
+                 io: LearnerLink | None = None) -> None:
+        """`io`: the link to the coordinator (a LearnerIO to `coordinator_url` when None; tests
+        pass a fake); only rank 0 holds one."""
         self.cfg = cfg
         torch.set_num_threads(cfg.learner_threads(os.cpu_count() or 1))
         precision = resolve_precision(cfg.learner)
@@ -95,7 +98,9 @@ class Learner:
                                      segment_bytes=cfg.metrics_segment_bytes)
         self.ckpt_dir = Path(cfg.run_path) / "checkpoints"
         self.durable_step: int | None = None  # step of the newest checkpoint on disk, told to the coordinator
-        self.io = (io or LearnerIO(cfg, coordinator_url, learner_token, join_token)) if self.leader else None
+        self.io: LearnerLink | None = None
+        if self.leader:
+            self.io = io or LearnerIO(cfg, coordinator_url, learner_token, join_token)
         self.published: set[int] = set()  # versions this process served
         self.skips_in_a_row = 0
         # only rank 0 picks stale groups to recompute (with its key) and keeps published versions

@@ -9,6 +9,7 @@ import logging
 import time
 
 import aiohttp
+from pydantic import BaseModel
 
 from echo2.config.worker import WorkerConfig
 from echo2.protocol.http import TransientError, call
@@ -26,18 +27,21 @@ class Stopping(Exception):
 
 
 class CoordinatorLink:
+    """The real echo2.protocol.links.WorkerLink."""
+
     def __init__(self, url: str, cfg: WorkerConfig, stop: asyncio.Event) -> None:
         self.url, self.cfg, self.stop = url, cfg, stop
         self.session: aiohttp.ClientSession | None = None  # the worker's, set once it opens
         self.last_contact_s = time.monotonic()  # of any answer from the coordinator
 
-    async def once(self, method: str, path: str, body, *, timeout_s: float, token: str | None = None) -> str:
+    async def once(self, method: str, path: str, body: BaseModel | None, *, timeout_s: float,
+                   token: str | None = None) -> str:
         """One call; an answer counts as contact. Failures propagate."""
         text = await call(self.session, method, self.url + path, body, timeout_s=timeout_s, token=token)
         self.last_contact_s = time.monotonic()
         return text
 
-    async def retrying(self, method: str, path: str, body, token: str | None = None) -> str:
+    async def retrying(self, method: str, path: str, body: BaseModel | None, *, token: str | None = None) -> str:
         """Transient failures are logged and retried with backoff until the worker is told to
         stop (Stopping) or has not reached the coordinator for cfg.coordinator_unreachable_s
         (WorkerFailed); refusals propagate."""
@@ -52,7 +56,7 @@ class CoordinatorLink:
                 await wait_either(self.stop, self.stop, timeout_s=delay_s)
                 delay_s = min(2 * delay_s, LONGEST_RETRY_S)
 
-    def check_reachable(self, exc: TransientError, next_try_s: float) -> None:
+    def check_reachable(self, exc: TransientError, *, next_try_s: float) -> None:
         """Log a failed call; give up once the coordinator has been silent too long."""
         silent_s, limit_s = time.monotonic() - self.last_contact_s, self.cfg.coordinator_unreachable_s
         if silent_s > limit_s:
