@@ -1,11 +1,12 @@
-"""Version news reaches a worker by one road, its heartbeat, held at the coordinator until a
-newer version is out (so news arrives at once while beats keep their pace); lease and submit
-replies carry none; held requests answer at once when the coordinator shuts down, and a worker
+"""Version news reaches a worker by one road, its news line (GET /v1/news), as it happens; a
+heartbeat is answered at once and says when to beat next; lease and submit replies carry no
+news; held requests and news lines end at once when the coordinator shuts down, and a worker
 asked to stop gives up its held lease request instead of waiting it out."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -30,7 +31,7 @@ from echo2.protocol.messages import LeaseResponse, RegisterResponse, SubmitRespo
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.worker import Worker
 
-BEAT = {"worker_id": "w0", "version": 0, "known_version": 0}
+BEAT = {"worker_id": "w0", "version": 0}
 
 
 def _state(tmp_path, tiny_model_dir, **fields):
@@ -64,24 +65,69 @@ def _with_server(state, scenario):
     return asyncio.run(main())
 
 
-def test_a_held_heartbeat_answers_when_a_newer_version_is_published(tmp_path, tiny_model_dir):
+async def _lines(session, url, headers, into: list) -> None:
+    """Read a news line into `into` as (seconds since opened, reply), blank keepalives skipped."""
+    opened = time.monotonic()
+    async with session.get(url + "/v1/news", headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            if raw.strip():
+                into.append((time.monotonic() - opened, json.loads(raw)))
+
+
+def test_the_news_line_tells_a_version_as_it_is_published_and_heartbeats_are_answered_at_once(
+        tmp_path, tiny_model_dir):
     state = _state(tmp_path, tiny_model_dir)
 
     async def scenario(session, url, runner):
         headers = await _join(session, url, "w0")
-        behind_s, behind = await _timed_beat(session, url, headers, known_version=-1, wait_s=5.0)
-        quiet_s, quiet = await _timed_beat(session, url, headers, wait_s=5.0)  # capped at the 1 s interval
-        publisher = asyncio.create_task(asyncio.sleep(0.3))
-        publisher.add_done_callback(lambda _: asyncio.ensure_future(_publish(session, url, 1)))
-        news_s, news = await _timed_beat(session, url, headers, wait_s=1.0)
-        now_s, _ = await _timed_beat(session, url, headers, known_version=1)  # wait_s 0: at once
-        return behind_s, behind, quiet_s, quiet, news_s, news, now_s
+        heard: list = []
+        listening = asyncio.create_task(_lines(session, url, headers, heard))
+        await _until(lambda: heard)  # told at once what is out
+        beat_s, beat = await _timed_beat(session, url, headers)
+        published = time.monotonic()
+        await _publish(session, url, 1)
+        await _until(lambda: len(heard) >= 2)
+        news_s = time.monotonic() - published
+        listening.cancel()
+        return heard, beat_s, beat, news_s
 
-    behind_s, behind, quiet_s, quiet, news_s, news, now_s = _with_server(state, scenario)
-    assert behind_s < 0.5 and behind["latest"]["version"] == 0  # it knew of none: told at once
-    assert 0.9 < quiet_s < 2.5 and quiet["latest"]["version"] == 0  # nothing new: held a whole interval
-    assert 0.25 < news_s < 0.9 and news["latest"]["version"] == 1  # answered when version 1 came out
-    assert now_s < 0.5
+    heard, beat_s, beat, news_s = _with_server(state, scenario)
+    assert heard[0][0] < 0.5 and heard[0][1]["latest"]["version"] == 0 and heard[0][1]["kind"] == "heartbeat_ack"
+    assert heard[1][1]["latest"]["version"] == 1 and heard[1][1]["fetch"]["version"] == 1
+    assert heard[1][1]["assignment"]["version"] == 1  # where to pull it from, with the news
+    assert news_s < 0.5, news_s
+    assert beat_s < 0.5 and beat["latest"]["version"] == 0 and 0.9 <= beat["heartbeat_interval_s"] <= 1.1
+
+
+def test_activation_reaches_the_news_line_of_the_workers_it_changes(tmp_path, tiny_model_dir):
+    """A worker idled by the controller hears so on its line at the next decision, without a
+    heartbeat; a worker opening a second line ends its first."""
+    state = _state(tmp_path, tiny_model_dir)
+
+    async def scenario(session, url, runner):
+        headers = await _join(session, url, "w0")
+        first: list = []
+        listening = asyncio.create_task(_lines(session, url, headers, first))
+        await _until(lambda: first)
+        state.controller.workers["w0"].active = False  # what a decision idling it leaves
+        request_news(runner.app)
+        await _until(lambda: len(first) >= 2)
+        second: list = []
+        again = asyncio.create_task(_lines(session, url, headers, second))
+        await _until(lambda: second and listening.done())  # the first line ended
+        again.cancel()
+        return first, second
+
+    first, second = _with_server(state, scenario)
+    assert first[0][1]["active"] and not first[1][1]["active"]
+    assert not second[0][1]["active"]
+
+
+def request_news(app) -> None:
+    from echo2.coordinator.http.base import NEWS_KEY
+
+    app[NEWS_KEY].announce(activity=True)
 
 
 def test_lease_and_submit_replies_carry_no_version_news():
@@ -94,20 +140,22 @@ def test_held_requests_answer_at_once_when_the_coordinator_shuts_down(tmp_path, 
 
     async def scenario(session, url, runner):
         headers = await _join(session, url, "w0")
-        beat = asyncio.create_task(_timed_beat(session, url, headers, wait_s=10.0))
-        await asyncio.sleep(0.3)  # the beat is held now
+        heard: list = []
+        line = asyncio.create_task(_lines(session, url, headers, heard))
+        await _until(lambda: heard)  # the line is open now
         started = time.monotonic()
         await runner.cleanup()
-        return time.monotonic() - started, await beat
+        await asyncio.wait_for(line, timeout=5)
+        return time.monotonic() - started, heard
 
-    shutdown_s, (beat_s, reply) = _with_server(state, scenario)
-    assert shutdown_s < 2.0 and beat_s < 2.0 and reply["latest"]["version"] == 0
+    shutdown_s, heard = _with_server(state, scenario)
+    assert shutdown_s < 2.0 and heard[0][1]["latest"]["version"] == 0
 
 
 def test_a_real_worker_hears_of_a_version_at_once_and_stops_without_waiting_out_its_lease_poll(
         tmp_path, tiny_model_dir):
-    """Two things a worker does on the one road: it hears of a published version within a
-    fraction of its heartbeat interval (its beat is held until then), and, asked to stop while
+    """Two things a worker does: it hears of a published version on its news line within a
+    fraction of its heartbeat interval, and, asked to stop while
     its lease request is held for a full window, it gives that request up and leaves at once
     (it used to wait the 5 s poll out, and a launcher's grace could run out first)."""
     state = make_state(tmp_path, tiny_model_dir, FakeClock(), max_staleness=0, groups_per_step=1, rewards=KEEP_ALIKE)

@@ -148,8 +148,15 @@ class CoordinatorConfig(Frozen):
     auth_token: str = ""
     """Shared bearer token for every request. Empty: taken from $ECHO2_AUTH_TOKEN, and the local
     launcher generates a fresh random one per run."""
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    worker_timeout_s: float = Field(6.0, gt=0)
+    heartbeat_interval_s: float = Field(5.0, gt=0, le=600)
+    """How often a worker proves it is alive and reports its counters. Version news and
+    activation do not wait for it: they reach workers on their news lines as they happen. With
+    more live workers than heartbeat_interval_s x heartbeats_per_s, or under load, each
+    worker is told a longer interval (and its timeout stretches with it)."""
+    heartbeats_per_s: float = Field(250.0, gt=0)
+    """The heartbeat rate the coordinator plans for, the whole fleet together: about a tenth
+    of one core for these requests, whatever the fleet's size."""
+    worker_timeout_s: float = Field(30.0, gt=0)
     """A worker silent for this long is dead: its leases go back to the queue. Several heartbeat
     intervals, so one slow heartbeat under CPU contention does not evict a live worker."""
     lease_timeout_s: float = Field(120.0, gt=0)
@@ -163,6 +170,10 @@ class CoordinatorConfig(Frozen):
     registrations_per_minute: float = Field(60.0, gt=0)
     """Registrations accepted per source address per minute (a burst of as many is allowed):
     a fleet behind one NAT joins at once, a registration flood does not."""
+    registrations_per_s: float = Field(100.0, gt=0)
+    """Registrations the whole run admits per second, from every address (as large a burst):
+    10,000 workers joining at once are admitted over a minute and a half, each told when to come back,
+    while rollouts and the learner's batches keep their pace."""
     max_leases_per_worker: int = Field(0, ge=0)
     """Most prompts one worker may hold leased at once; 0: one learner step's worth
     (grpo.prompts_per_step). A worker that claims to be fast cannot lease the whole staleness

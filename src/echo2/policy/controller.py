@@ -67,10 +67,10 @@ class ActivationController:
         """d: share of scored groups dropped as uninformative, the catalog's until measured."""
 
     # ---- observations ----
-    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None) -> None:
-        old = self.workers.get(worker_id)
-        alpha = self.cfg.ewma_alpha
-        view = WorkerView(price_per_hour, True, True, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
+    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None, *, active: bool = True) -> None:
+        old = self.workers.get(worker_id)  # `active` False: it idles until a decision (one offered and chosen runs)
+        alpha, active = self.cfg.ewma_alpha, active or (old is not None and old.active)
+        view = WorkerView(price_per_hour, True, active, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
         if old is not None:  # a returning worker keeps its history and its bill
             view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
             view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s

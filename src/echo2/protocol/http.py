@@ -9,9 +9,17 @@ from pydantic import BaseModel
 
 from echo2.protocol.tls import TLSError, describe_failure
 
+MAX_RETRY_AFTER_S = 600.0
+"""The longest a server's Retry-After is followed (a bigger one is a mistake or a hostile peer)."""
+
 
 class TransientError(Exception):
-    """Connection refused/reset, timeout or 5xx: worth retrying later."""
+    """Connection refused/reset, timeout or 5xx: worth retrying later (`retry_after_s`: when
+    the server said to, by its Retry-After header; None: it did not say)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RefusedError(Exception):
@@ -38,6 +46,7 @@ async def call(
             method, url, data=data, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers,
         ) as resp:
             text = await resp.text()
+            retry_after_s = _retry_after_s(resp.headers.get("Retry-After"))
     except aiohttp.ClientSSLError as exc:  # a certificate or URL must change: not transient
         raise TLSError(describe_failure(url, exc)) from None
     except aiohttp.ServerDisconnectedError as exc:
@@ -46,10 +55,19 @@ async def call(
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
         raise TransientError(f"{method} {url}: {_describe(exc, timeout_s)}") from exc
     if resp.status >= 500:
-        raise TransientError(f"{method} {url}: HTTP {resp.status}: {text[:200]}")
+        raise TransientError(f"{method} {url}: HTTP {resp.status}: {_error_text(text)[:200]}", retry_after_s)
     if resp.status >= 400:
         raise RefusedError(resp.status, _error_text(text))
     return text
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Retry-After in seconds (the delta form; a date is not followed), at most MAX_RETRY_AFTER_S."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return None if seconds is None or not seconds >= 0 else min(seconds, MAX_RETRY_AFTER_S)
 
 
 def _error_text(text: str) -> str:

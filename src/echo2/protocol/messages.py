@@ -20,13 +20,16 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
     6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
        "and the group's records",
     7: "a completion says which version sampled which tokens (token_versions): workers swap versions "
        "mid-generation",
+    8: "version news and activation reach a worker on its open news line (GET /v1/news), not a held "
+       "heartbeat; a heartbeat is answered at once and its reply says when to beat next "
+       "(heartbeat_interval_s, stretched for large fleets and under load)",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -34,6 +37,8 @@ PROTOCOL_CHANGES = {
 MAX_CLAIMED_COUNT = 1 << 53
 """Bumped whenever a message changes incompatibly: peers of different protocols refuse each
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
+MAX_HEARTBEAT_INTERVAL_S = 600.0
+"""The longest a coordinator may tell a worker to wait between heartbeats."""
 MAX_VERSION_RUNS = 64
 """Runs of token_versions in one completion: a version swap every segment_tokens tokens, at most
 one per version; a generation straddling more versions than this is far past any S."""
@@ -43,7 +48,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[7] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[8] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -161,14 +166,12 @@ class Heartbeat(Message):
     bytes_relayed_total: int = Field(0, ge=0, le=MAX_CLAIMED_COUNT)
     """Weight bytes its relay sent to other workers since it started (shown on the dashboard and
     /metrics as the worker's claim; nothing is decided on it)."""
-    known_version: int = Field(-1, ge=-1)
-    """The newest version this worker has been told of (-1: none)."""
-    wait_s: float = Field(0.0, ge=0, le=30)
-    """How long the coordinator may hold the reply until a version newer than `known_version` is
-    out (a long poll: the one road version news takes to a worker); 0: answer at once."""
 
 
 class HeartbeatResponse(Message):
+    """A heartbeat's reply, and each line of a worker's news (GET /v1/news): the newest version,
+    what to fetch next and from where, whether to work, and when to beat next."""
+
     kind: Literal["heartbeat_ack"] = "heartbeat_ack"
     latest: VersionInfo | None
     assignment: Assignment | None = None
@@ -179,6 +182,9 @@ class HeartbeatResponse(Message):
     learner_public_key: str = ""
     active: bool = True
     """False: the worker should idle (not lease) until told otherwise."""
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=MAX_HEARTBEAT_INTERVAL_S)
+    """When to send the next heartbeat: coordinator.heartbeat_interval_s, stretched when the
+    fleet is large or the coordinator is loaded (its liveness timeout stretches with it)."""
 
 
 class LeaveRequest(Message):

@@ -63,6 +63,7 @@ class VersionFollower:
         # every source said it no longer serves this announcement: not asked again (a republish
         # of the same number, after a learner restart, is a different announcement)
         self.obsolete: VersionInfo | None = None
+        self.asked_for: VersionInfo | None = None  # a delta against a version not held, asked about
         self.announced = asyncio.Event()  # a newer version (or a new source for it): fetcher wakes
         self.ready = asyncio.Event()  # a version is staged: the work loop wakes
         self.swap_s: float | None = None
@@ -108,7 +109,14 @@ class VersionFollower:
                 or target.version in self.rejected):
             return True
         base = target.signed.unverified_manifest().base_version  # routing only; fetch verifies
-        return base is not None and base != self.holding()
+        if base is not None and base != self.holding():
+            # news guessed what this worker holds (the version it was last sent, its fetch
+            # perhaps failed): its next heartbeat says, and brings the right step, once per target
+            if target is not self.asked_for:
+                self.asked_for = target
+                self.ask_newest()
+            return True
+        return False
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

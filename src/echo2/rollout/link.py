@@ -44,7 +44,8 @@ class CoordinatorLink:
     async def retrying(self, method: str, path: str, body: BaseModel | None, *, token: str | None = None) -> str:
         """Transient failures are logged and retried with backoff until the worker is told to
         stop (Stopping) or has not reached the coordinator for cfg.coordinator_unreachable_s
-        (WorkerFailed); refusals propagate."""
+        (WorkerFailed); refusals propagate. A busy coordinator's Retry-After is followed (it
+        answered: that is contact)."""
         delay_s = FIRST_RETRY_S
         while True:
             try:
@@ -52,8 +53,11 @@ class CoordinatorLink:
             except TransientError as exc:
                 if self.stop.is_set():
                     raise Stopping from None
-                self.check_reachable(exc, next_try_s=delay_s)
-                await wait_either(self.stop, self.stop, timeout_s=delay_s)
+                wait_s = delay_s
+                if exc.retry_after_s is not None:
+                    self.last_contact_s, wait_s = time.monotonic(), max(delay_s, exc.retry_after_s)
+                self.check_reachable(exc, next_try_s=wait_s)
+                await wait_either(self.stop, self.stop, timeout_s=wait_s)
                 delay_s = min(2 * delay_s, LONGEST_RETRY_S)
 
     def check_reachable(self, exc: TransientError, *, next_try_s: float) -> None:

@@ -12,7 +12,6 @@ import logging
 import time
 
 import aiohttp
-from pydantic import ValidationError
 
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
@@ -26,8 +25,6 @@ from echo2.protocol.messages import (
     EvalAck,
     EvalSubmission,
     EvalTask,
-    Heartbeat,
-    HeartbeatResponse,
     LeaseRequest,
     LeaseResponse,
     LeaveRequest,
@@ -39,6 +36,7 @@ from echo2.protocol.messages import (
 )
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
+from echo2.rollout.control import HEARTBEAT_TIMEOUT_S, ControlLine
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
 from echo2.rollout.engine import Engine, InFlight
 from echo2.rollout.engine_factory import engine_type, make_engine
@@ -50,8 +48,6 @@ from echo2.rollout.weights import WeightReceiver
 
 log = logging.getLogger("echo2.worker")
 
-# a heartbeat slower than this is as good as lost (the coordinator evicts after a few missed)
-HEARTBEAT_TIMEOUT_S = 5.0
 # a worker restarted under its old id waits this long for the coordinator to time out its old
 # self: several worker_timeout_s (6 s by default) on a loaded box
 JOIN_WAIT_S = 60.0
@@ -67,7 +63,8 @@ class Worker:
         self.token = token
         self.metrics = metrics
         self.worker_id = cfg.worker_id
-        self.beat_now = asyncio.Event()  # ask the coordinator now (cuts a held heartbeat short)
+        self.beat_now = asyncio.Event()  # send a heartbeat now (its reply has the next fetch)
+        self.woken = asyncio.Event()  # activated: an idle worker asks for work at once
         self.registration = asyncio.Lock()
         self.active = True  # the coordinator may tell us to idle (cost-aware activation)
         self.registered_at = 0.0
@@ -121,7 +118,7 @@ class Worker:
     async def _join_and_work(self, stop: asyncio.Event) -> None:
         reg = await self._register()
         # beat while the model loads: a slow load must not look like a dead worker
-        background = [asyncio.create_task(self._heartbeats(stop)), asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
+        background = [asyncio.create_task(ControlLine(self).run(stop)), asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
         try:
             source = self.cfg.model_source or reg.model_source
             self.engine = await self._load_engine(source, reg.lora)
@@ -164,8 +161,9 @@ class Worker:
                 self.activity.refused(lease.reason if lease else "")
                 if lease is not None and self._behind():  # refused at this version: load the next one
                     await wait_either(self.follower.ready, stop, timeout_s=max(lease.retry_after_s, 1.0))
-                else:
-                    await wait_either(stop, stop, timeout_s=lease.retry_after_s if lease else 1.0)
+                else:  # an idle worker is told to come back late: activation cuts its wait short
+                    self.woken.clear()
+                    await wait_either(self.woken, stop, timeout_s=lease.retry_after_s if lease else 1.0)
                 continue
             await self._generate_and_submit(lease.tasks)
             # lease + generate + submit: the worker's full-load throughput is rollouts / busy_s
@@ -232,7 +230,7 @@ class Worker:
                 if self.stop.is_set():
                     raise Stopping from None
 
-    async def _reregister(self, seen_at: float) -> None:
+    async def reregister(self, seen_at: float) -> None:
         """Join again after an eviction, once, however many loops noticed it."""
         async with self.registration:
             if self.registered_at == seen_at:
@@ -245,64 +243,12 @@ class Worker:
         except (TransientError, RefusedError):
             pass  # the coordinator will time us out instead
 
-    async def _heartbeats(self, stop: asyncio.Event) -> None:
-        """Beat until stopped. Finding that the worker cannot go on (refused on joining again,
-        or the coordinator silent too long) stops the worker; run() raises the reason."""
-        try:
-            await self._beat(stop)
-        except WorkerFailed as failed:
-            self.failure = failed
-            stop.set()
-
-    async def _beat(self, stop: asyncio.Event) -> None:
-        """The one road version news takes to this worker: each heartbeat is held at the
-        coordinator (up to a heartbeat interval) until a version newer than the newest this
-        worker knows of is out, so news arrives at once and beats keep their pace; `beat_now`
-        (the follower, after a fetch) cuts a held beat short and asks again without waiting."""
-        while not stop.is_set():
-            asked = self.beat_now.is_set()
-            self.beat_now.clear()
-            latest = self.follower.latest
-            body = Heartbeat(worker_id=self.worker_id, version=self.version, base_version=self.follower.holding(),
-                             known_version=latest.version if latest is not None else -1,
-                             wait_s=0.0 if asked else self.heartbeat_interval_s,
-                             swap_s=self.follower.swap_s,
-                             dissemination_s=self.follower.dissemination_s, generation_s=self.generation_s,
-                             rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"],
-                             bytes_relayed_total=self.follower.receiver.bytes_relayed_total())
-            seen_at, started, news, answered = self.registered_at, time.monotonic(), False, False
-            try:
-                answered, text = await unless_set(self.beat_now, self.link.once(
-                    "POST", "/v1/heartbeat", body, timeout_s=HEARTBEAT_TIMEOUT_S + body.wait_s))
-                if not answered:
-                    continue  # asked to beat now: the held one is given up
-                reply = HeartbeatResponse.model_validate_json(text)
-                news = reply.latest is not None and reply.latest.version > body.known_version
-                self.follower.note(reply.latest, reply.assignment, reply.learner_public_key, fetch=reply.fetch)
-                self._set_active(reply.active)
-            except RefusedError as exc:
-                # 404: evicted; 401: our credential is unknown (the coordinator restarted): join again
-                log.warning("heartbeat refused (HTTP %d: %s)%s", exc.status, exc.message,
-                            "; registering again" if exc.status in (401, 404) else "")
-                if exc.status in (401, 404):
-                    await self._reregister(seen_at)
-                self._cut_off(exc)
-            except TransientError as exc:
-                # the next beat will try again; eviction takes several missed beats
-                self.link.check_reachable(exc, next_try_s=self.heartbeat_interval_s)
-            except ValidationError as exc:  # a malformed reply must not end the heartbeats
-                self.metrics.write("worker_bad_reply", worker_id=self.worker_id, what="heartbeat",
-                                   error=str(exc)[:300])
-            # a failure, or a held beat answered early without news (an older coordinator): keep
-            # the pace; an unheld one (asked) is followed by a held one at once
-            if not answered or (not news and not asked):
-                pause_s = self.heartbeat_interval_s - (time.monotonic() - started)
-                await wait_either(self.beat_now, stop, timeout_s=pause_s, consume=False)
-
-    def _set_active(self, active: bool) -> None:
+    def set_active(self, active: bool) -> None:
         if active != self.active:
             log.info("the coordinator %s this worker", "activated" if active else
                      "deactivated (cost-aware activation): no leases until activated, weights kept current")
+        if active and not self.active:
+            self.woken.set()  # an idle worker waiting to ask again asks now
         self.active = active
 
     async def _lease(self) -> LeaseResponse | None:
@@ -324,11 +270,11 @@ class Worker:
             self.metrics.write("worker_refused", worker_id=self.worker_id, what="lease", error=exc.message)
             log.warning("lease refused (HTTP %d): %s", exc.status, exc.message)
             if exc.status == 404:
-                await self._reregister(seen_at)
-            self._cut_off(exc)
+                await self.reregister(seen_at)
+            self.cut_off(exc)
             return None
 
-    def _cut_off(self, exc: RefusedError) -> None:
+    def cut_off(self, exc: RefusedError) -> None:
         """403: the coordinator refuses this worker for good (quarantined by the rollout audit, or
         a credential that is not its own). Retrying cannot help: stop, and say why."""
         if exc.status == 403 and self.failure is None:

@@ -1,20 +1,30 @@
 """What workers ask of the coordinator, as whole transactions over its parts: joining, heartbeats,
-leaving, leases (rollouts, or evaluations first or spare), and the sweep that expires silent
-workers and overdue leases and re-plans activation when one is lost. Every method applies a
-whole change or raises `RequestError` having changed nothing; events go to the shared list."""
+the news each worker is told, leaving, leases (rollouts, or evaluations first or spare), and the
+sweep that expires silent workers and overdue leases and re-plans activation when one is lost.
+Every method applies a whole change or raises `RequestError` having changed nothing; events go
+to the shared list.
+
+The work per request does not grow with the fleet: a worker's news is a version's plan entry
+(made once per version), the first step of its way to the newest version (once per version
+held) and a few lookups; the heartbeat interval it is told stretches so that the fleet together
+beats at about coordinator.heartbeats_per_s."""
 
 from __future__ import annotations
 
+import math
+import random
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
+from echo2.protocol.broadcast import Assignment
 from echo2.protocol.messages import (
+    MAX_HEARTBEAT_INTERVAL_S,
     BadPeerRequest,
     Heartbeat,
-    HeartbeatResponse,
     LeaseRequest,
     LeaseResponse,
     LeaveRequest,
@@ -22,10 +32,38 @@ from echo2.protocol.messages import (
     RegisterResponse,
     SamplingParams,
     Task,
+    VersionInfo,
 )
 
 if TYPE_CHECKING:
     from echo2.coordinator.state import CoordinatorState
+
+PEERS_MAX_AGE_S = 1.0
+"""Replies to workers outside a version's plan share one view of the live workers a second."""
+BEAT_JITTER = 0.1
+"""Each told interval is spread this much either way, so a fleet that joined together does not
+beat together."""
+OVERLOADED = 4.0
+"""A load stretch this large: the coordinator admits no registration for OVERLOADED_REFUSAL_S."""
+OVERLOADED_REFUSAL_S = 5.0
+WORKERS_SWEPT_EVERY_S = 1.0
+"""Silence is looked for once a second: a timeout is many seconds, and a pass over 10,000
+workers four times a second would cost more than their heartbeats."""
+IDLE_LEASE_ASKS_PER_S = 20.0
+"""How often idle workers together may ask for work (to serve a due evaluation): each is told
+to come back after its share of that, and activation reaches it on its news line at once."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerNews:
+    """What a worker is told, in its heartbeat's reply or on its news line (as a HeartbeatResponse)."""
+
+    latest: VersionInfo | None
+    fetch: VersionInfo | None
+    assignment: Assignment | None
+    active: bool
+    learner_public_key: str
+    heartbeat_interval_s: float
 
 
 class WorkerDesk:
@@ -36,12 +74,19 @@ class WorkerDesk:
         self.scorer, self.store, self.counters = state.scorer, state.store, state.counters
         self.events, self.clock = state.events, state.clock
         self.sampling = SamplingParams.of(state.cfg.sampling)
+        self.load_stretch = 1.0
+        """How much longer than planned heartbeats are told to wait now (the server sets it from
+        its event loop's lag: 1 when keeping up)."""
+        self.control_due = False
+        """A newcomer waits for an activation decision: the next sweep makes one."""
+        self.swept_workers_at = -math.inf
 
     def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this
         worker must carry; only an evicted or departed worker's id can register again (its old
         credential and leases are void). `source`, the caller's address, is rate-limited."""
         self.registry.take_join_token(source)
+        self.registry.take_admission(refuse_for_s=OVERLOADED_REFUSAL_S if self.load_stretch >= OVERLOADED else 0.0)
         if self.cfg.audit.require_seeded_sampler and req.sampler != "seeded":
             raise RequestError(422, f"sampler {req.sampler!r}: this run audits every worker's tokens against the "
                                     "seeded sampler (audit.require_seeded_sampler = true), which echo2's engines "
@@ -53,7 +98,11 @@ class WorkerDesk:
         if old is not None:
             self.release_leases(record.worker_id, reason="reregistered")
         self.groups.trust.forget(record.worker_id)  # earned by a registration, not an id
-        self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None)
+        # while the controller decides with a known demand, a newcomer waits for its decision (at
+        # most a sweep away) instead of leasing with thousands of others that join with it
+        deciding = self.controller.cfg.enabled and math.isfinite(self.controller.required_rps())
+        self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None, active=not deciding)
+        self.control_due |= deciding
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
                                                source=source))
@@ -84,12 +133,14 @@ class WorkerDesk:
         self.events.append(ev.WorkerLeft(worker_id=req.worker_id, leases_requeued=released, released=fleet_release))
         self.control(trigger=f"{req.worker_id} left")
 
-    def heartbeat(self, req: Heartbeat) -> HeartbeatResponse:
+    def heartbeat(self, req: Heartbeat) -> WorkerNews:
+        """A sign of life with the worker's claims (shown, never decided on) and its latencies;
+        answered with its news as of now."""
         record = self.registry.live(req.worker_id)
         self.versions.check(req.version, "heartbeat.version")
         held = req.version if req.base_version is None else req.base_version
         self.versions.check(held, "heartbeat.base_version")
-        record.version = req.version
+        record.version, record.held = req.version, held
         self.track_stale(record)
         if record.stale_since is not None:  # too stale to lease, it submits nothing: sample it now
             self.controller.observe_busy(record.worker_id, *record.work_counters(self.clock()))
@@ -100,17 +151,35 @@ class WorkerDesk:
         if req.dissemination_s is not None:
             record.claimed_dissemination_s = req.dissemination_s
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
-        return self.heartbeat_reply(req)
+        return self.news(record, held)
 
-    def heartbeat_reply(self, req: Heartbeat) -> HeartbeatResponse:
-        """What a heartbeat is told: the newest version, what to pull next and from where, and
-        whether to work (asked again, unchanged, while the beat is held for news)."""
-        held = req.version if req.base_version is None else req.base_version
-        fetch = self.versions.next_fetch(req.worker_id, held, self.registry.peers())
-        return HeartbeatResponse(latest=self.versions.latest.model_copy(update={"full": None}) if self.versions.latest else None,
-                                 fetch=fetch[0] if fetch else None, assignment=fetch[1] if fetch else None,
-                                 active=self.controller.is_active(req.worker_id),
-                                 learner_public_key=self.versions.public_key_hex)
+    def news(self, record: WorkerRecord, held: int | None = None) -> WorkerNews:
+        """What `record`'s worker is told: the newest version, what to pull next and from where
+        (for the version it holds, `held`: a heartbeat says; for news, the newest it holds or was
+        told to fetch), whether to work, and when to beat next (which also sets when it is taken
+        for gone)."""
+        held = max(record.held, record.fetching) if held is None else held
+        fetch = self.versions.next_fetch(record.worker_id, held, self.registry.peers(PEERS_MAX_AGE_S), joiner=record)
+        if fetch is not None:
+            record.fetching = max(record.fetching, fetch[0].version)
+        interval_s = self.beat_interval_s() * random.uniform(1.0 - BEAT_JITTER, 1.0 + BEAT_JITTER)
+        record.silent_after_s = self.cfg.coordinator.worker_timeout_s * interval_s / self.cfg.coordinator.heartbeat_interval_s
+        return WorkerNews(self.versions.announced, fetch[0] if fetch else None, fetch[1] if fetch else None,
+                          self.controller.is_active(record.worker_id), self.versions.public_key_hex, interval_s)
+
+    def news_of(self, worker_id: str) -> WorkerNews | None:
+        """A live worker's news (None: it is gone)."""
+        record = self.registry.workers.get(worker_id)
+        return self.news(record) if record is not None and record.alive else None
+
+    def beat_interval_s(self) -> float:
+        """coordinator.heartbeat_interval_s, stretched so that the live fleet beats at about
+        coordinator.heartbeats_per_s, and further while the coordinator is loaded
+        (`load_stretch`): spare heartbeats are the first work it sheds."""
+        cfg = self.cfg.coordinator
+        fleet = self.registry.live_count / (cfg.heartbeat_interval_s * cfg.heartbeats_per_s)
+        return min(MAX_HEARTBEAT_INTERVAL_S / (1.0 + BEAT_JITTER),
+                   cfg.heartbeat_interval_s * max(1.0, fleet) * self.load_stretch)
 
     def bad_peer(self, req: BadPeerRequest) -> None:
         """A worker caught a source sending bytes that fail verification: it avoids the source, and
@@ -130,11 +199,13 @@ class WorkerDesk:
         if self.versions.latest is not None:
             self.versions.check(req.version, "lease.version")
         record.version = req.version
+        record.held = max(record.held, req.version)
         evaluation = self._evaluation_first(record, req.version)
         if evaluation is not None:
             return evaluation
         if not self.controller.is_active(record.worker_id):
-            return self._spare_or_refused(record, req.version, 1.0, "inactive: idle until activated")
+            idle_s = max(1.0, self.registry.live_count / IDLE_LEASE_ASKS_PER_S)
+            return self._spare_or_refused(record, req.version, idle_s, "inactive: idle until activated")
         grant = self.groups.grant(record.worker_id, req.version, req.max_tasks, leased=len(self.leases_book.leases),
                                   held_by_worker=len(self.leases_book.held_by(record.worker_id)),
                                   held_by_new=self.leases_book.held_by_new(self.groups.trust.is_new))
@@ -191,17 +262,26 @@ class WorkerDesk:
         self.events.append(ev.CoordinatorStalled(stall_s=round(stall_s, 3), workers_excused=excused))
 
     def sweep(self) -> None:
-        """Expire silent workers (all their leases go back) and leases held too long."""
+        """Expire leases held too long and, once a second (a pass over every worker), silent
+        workers (all their leases go back); decide activation for newcomers."""
         now = self.clock()
+        if now - self.swept_workers_at >= WORKERS_SWEPT_EVERY_S:
+            self.swept_workers_at = now
+            self._sweep_workers(now)
+        overdue = self.leases_book.overdue(now)
+        if overdue:
+            self.requeue(overdue, reason="lease_timeout")
+        if self.control_due:
+            self.control_due = False
+            self.control()
+
+    def _sweep_workers(self, now: float) -> None:
         lost = self.registry.silent(now)
         for worker_id in lost:
             self.controller.vanish(worker_id)
             self.counters.workers_lost += 1
             released = self.release_leases(worker_id, reason="worker_timeout")
             self.events.append(ev.WorkerLost(worker_id=worker_id, leases_requeued=released))
-        overdue = self.leases_book.overdue(now)
-        if overdue:
-            self.requeue(overdue, reason="lease_timeout")
         if lost:  # a preempted worker: re-plan now, not at the next control period
             self.control(trigger=f"lost {', '.join(lost)}")
         if self.evaluation is not None:

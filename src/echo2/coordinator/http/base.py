@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from echo2.config.tls import TLSConfig
 from echo2.coordinator.http.history import RunHistory
 from echo2.coordinator.http.log_lines import log_event
+from echo2.coordinator.http.news import NewsLines
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.scoring.jobs import Scoring
 from echo2.protocol.messages import PROTOCOL_VERSION, BadPeerRequest, ErrorResponse, protocol_mismatch
@@ -27,13 +28,20 @@ if TYPE_CHECKING:
 
 
 class Signal:
-    """Wakes every waiter at once, from sync code: the coordinator notifies after every request
-    and sweep, and long polls re-check their condition (state changes are cheap to re-check,
-    requests over the network are not)."""
+    """Wakes every waiter at once, from sync code, when what they wait on changed: after every
+    request and sweep the coordinator compares a mark of the state the long polls wait on (its
+    version, steps, leases, buffer and evaluation results) with the last, and wakes them only
+    if it moved, so a fleet's heartbeats wake nobody."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.mark: tuple = ()
         self.closed = False  # the coordinator is shutting down: long polls answer now
+
+    def notify_if_moved(self, mark: tuple) -> None:
+        if mark != self.mark:
+            self.mark = mark
+            self.notify()
 
     def notify(self) -> None:
         self._event.set()
@@ -60,6 +68,7 @@ LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
 HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)
+NEWS_KEY = web.AppKey("news", NewsLines)
 SCORING_KEY = web.AppKey("scoring", Scoring)  # where submissions are scored: the pool, off the event loop
 WORKER_KEY = web.RequestKey("worker_id", str)  # set by the auth middleware: the credential's worker
 
@@ -71,8 +80,9 @@ def evaluation_desk(state: CoordinatorState) -> EvaluationDesk:
     return state.evaluation
 
 
-def error_reply(status: int, message: str) -> web.Response:
-    return web.json_response(ErrorResponse(error=message).model_dump(), status=status)
+def error_reply(status: int, message: str, retry_after_s: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else None
+    return web.json_response(ErrorResponse(error=message).model_dump(), status=status, headers=headers)
 
 
 def typed_reply(message: BaseModel) -> web.Response:
@@ -86,9 +96,13 @@ def speaks_for(request: web.Request, worker_id: str) -> None:
 
 
 def write_events(app: web.Application) -> None:
-    """The state's pending events, logged and appended to metrics.jsonl; long polls re-check."""
+    """The state's pending events, logged and appended to metrics.jsonl; long polls re-check if
+    what they wait on moved."""
     state, metrics = app[STATE_KEY], app[METRICS_KEY]
-    app[ROOM_KEY].notify()
+    evaluated = len(state.evaluation.board.done) if state.evaluation is not None else 0
+    app[ROOM_KEY].notify_if_moved((state.versions.current, state.groups.steps_taken, len(state.leases_book.leases),
+                                   len(state.groups.buffer), len(state.leases_book.queue), evaluated,
+                                   state.controller.last_change))
     for event in state.take_events():
         record = event.record()
         log_event(record)

@@ -1,8 +1,9 @@
-"""The coordinator's long polls: a worker's heartbeat waits for version news, a lease refused
-for a full window waits for room, the learner's batch request waits for its batch, the
-learner's question about a version's evaluation waits for its result; and the evaluation
-leases' submissions. Each re-checks the state when something changed instead of having its
-caller ask again, and all of them answer at once when the coordinator shuts down."""
+"""The coordinator's long-held requests: a worker's news line (version news and activation as
+they happen), a lease refused for a full window waiting for room, the learner's batch request
+waiting for its batch, the learner's question about a version's evaluation waiting for its
+result; and heartbeats and evaluation submissions. A held request re-checks the state only when
+something it waits on changed (the room signal: a version, a batch, a lease or an evaluation
+result, never a heartbeat), and all of them answer at once when the coordinator shuts down."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from aiohttp import web
 
 from echo2.coordinator.http.base import (
     CHANGED_KEY,
+    NEWS_KEY,
     ROOM_KEY,
     SCORING_KEY,
     STATE_KEY,
+    WORKER_KEY,
     evaluation_desk,
     float_query,
     int_query,
@@ -22,6 +25,7 @@ from echo2.coordinator.http.base import (
     typed_reply,
     worker_body,
 )
+from echo2.coordinator.http.news import reply_bytes
 from echo2.protocol.learner_api import BatchRequest, BatchResponse
 from echo2.protocol.messages import EvalSubmission, Heartbeat, LeaseRequest, LeaseResponse
 
@@ -40,22 +44,19 @@ BATCH_RECHECK_S = 0.5
 
 
 async def handle_heartbeat(request: web.Request) -> web.Response:
-    """A heartbeat is recorded at once and its reply held, up to the worker's wait_s (at most
-    the run's heartbeat interval, so a held worker is never taken for a silent one), until a
-    version newer than the newest it knows of is out: version news reaches workers this way
-    only, as soon as it is published."""
+    """Recorded and answered at once: the worker's news as of now, and when to beat next."""
     req = await worker_body(request, Heartbeat)
-    state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(req.wait_s, state.cfg.coordinator.heartbeat_interval_s)
-    reply = state.worker_desk.heartbeat(req)
-    if state.versions.current > req.known_version:
-        return typed_reply(reply)
-    # every request wakes the held beats: the re-check is one comparison, the reply (a relay
-    # plan) is made once, when the beat is answered
-    while state.versions.current <= req.known_version and loop.time() < deadline and not room.closed:
-        await room.wait(deadline - loop.time())
-    return typed_reply(state.worker_desk.heartbeat_reply(req))
+    news = request.app[STATE_KEY].worker_desk.heartbeat(req)
+    return web.Response(body=reply_bytes(request.app[NEWS_KEY].pieces, news), content_type="application/json")
+
+
+async def handle_news(request: web.Request) -> web.StreamResponse:
+    """The worker's news line (`news.NewsLines`), for the worker its credential names: what it
+    should know now, then each change as it happens, until it goes or the coordinator stops."""
+    worker_id = request[WORKER_KEY]
+    state = request.app[STATE_KEY]
+    record = state.registry.live(worker_id)
+    return await request.app[NEWS_KEY].serve(request, worker_id, state.worker_desk.news(record))
 
 
 async def handle_lease(request: web.Request) -> web.Response:
@@ -125,5 +126,6 @@ async def answer_long_polls_now(app: web.Application) -> None:
     """On shutdown (before aiohttp waits for the requests in flight): every held request answers
     with what it has, instead of the shutdown waiting out each one's deadline."""
     app[ROOM_KEY].close()
+    app[NEWS_KEY].close_all()
     async with app[CHANGED_KEY]:
         app[CHANGED_KEY].notify_all()

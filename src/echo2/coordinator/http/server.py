@@ -1,8 +1,7 @@
-"""The coordinator's HTTP face (aiohttp): authentication, error mapping, one-line handlers over
-the state machine (the long polls are in `long_polls`, what routes share in `http_base`),
-submissions scored off the event loop (the scoring pool, `build_app(scoring=...)`), and the
-periodic sweep of silent workers and overdue leases (which excuses the coordinator's own
-stalls)."""
+"""The coordinator's HTTP face (aiohttp): authentication, error mapping, one-line handlers that
+call the desks (the long-held requests are in `long_polls`, what routes share in `base`, the
+coordinator's own loops in `upkeep`), and submissions scored off the event loop (the scoring
+pool, `build_app(scoring=...)`)."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from echo2.coordinator.http.base import (
     HISTORY_KEY,
     LIMIT_KEY,
     METRICS_KEY,
+    NEWS_KEY,
     ROOM_KEY,
     SCORING_KEY,
     STATE_KEY,
@@ -42,9 +42,12 @@ from echo2.coordinator.http.long_polls import (
     handle_evaluation_result,
     handle_heartbeat,
     handle_lease,
+    handle_news,
 )
+from echo2.coordinator.http.news import NewsLines
 from echo2.coordinator.http.prometheus import add_metrics_route
-from echo2.coordinator.http.view import snapshot, stats_event
+from echo2.coordinator.http.upkeep import run_upkeep
+from echo2.coordinator.http.view import snapshot
 from echo2.coordinator.parts.credentials import (
     JOIN,
     LEARNER,
@@ -82,11 +85,6 @@ from echo2.report.metrics import MetricsWriter
 if TYPE_CHECKING:
     from echo2.coordinator.state import CoordinatorState
 
-# how often silent workers and overdue leases are looked for; well under worker_timeout_s so a
-# dead worker's prompts return within about one timeout
-SWEEP_INTERVAL_S = 0.25
-STALL_S = 0.5
-"""A sweep woken this much later than asked means the event loop was blocked (by us)."""
 _TOKEN_HINTS = {
     JOIN: "the run's join token (coordinator.auth_token / $ECHO2_AUTH_TOKEN)",
     LEARNER: "the learner token ($ECHO2_LEARNER_TOKEN or <run_dir>/keys/learner.token)",
@@ -128,7 +126,7 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_reply(exc.status, exc.message)
+        return error_reply(exc.status, exc.message, exc.retry_after_s)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[LIMIT_KEY]
         return error_reply(413, f"request body over coordinator.max_request_bytes={limit}; send smaller rollouts")
@@ -172,6 +170,7 @@ async def handle_rollout(request: web.Request) -> web.Response:
 async def handle_publish(request: web.Request) -> web.Response:
     req = await parse_body(request, PublishRequest)
     anchor_wanted = request.app[STATE_KEY].learner_desk.publish(req.info, req.public_key_hex)
+    request.app[NEWS_KEY].announce(version=True)  # told to every worker by the crier, not before this reply
     return typed_reply(PublishResponse(version=req.info.version, anchor_wanted=anchor_wanted))
 
 
@@ -216,41 +215,10 @@ async def handle_probe(request: web.Request) -> web.Response:
     return typed_reply(ProbeResponse(reachable=reachable, detail=detail))
 
 
-async def _housekeeping(app: web.Application) -> None:
-    state = app[STATE_KEY]
-    loop = asyncio.get_running_loop()
-    next_control = loop.time()
-    while True:
-        slept_from = loop.time()
-        await asyncio.sleep(SWEEP_INTERVAL_S)
-        # woken late: the loop itself was blocked, and the heartbeats that came meanwhile are
-        # still unread; the coordinator's own stall must not evict the workers that sent them
-        stall_s = loop.time() - slept_from - SWEEP_INTERVAL_S
-        if stall_s > STALL_S:
-            state.worker_desk.excuse_stall(stall_s)
-        state.worker_desk.sweep()
-        if loop.time() >= next_control:
-            state.worker_desk.control()
-            state.events.append(stats_event(state))
-            next_control = loop.time() + state.cfg.activation.control_period_s
-        write_events(app)
-
-
 async def _run_scoring(app: web.Application):
     await app[SCORING_KEY].start()
     yield
     await app[SCORING_KEY].stop()  # after the requests in flight: every scoring process killed and reaped
-
-
-async def _run_housekeeping(app: web.Application):
-    task = asyncio.create_task(_housekeeping(app))
-    stop_history = asyncio.Event()
-    history = asyncio.create_task(app[HISTORY_KEY].follow(stop_history))
-    yield
-    task.cancel()
-    stop_history.set()
-    await history  # its file read in a thread: let it finish before the files close
-    app[METRICS_KEY].write("coordinator_final", **snapshot(app[STATE_KEY]))
 
 
 def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
@@ -267,9 +235,10 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[TLS_KEY] = tls_config or TLSConfig()
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()
+    app[NEWS_KEY] = NewsLines()
     app[SCORING_KEY] = scoring or InlineScoring(state.scorer)
     app.cleanup_ctx.append(_run_scoring)
-    app.cleanup_ctx.append(_run_housekeeping)
+    app.cleanup_ctx.append(run_upkeep)
     app.on_shutdown.append(answer_long_polls_now)
     add_dashboard_routes(app, state, history, secrets.operator)
     add_metrics_route(app, state, history)
@@ -277,6 +246,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
         [
             web.post("/v1/register", handle_register),
             web.post("/v1/heartbeat", handle_heartbeat),
+            web.get("/v1/news", handle_news),
             web.post("/v1/lease", handle_lease),
             web.post("/v1/leave", handle_leave),
             web.post("/v1/bad_peer", handle_bad_peer),

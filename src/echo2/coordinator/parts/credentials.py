@@ -38,6 +38,7 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/v1/broadcast_config"): JOIN,
     ("POST", "/v1/probe"): JOIN,
     ("POST", "/v1/heartbeat"): WORKER,
+    ("GET", "/v1/news"): WORKER,
     ("POST", "/v1/lease"): WORKER,
     ("POST", "/v1/rollout"): WORKER,
     ("POST", "/v1/evaluation"): WORKER,

@@ -17,7 +17,10 @@ dropped."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
+from typing import Protocol
 
 from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retained
 from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
@@ -40,6 +43,54 @@ class Peer:
     """Version the worker holds (from its heartbeats)."""
 
 
+class PeerLike(Protocol):
+    """What the broadcast reads of a worker: a `Peer`, or the registry's record itself."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def relay_address(self) -> str: ...
+    @property
+    def upload_bps(self) -> float: ...
+    @property
+    def download_bps(self) -> float: ...
+    @property
+    def version(self) -> int: ...
+
+
+class LivePeers:
+    """The live workers as the broadcast sees them at one moment: every one for a version's
+    plan, one by id, and each version's holders fastest uplink first (for late joiners), sorted
+    at most once per version however many workers join."""
+
+    def __init__(self, peers: Iterable[PeerLike]) -> None:
+        self.by_id = {p.worker_id: p for p in peers}
+        self._holders: dict[int, list[PeerLike]] = {}
+
+    def __iter__(self) -> Iterator[PeerLike]:
+        return iter(self.by_id.values())
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def get(self, worker_id: str) -> PeerLike | None:
+        return self.by_id.get(worker_id)
+
+    def holders(self, version: int) -> list[PeerLike]:
+        """Workers holding `version` or newer, fastest uplink first (ties by id), the order
+        `late_joiner_assignment` picks sources in."""
+        made = self._holders.get(version)
+        if made is None:
+            made = sorted((p for p in self.by_id.values() if p.version >= version),
+                          key=lambda p: (-p.upload_bps, p.worker_id))
+            self._holders[version] = made
+        return made
+
+
+def live_peers(peers: LivePeers | Iterable[PeerLike]) -> LivePeers:
+    return peers if isinstance(peers, LivePeers) else LivePeers(peers)
+
+
 class Dissemination:
     def __init__(self, config: BroadcastConfig, learner_upload_bps: float) -> None:
         self.config = config
@@ -60,6 +111,9 @@ class Dissemination:
         self.anchor_wanted = False
         """A live worker's way to the newest version costs more than anchor_when_behind full
         versions (or there is none): the next publish reply asks the learner for an anchor."""
+        self._steps: dict[tuple[int, int], tuple[ServedForm | None, bool]] = {}
+        """(held, newest) -> the first step of the way and whether it wants an anchor; made anew
+        whenever the forms served change."""
 
     def published(self, info: VersionInfo, *, restarted: bool) -> None:
         """Record the forms of a new version. `restarted`: a new learner process published
@@ -97,49 +151,63 @@ class Dissemination:
     def _drop_unserved(self) -> None:
         keep = retained(self.offers, self.config.keep_versions)
         self.offers = {key: value for key, value in self.offers.items() if key in keep}
+        self._steps.clear()
 
-    def next_fetch(self, worker_id: str, held: int, latest: VersionInfo,
-                   peers: list[Peer]) -> tuple[VersionInfo, Assignment] | None:
+    def next_fetch(self, worker_id: str, held: int, latest: VersionInfo, peers: LivePeers | Iterable[PeerLike], *,
+                   joiner: PeerLike | None = None) -> tuple[VersionInfo, Assignment] | None:
         """What `worker_id`, holding version `held` (-1: none), pulls next towards `latest`,
-        and from where; None when there is no way (it waits for the anchor asked for)."""
-        path = cheapest_path(held if held >= 0 else None, latest.version, [offer for _, offer in self.offers.values()])
-        if path is None or path_bytes(path) > self.config.anchor_when_behind * self.full_bytes:
-            self.anchor_wanted = True
-        if path is None:
+        and from where; None when there is no way (it waits for the anchor asked for).
+        `joiner`: the worker itself, when `peers` may not list it yet."""
+        step = self._first_step(held, latest.version)
+        if step is None:
             return None
-        step = path[0]
         info = self.offers[step.version, step.form][0]
         in_plan = step.version == latest.version and step.form == self.tree_form
-        return info, self.assignment(worker_id, step.version, latest.origin_url, peers, in_plan=in_plan)
+        return info, self.assignment(worker_id, step.version, latest.origin_url, peers, in_plan=in_plan, joiner=joiner)
 
-    def plan_version(self, version: int, origin_url: str, peers: list[Peer]) -> BroadcastPlan:
+    def _first_step(self, held: int, latest: int) -> ServedForm | None:
+        """The first fetch on the fewest-bytes way from `held` to `latest`, worked out once per
+        version for each version held (thousands of workers hold the same one)."""
+        key = (held, latest)
+        if key not in self._steps:
+            path = cheapest_path(held if held >= 0 else None, latest, [offer for _, offer in self.offers.values()])
+            wanted = path is None or path_bytes(path) > self.config.anchor_when_behind * self.full_bytes
+            self._steps[key] = (path[0] if path else None, wanted)
+        step, wanted = self._steps[key]
+        self.anchor_wanted |= wanted
+        return step
+
+    def plan_version(self, version: int, origin_url: str, peers: Iterable[PeerLike]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
         self._advance(version)
         self.plan = plan_broadcast(version, self._origin(origin_url), [self._info(p) for p in peers], self.config)
         return self.plan
 
-    def assignment(self, worker_id: str, version: int, origin_url: str, peers: list[Peer], *,
-                   in_plan: bool = True) -> Assignment:
+    def assignment(self, worker_id: str, version: int, origin_url: str, peers: LivePeers | Iterable[PeerLike], *,
+                   in_plan: bool = True, joiner: PeerLike | None = None) -> Assignment:
         """Where `worker_id` pulls `version` from: its place in the plan, or, for a worker that
         joined after the plan was made (or fetches a form the tree does not carry: `in_plan`
         False), any holder of the version (the learner last)."""
-        assignment = self._placed(worker_id, version, origin_url, peers, in_plan=in_plan)
+        assignment = self._placed(worker_id, version, origin_url, live_peers(peers), in_plan=in_plan, joiner=joiner)
         if self._live(version):  # whom it may report; kept only while a report for it can count
             given = self.assigned.setdefault(worker_id, {}).setdefault(version, set())
             given.update(s.peer_id for s in assignment.sources)  # bounded by the live workers
         return assignment
 
-    def _placed(self, worker_id: str, version: int, origin_url: str, peers: list[Peer], *,
-                in_plan: bool) -> Assignment:
+    def _placed(self, worker_id: str, version: int, origin_url: str, peers: LivePeers, *,
+                in_plan: bool, joiner: PeerLike | None) -> Assignment:
         if in_plan and self.plan is not None and self.plan.version == version:
             try:
                 return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
             except ValueError:
                 pass  # not in the plan: a late joiner
-        joiner = next((p for p in peers if p.worker_id == worker_id), None)
+        joiner = joiner or peers.get(worker_id)
         if joiner is None:
             raise ValueError(f"worker {worker_id!r} is not live")
-        holders = [self._info(p) for p in peers if p.version >= version and not self._avoided(p.worker_id, worker_id)]
+        # the fastest usable holders, as many as it may be given (the rest are never looked at)
+        usable = (self._info(p) for p in peers.holders(version)
+                  if p.worker_id != worker_id and p.relay_address and not self._avoided(p.worker_id, worker_id))
+        holders = list(islice(usable, max(0, self.config.max_sources - 1)))
         return late_joiner_assignment(version, self._info(joiner), holders, origin=self._origin(origin_url),
                                       config=self.config)
 
@@ -207,7 +275,7 @@ class Dissemination:
     def _origin(self, url: str) -> OriginInfo:
         return OriginInfo(url=url, upload_bytes_per_s=bytes_per_s(self.learner_upload_bps))
 
-    def _info(self, peer: Peer) -> PeerInfo:
+    def _info(self, peer: PeerLike) -> PeerInfo:
         reachable = bool(peer.relay_address) and not self._suspected(peer.worker_id)
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
                         upload_bytes_per_s=bytes_per_s(peer.upload_bps), download_bytes_per_s=bytes_per_s(peer.download_bps),

@@ -41,6 +41,8 @@ class LeaseBook:
         """`workers`: the registry's records (shared): leases keep their busy time."""
         self.store, self.workers, self.clock = store, workers, clock
         self.leases: dict[str, Lease] = {}
+        self.by_worker: dict[str, dict[str, Lease]] = {}
+        """The live leases again, by worker: what one holds is a lookup, not a pass over all."""
         self.cursor: int = store.get_meta("cursor", 0)
         self.seed_key = bytes.fromhex(self._seed_key_hex(store))
         # prompts that were leased when we stopped go back to the queue: their leases died with us
@@ -63,7 +65,7 @@ class LeaseBook:
         return int.from_bytes(digest[:4], "big")
 
     def held_by(self, worker_id: str) -> list[Lease]:
-        return [lease for lease in self.leases.values() if lease.worker_id == worker_id]
+        return list(self.by_worker.get(worker_id, {}).values())
 
     def of(self, lease_id: str, worker_id: str) -> Lease | None:
         """The live lease `lease_id` when `worker_id` holds it."""
@@ -72,11 +74,11 @@ class LeaseBook:
 
     def held_by_new(self, is_new: Callable[[str], bool]) -> int:
         """Leases held by workers `is_new` says have no group accepted yet."""
-        return sum(1 for lease in self.leases.values() if is_new(lease.worker_id))
+        return sum(len(mine) for worker_id, mine in self.by_worker.items() if is_new(worker_id))
 
     def holders(self) -> set[str]:
         """Workers holding at least one lease."""
-        return {lease.worker_id for lease in self.leases.values()}
+        return set(self.by_worker)
 
     def issue(self, record: WorkerRecord, version: int, count: int, deadline_s: float) -> list[Lease]:
         """`count` new leases for `record` at `version`, each answerable for `deadline_s`: queued
@@ -91,6 +93,7 @@ class LeaseBook:
                 now = self.clock()
                 lease = Lease(f"L{uuid.uuid4().hex[:16]}", record.worker_id, index, version, now, now + deadline_s)
                 self.leases[lease.lease_id] = lease
+                self.by_worker.setdefault(record.worker_id, {})[lease.lease_id] = lease
                 if record.leases_held == 0:
                     record.busy_since = lease.leased_at
                 record.leases_held += 1
@@ -103,16 +106,14 @@ class LeaseBook:
         """Leases that ended without a group (expired, their worker gone): their prompts go back
         to the head of the queue (call inside a transaction)."""
         for lease in leases:
-            del self.leases[lease.lease_id]
-            self._ended(lease.worker_id)
+            self._ended(lease)
             self.queue.appendleft(lease.prompt_index)  # oldest work first
             self.store.set_pending(lease.prompt_index, None)
 
     def close(self, lease: Lease) -> None:
         """A lease answered with a group (kept or dropped): its prompt is done (call inside a
         transaction)."""
-        del self.leases[lease.lease_id]
-        self._ended(lease.worker_id)
+        self._ended(lease)
         self.store.clear_pending(lease.prompt_index)
 
     def redo(self, prompt_indices: list[int]) -> None:
@@ -125,8 +126,13 @@ class LeaseBook:
     def overdue(self, now: float) -> list[Lease]:
         return [lease for lease in self.leases.values() if now > lease.expires_at]
 
-    def _ended(self, worker_id: str) -> None:
-        record = self.workers.get(worker_id)
+    def _ended(self, lease: Lease) -> None:
+        del self.leases[lease.lease_id]
+        mine = self.by_worker[lease.worker_id]
+        del mine[lease.lease_id]
+        if not mine:
+            del self.by_worker[lease.worker_id]
+        record = self.workers.get(lease.worker_id)
         if record is not None and record.leases_held > 0:
             record.leases_held -= 1
             if record.leases_held == 0:

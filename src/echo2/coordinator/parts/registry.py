@@ -5,13 +5,14 @@ cost nothing are forgotten, so a flood of registrations leaves bounded state."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from echo2.config.run import CoordinatorConfig
 from echo2.coordinator.parts.credentials import credential_digest, new_worker_credential
-from echo2.coordinator.parts.dissemination import Peer
+from echo2.coordinator.parts.dissemination import LivePeers
 from echo2.coordinator.parts.probe import check_relay_address
 from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import RegisterRequest
@@ -32,6 +33,14 @@ class WorkerRecord:
     upload_bps: float = 1e9
     download_bps: float = 1e9
     version: int = -1
+    held: int = -1
+    """Newest version it holds in full (loaded or staged): what a delta it is sent must be against."""
+    fetching: int = -1
+    """Newest version it was told to fetch: what it will hold once the fetch is done (news to it
+    assumes so; a worker whose fetch failed says what it holds in its next heartbeat)."""
+    silent_after_s: float = 0.0
+    """Silence past which it is taken for gone: the run's worker_timeout_s, stretched with the
+    heartbeat interval it was last told."""
     alive: bool = True
     """False once evicted; the record stays for the run's accounting until it registers again."""
     rollouts: int = 0
@@ -84,6 +93,12 @@ class Registry:
         self.workers: dict[str, WorkerRecord] = {}
         self.credentials: dict[str, str] = {}  # credential digest -> worker id
         self.join_buckets: dict[str, tuple[float, float]] = {}  # source address -> (tokens, as of)
+        self.live_count = 0
+        """Live workers: counted at every sweep, and each registration adds one meanwhile."""
+        self.admitted = (cfg.registrations_per_s, clock())
+        """The whole run's registration bucket: (tokens, as of)."""
+        self._peers: LivePeers | None = None
+        self._peers_at = 0.0
 
     def take_join_token(self, source: str) -> None:
         """Token bucket per source address: registrations_per_minute, with as large a burst (relay
@@ -96,6 +111,22 @@ class Registry:
             raise RequestError(429, f"too many registrations from {source or 'this address'}: at most {rate:g} a "
                                     f"minute; retry in {wait_s:.1f} s")
         self.join_buckets[source] = (tokens - 1.0, now)
+
+    def take_admission(self, refuse_for_s: float = 0.0) -> None:
+        """The run's own registration pace, whatever address they come from: at most
+        coordinator.registrations_per_s (as large a burst); a fleet joining at once is admitted
+        over a few seconds instead of stalling the coordinator, each refused worker told when to
+        come back (503, Retry-After, spread so they do not return together). `refuse_for_s`: the
+        coordinator is overloaded and admits none now."""
+        rate, now = self.cfg.registrations_per_s, self.clock()
+        tokens, as_of = self.admitted
+        tokens = min(rate, tokens + (now - as_of) * rate)
+        if tokens < 1.0 or refuse_for_s > 0:
+            wait_s = max(refuse_for_s, (1.0 - tokens) / rate) + random.uniform(0.0, max(1.0, self.live_count / rate))
+            self.admitted = (tokens, now)
+            raise RequestError(503, f"the coordinator admits {rate:g} registrations a second and is busy: retry in "
+                                    f"{wait_s:.1f} s", retry_after_s=wait_s)
+        self.admitted = (tokens - 1.0, now)
 
     def admit(self, req: RegisterRequest) -> tuple[WorkerRecord, str, WorkerRecord | None]:
         """A new record for `req` and its credential, plus the record it replaces (an evicted or
@@ -115,11 +146,12 @@ class Registry:
         credential, digest = new_worker_credential()
         record = WorkerRecord(worker_id, req.engine, req.price_per_hour, req.relay_address, self.clock(),
                               upload_bps=req.upload_bps, download_bps=req.download_bps, credential_digest=digest,
-                              sampler=req.sampler)
+                              sampler=req.sampler, silent_after_s=self.cfg.worker_timeout_s)
         if old is not None:
             record.rollouts, record.tokens, record.gen_time_s = old.rollouts, old.tokens, old.gen_time_s
         self.workers[worker_id] = record
         self.credentials[digest] = worker_id
+        self.live_count += 1
         return record, credential, old
 
     def worker_for_credential(self, credential: str) -> str | None:
@@ -152,10 +184,12 @@ class Registry:
         return excused
 
     def silent(self, now: float) -> list[str]:
-        """Live workers silent past worker_timeout_s, now marked gone."""
-        lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > self.cfg.worker_timeout_s]
+        """Live workers silent past their timeout (worker_timeout_s, stretched with the heartbeat
+        interval each was told), now marked gone; the live count is taken anew."""
+        lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > w.silent_after_s]
         for record in lost:
             record.alive = False
+        self.live_count = sum(1 for w in self.workers.values() if w.alive)
         return [w.worker_id for w in lost]
 
     def forget(self, now: float, horizon_s: float, costless: Callable[[str], bool]) -> list[str]:
@@ -170,9 +204,13 @@ class Registry:
             del self.join_buckets[source]
         return [w.worker_id for w in gone]
 
-    def peers(self) -> list[Peer]:
-        return [Peer(w.worker_id, w.relay_address, w.upload_bps, w.download_bps, w.version)
-                for w in self.workers.values() if w.alive]
+    def peers(self, max_age_s: float = 0.0) -> LivePeers:
+        """The live workers for the broadcast, made anew when older than `max_age_s` (replies
+        to late joiners share one view a second; a version's plan takes a fresh one)."""
+        now = self.clock()
+        if self._peers is None or max_age_s <= 0 or now - self._peers_at > max_age_s:
+            self._peers, self._peers_at = LivePeers(w for w in self.workers.values() if w.alive), now
+        return self._peers
 
     def alive_versions(self) -> dict[str, int]:
         return {w.worker_id: w.version for w in self.workers.values() if w.alive}

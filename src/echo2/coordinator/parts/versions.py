@@ -13,7 +13,7 @@ from echo2.broadcast.signing import (
     verify_manifest,
 )
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.parts.dissemination import Dissemination, Peer
+from echo2.coordinator.parts.dissemination import Dissemination, LivePeers, PeerLike
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.records.events import Event, PublishReplayed, VersionPublished
 from echo2.coordinator.records.store import Store
@@ -26,6 +26,9 @@ class VersionDesk:
         self.dissemination = Dissemination(broadcast, learner_upload_bps)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
+        self.announced: VersionInfo | None = self.latest.model_copy(update={"full": None}) if self.latest else None
+        """The newest version as workers are told of it (its anchor's full form left out): made
+        once per version, so its JSON is made once too."""
         if self.latest is not None:  # with the earlier forms the origin serves: workers behind get deltas
             self.dissemination.published(self.latest, restarted=True)
             self.dissemination.restore([VersionInfo.model_validate_json(info) for info in store.offers()])
@@ -47,14 +50,14 @@ class VersionDesk:
             raise RequestError(422, f"{field_name}={version} is from the future: newest published version is "
                                     f"{self.current}")
 
-    def next_fetch(self, worker_id: str, held: int, peers: list[Peer]):
+    def next_fetch(self, worker_id: str, held: int, peers: LivePeers, *, joiner: PeerLike | None = None):
         """What the worker pulls next towards the newest version, and from where; None when it
         holds the newest already (or waits for an anchor)."""
         if self.latest is None or held >= self.latest.version:
             return None
-        return self.dissemination.next_fetch(worker_id, held, self.latest, peers)
+        return self.dissemination.next_fetch(worker_id, held, self.latest, peers, joiner=joiner)
 
-    def publish(self, info: VersionInfo, public_key_hex: str, peers: list[Peer]) -> tuple[Event, bool]:
+    def publish(self, info: VersionInfo, public_key_hex: str, peers: LivePeers) -> tuple[Event, bool]:
         """Accept a version from the learner: signed by the pinned learner key (broadcast.
         learner_public_key, or the key of the run's first publish), and the next version or the
         newest again. Returns its event and whether the learner should make its next version an
@@ -87,6 +90,7 @@ class VersionDesk:
             self.store.set_meta("latest", info.model_dump())
             self.store.keep_offers(self.dissemination.stored_offers(), replace=restarted)
         self.public_key_hex, self.latest = pinned, info
+        self.announced = info.model_copy(update={"full": None})
         event = VersionPublished(
             version=info.version, broadcast_mode=plan.mode, first_hop=plan.origin_children,
             max_depth=max((a.depth for a in plan.assignments), default=0), form=manifest.form,
