@@ -27,7 +27,7 @@ from tests.unit.coordinator_helpers import (
     register,
     submission,
 )
-from tests.unit.slow_scoring import HANG, hanging_recipe
+from tests.unit.slow_scoring import HANG, SLOW, hanging_recipe
 from tests.unit.test_coordinator_http import TIMEOUT, _join, _post, _serve, run_with_server
 
 from echo2.config.scoring import ScoringConfig
@@ -244,3 +244,47 @@ def test_the_server_notices_its_event_loop_stalled(tmp_path, tiny_model_dir):
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     (stalled,) = [r for r in records if r["kind"] == "coordinator_stalled"]
     assert stalled["stall_s"] > 0.5 and stalled["workers_excused"] == 1 and state.registry.workers["a"].alive
+
+
+def test_the_budget_is_the_scoring_process_cpu_time_not_the_event_loops(tmp_path, tiny_model_dir):
+    """A completion that takes 0.3 s of CPU to score, under a 0.5 s budget, scored on one core
+    that a busy coordinator loop shares: its wall time runs past the budget, its own CPU time
+    does not, and it is no strike (measured on the loop it was one: honest workers drew strikes
+    while a loaded coordinator crawled). A busy loop in the scorer is still cut off after about
+    its budget of CPU."""
+    state = make_state(tmp_path, tiny_model_dir, FakeClock())
+    tokenizer = state.scorer.tokenizer
+    slow = _completion(tokenizer.encode(SLOW, add_special_tokens=False).ids + [tokenizer.token_to_id("<eos>")])
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # the pool's process inherits it: one core for both
+    pool = ScoringPool(hanging_recipe(str(tiny_model_dir)), processes=1, timeout_s=0.5)
+
+    async def busy_loop(seconds: float) -> None:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            slice_until = time.monotonic() + 0.02
+            while time.monotonic() < slice_until:
+                pass
+            await asyncio.sleep(0)
+
+    async def main():
+        await pool.start()
+        try:
+            await pool.wait_ready(timeout_s=120)
+            busy = asyncio.ensure_future(busy_loop(3.0))
+            started = time.monotonic()
+            scored = await pool.score(rollout_jobs(0, [slow]))
+            scored_s = time.monotonic() - started
+            await busy
+            hung = await pool.score(rollout_jobs(0, [_hanging(state)]))
+            return scored, scored_s, hung, list(pool.killed)
+        finally:
+            await pool.stop()
+
+    try:
+        scored, scored_s, hung, killed = asyncio.run(asyncio.wait_for(main(), timeout=180))
+    finally:
+        os.sched_setaffinity(0, cores)
+    print(f"\n0.3 s of scoring took {scored_s:.2f} s beside the busy loop")
+    assert scored_s > 0.5 and isinstance(scored[0], float), (scored_s, scored)
+    assert isinstance(hung[0], OverBudget) and "of CPU" in hung[0].reason and len(killed) == 1

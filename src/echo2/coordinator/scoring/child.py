@@ -2,9 +2,9 @@
 `python -m echo2.coordinator.scoring.child`. It reads its recipe (one JSON line: `factory`,
 "module:function", called with `kwargs`), builds and warms its scorer, answers
 {"ready": <pid>}, then scores one job per line of stdin (echo2.coordinator.scoring.jobs), one
-JSON line of reply each: {"value": x}, {"mismatch": why} or {"error": what}. It exits at the
-end of stdin, and on Linux when the coordinator dies; the pool kills it when a job runs past its
-budget.
+JSON line of reply each: {"value": x, "cpu_s": s}, {"mismatch": why, "cpu_s": s} or
+{"error": what}. It exits at the end of stdin, and on Linux when the coordinator dies; the pool
+kills it when a job spends more than its budget of this process's CPU time.
 
 Everything on the pipe is JSON written by the coordinator's own code: nothing is unpickled."""
 
@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from echo2.coordinator.scoring.jobs import Mismatch, score_job
 
@@ -27,13 +28,17 @@ def build(recipe: dict):
 
 
 def reply_to(scorer, line: str) -> dict:
+    """The job's outcome and the CPU seconds this process spent on it (`cpu_s`): the budget is
+    the scoring's own time, whatever else the machine or the coordinator's loop was doing."""
+    started = time.process_time()
     try:
         outcome = score_job(scorer, json.loads(line))
     except Exception as exc:  # noqa: BLE001  a bug in a scorer: the coordinator answers 500 and logs it
         return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    cpu_s = time.process_time() - started
     if isinstance(outcome, Mismatch):
-        return {"mismatch": outcome.reason[:2000]}
-    return {"value": outcome}
+        return {"mismatch": outcome.reason[:2000], "cpu_s": cpu_s}
+    return {"value": outcome, "cpu_s": cpu_s}
 
 
 def die_with_the_coordinator() -> None:

@@ -1,9 +1,11 @@
 """Scoring off the coordinator's event loop: a small pool of processes it starts, owns and can
 kill (`python -m echo2.coordinator.scoring.child`, each building its own scorer from a JSON
 recipe: nothing is pickled either way). Each completion is one job, scored by whichever process
-is free, within `timeout_s` (coordinator.scoring.timeout_s). A job past its budget, or whose
-process dies, is `OverBudget` (it scores 0): its process is killed by pid, reaped, and a fresh
-one started in its place. `stop` kills and reaps every process the pool started.
+is free, within `timeout_s` (coordinator.scoring.timeout_s) of that process's own CPU time:
+the coordinator's event loop stalling, or other processes on its core, never count against a
+job. A job past its budget, or whose process dies, is `OverBudget` (it scores 0): its process is
+killed by pid, reaped, and a fresh one started in its place. `stop` kills and reaps every
+process the pool started.
 
 Why processes and not threads: a thread stuck in sympy cannot be stopped, and holds the GIL the
 event loop needs (8 completions of \\boxed{9^{9^{9}}} once froze the coordinator for 16 s and
@@ -16,9 +18,11 @@ import json
 import logging
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
+from pathlib import Path
 
 from echo2.coordinator.scoring.jobs import Mismatch, Outcome, OverBudget
 
@@ -31,6 +35,27 @@ started again."""
 RESTART_PAUSES_S = (1.0, 30.0)
 """After a process fails to start, the next try waits the first pause, doubling up to the last."""
 KILLED_KEPT = 256
+CPU_CHECK_S = 0.1
+"""How often a running job's CPU time is read: a job cut off spends at most this past its budget."""
+WALL_BUDGETS = 10
+"""A job that has neither answered nor used its budget of CPU after this many budgets of waiting
+is stuck without computing (blocked): it is cut off too."""
+
+
+class _OverBudget(Exception):
+    """A job past its budget (the message says how)."""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS_PER_S  # utime, stime (fields 14, 15)
+
+
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class ScoringError(RuntimeError):
@@ -100,9 +125,9 @@ class ScoringPool:
             self.idle.put_nowait(proc)
             return OverBudget(reason="not scored: other completions of its submission ran over budget")
         try:
-            reply = await asyncio.wait_for(self._ask(proc, (json.dumps(job) + "\n").encode()), self.timeout_s)
-        except TimeoutError:
-            return await self._cut_off(proc, f"scoring took over coordinator.scoring.timeout_s={self.timeout_s:g} s")
+            reply = await self._within_budget(proc, (json.dumps(job) + "\n").encode())
+        except _OverBudget as over:
+            return await self._cut_off(proc, str(over))
         except ConnectionError:
             reply = b""
         except BaseException:  # cancelled mid-job: its late reply would answer the next job
@@ -114,13 +139,41 @@ class ScoringPool:
         answer = json.loads(reply)
         if "error" in answer:
             raise ScoringError(f"the scorer failed: {answer['error']}")
+        if float(answer.get("cpu_s", 0.0)) > self.timeout_s:  # finished, but past its budget: it still counts
+            return OverBudget(reason=self._over(float(answer["cpu_s"])), pid=proc.pid)
         return Mismatch(answer["mismatch"]) if "mismatch" in answer else float(answer["value"])
+
+    async def _within_budget(self, proc: asyncio.subprocess.Process, line: bytes) -> bytes:
+        """The job's reply, waited for in slices; between slices the process's own CPU time on
+        the job is read (/proc), and past the budget the job is cut off (`_OverBudget`). The
+        event loop's stalls and other processes on the core never count against the job. A job
+        that uses no CPU and never answers (a deadlock) is cut off at WALL_BUDGETS budgets."""
+        started_cpu_s, started = cpu_seconds(proc.pid), time.monotonic()
+        reply = asyncio.ensure_future(self._ask(proc, line))
+        try:
+            while True:
+                done, _ = await asyncio.wait({reply}, timeout=CPU_CHECK_S)
+                if done:
+                    return reply.result()
+                used_s = cpu_seconds(proc.pid) - started_cpu_s if started_cpu_s is not None else None
+                if used_s is None:  # no /proc here: the time waited is all there is to go by
+                    used_s = time.monotonic() - started
+                if used_s > self.timeout_s:
+                    raise _OverBudget(self._over(used_s))
+                if time.monotonic() - started > WALL_BUDGETS * self.timeout_s:
+                    raise _OverBudget(f"no answer after {WALL_BUDGETS} x coordinator.scoring.timeout_s of waiting")
+        finally:
+            if not reply.done():
+                reply.cancel()
 
     @staticmethod
     async def _ask(proc: asyncio.subprocess.Process, line: bytes) -> bytes:
         proc.stdin.write(line)
         await proc.stdin.drain()
         return await proc.stdout.readline()
+
+    def _over(self, used_s: float) -> str:
+        return f"scoring took {used_s:.2f} s of CPU, over coordinator.scoring.timeout_s={self.timeout_s:g} s"
 
     async def _cut_off(self, proc: asyncio.subprocess.Process, reason: str) -> OverBudget:
         pid = proc.pid
