@@ -62,7 +62,7 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
     for wait_s in (state.cfg.coordinator.worker_timeout_s + 1, state.cfg.coordinator.forget_workers_after_s + 1):
         clock.now += wait_s
         state.worker_desk.heartbeat(Heartbeat(worker_id="honest", version=0))  # the honest worker stays
-        state.worker_desk.sweep()
+        state.fleet_desk.sweep()
 
     async def scenario(session, url):
         return await _state_bytes(session, url)

@@ -80,7 +80,7 @@ def test_the_coordinator_keeps_two_workers_and_takes_a_failed_workers_credit(tmp
     state.worker_desk.heartbeat(Heartbeat(worker_id="fake", version=0, rollouts_total=10**6, busy_s_total=1.0))
     state.learner_desk.observe_step_time(10.0)  # 8 rollouts per 10 s step: any one worker covers it by its numbers
     clock.now += 1.0
-    state.worker_desk.control()
+    state.fleet_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["estimates_rps"]["fake"] > 10 * decision["estimates_rps"]["h1"]
     assert decision["active"] == ["fake", "h1"]
@@ -90,6 +90,6 @@ def test_the_coordinator_keeps_two_workers_and_takes_a_failed_workers_credit(tmp
                          mean_abs_logprob_diff=3.0, recomputed=False, failed=True)
     assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict])) == []  # one failure: not yet quarantined
     clock.now += 1.0
-    state.worker_desk.control()
+    state.fleet_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["estimates_rps"]["fake"] == 0.0 and decision["active"] == ["h1", "h2"]

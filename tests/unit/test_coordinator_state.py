@@ -99,7 +99,7 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     clock.now += 3
     state.worker_desk.heartbeat(Heartbeat(worker_id="b", version=0))
     clock.now += 3  # a silent for 6 s > worker_timeout_s = 5; b beat 3 s ago
-    state.worker_desk.sweep()
+    state.fleet_desk.sweep()
     assert not state.registry.workers["a"].alive and state.registry.workers["b"].alive
     assert list(state.leases_book.queue) == [prompt]
     with pytest.raises(RequestError) as err:
@@ -127,7 +127,7 @@ def test_lease_timeout_requeues_even_with_heartbeats(state, clock):
     for _ in range(13):
         clock.now += 5
         state.worker_desk.heartbeat(Heartbeat(worker_id="a", version=0))
-        state.worker_desk.sweep()
+        state.fleet_desk.sweep()
     assert state.leases_book.leases == {} and len(state.leases_book.queue) == 1 and state.counters.leases_expired == 1
 
 
@@ -249,7 +249,7 @@ def test_every_prompt_is_in_exactly_one_place(tmp_path_factory, tiny_model_dir, 
         elif op == "tick":
             clock.now += 2.0 * (arg + 1)
         else:
-            state.worker_desk.sweep()
+            state.fleet_desk.sweep()
         _check_invariants(state, trained)
 
 
@@ -320,10 +320,10 @@ def test_gone_workers_that_did_nothing_are_forgotten(state, clock):
     task = lease(state, "real", 0).tasks[0]
     assert state.intake.submit(submission(state, "real", task.lease_id, 0)).accepted
     clock.now += state.cfg.coordinator.worker_timeout_s + 1
-    state.worker_desk.sweep()  # all time out
+    state.fleet_desk.sweep()  # all time out
     assert len(state.registry.workers) == 51 and not any(w.alive for w in state.registry.workers.values())
     clock.now += state.cfg.coordinator.forget_workers_after_s + 1
-    state.worker_desk.sweep()
+    state.fleet_desk.sweep()
     assert list(state.registry.workers) == ["real"]  # it did work: kept for the run's accounting
     assert set(state.registry.credentials.values()) == {"real"} and not state.registry.join_buckets
 

@@ -24,7 +24,7 @@ def _state(tmp_path, tiny_model_dir, provider: str):
         for worker_id in ("cheap", "dear"):
             state.controller.observe_busy(worker_id, rollouts_total=100 * beat, busy_s_total=float(beat))
     clock.now += 60  # past scale_down_after_s: the cheaper set may replace run-all
-    state.worker_desk.control()
+    state.fleet_desk.control()
     assert state.controller.is_active("cheap") and not state.controller.is_active("dear")
     return state
 

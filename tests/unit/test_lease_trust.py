@@ -94,7 +94,7 @@ def test_a_lease_deadline_follows_measured_generation_time(tmp_path, tiny_model_
     assert state.leases_book.leases[task.lease_id].expires_at == clock.now + DEADLINE_FLOOR_S  # 4 x 2 s is under the floor
     clock.now += DEADLINE_FLOOR_S + 1
     state.worker_desk.heartbeat(Heartbeat(worker_id="quick", version=0))  # alive, but far past its own pace
-    state.worker_desk.sweep()
+    state.fleet_desk.sweep()
     assert task.lease_id not in state.leases_book.leases
     assert [e for e in event_records(state) if e["kind"] == "lease_requeued"][-1]["reason"] == "lease_timeout"
 

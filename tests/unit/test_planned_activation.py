@@ -261,7 +261,7 @@ def test_a_run_with_a_catalog_chooses_among_registered_workers_by_the_planner(tm
     with pytest.raises(RequestError, match="not a class of the run's activation catalog"):
         state.worker_desk.register(RegisterRequest(worker_id="x", engine="hf", worker_class="h100"))
     clock.now += 1.0
-    state.worker_desk.control()
+    state.fleet_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"]
     assert decision, [e for e in event_records(state)][-3:]
     decision = decision[-1]
@@ -303,7 +303,7 @@ def test_echo2_run_offers_classed_local_workers_and_the_first_decision_picks_amo
     state = make_state(tmp_path, tiny_model_dir, clock, max_staleness=3, groups_per_step=4,
                        config={"activation": data["activation"], "workers": data["workers"]})
     clock.now += 1.0
-    state.worker_desk.control()
+    state.fleet_desk.control()
     decisions = [e for e in event_records(state) if e["kind"] == "activation"]
     assert decisions and decisions[-1]["active"] == ["w1"], decisions  # one cheap worker covers the prior
     assert not state.registry.workers  # nothing registered: it is the launcher's to start w1

@@ -145,7 +145,7 @@ def test_a_lease_that_expires_while_its_group_is_scored_is_refused_and_nothing_a
 
     def expire():  # the housekeeping, while the pool scores
         clock.now += 4.0
-        state.worker_desk.sweep()
+        state.fleet_desk.sweep()
 
     with pytest.raises(RequestError) as refused:
         asyncio.run(state.intake.submit_scored(req, StandInScoring(during=expire)))
@@ -221,12 +221,12 @@ def test_the_coordinators_own_stall_evicts_no_worker(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, clock)  # worker_timeout_s = 5
     register(state, "a")
     clock.now += 4.0
-    state.worker_desk.excuse_stall(3.0)  # the loop did not run for 3 of those 4 s
+    state.fleet_desk.excuse_stall(3.0)  # the loop did not run for 3 of those 4 s
     clock.now += 3.0
-    state.worker_desk.sweep()
+    state.fleet_desk.sweep()
     assert state.registry.workers["a"].alive
     clock.now += 2.5
-    state.worker_desk.sweep()
+    state.fleet_desk.sweep()
     assert not state.registry.workers["a"].alive  # a worker really silent is still lost
 
 

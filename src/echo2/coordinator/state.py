@@ -2,8 +2,8 @@
 owning its data, its desks, which run the transactions that span the parts, and the one list
 of events they all append to (the server logs them and writes them to metrics.jsonl).
 
-Nothing here decides anything: the server calls the desks (`worker_desk`, `learner_desk`,
-`intake`, `evaluation`) directly, and the dashboard and /metrics read the parts.
+Nothing here decides anything: the server calls the desks (`worker_desk`, `fleet_desk`,
+`learner_desk`, `intake`, `evaluation`) directly, and the dashboard and /metrics read the parts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from echo2.config.run import RunConfig
 from echo2.coordinator.desks.evaluation import EvaluationDesk
+from echo2.coordinator.desks.fleet import FleetDesk
 from echo2.coordinator.desks.learner import LearnerDesk
 from echo2.coordinator.desks.rollouts import RolloutIntake
 from echo2.coordinator.desks.workers import WorkerDesk
@@ -45,6 +46,7 @@ class CoordinatorState:
     evaluation: EvaluationDesk | None
     """Evaluation leases (None: the learner evaluates, [evaluation] where)."""
     intake: RolloutIntake
+    fleet_desk: FleetDesk
     worker_desk: WorkerDesk
     learner_desk: LearnerDesk
 
@@ -62,6 +64,7 @@ class CoordinatorState:
         multi_turn = scorer.max_episode_tokens is not None
         self.evaluation = EvaluationDesk(self) if cfg.evaluation.on_workers(multi_turn=multi_turn) else None
         self.intake = RolloutIntake(self)
+        self.fleet_desk = FleetDesk(self)
         self.worker_desk = WorkerDesk(self)
         self.learner_desk = LearnerDesk(self)
 

@@ -23,7 +23,7 @@ class LearnerDesk:
         self.groups, self.versions, self.controller, self.evaluation = (state.groups, state.versions, state.controller,
                                                                         state.evaluation)
         self.leases_book, self.audit, self.registry = state.leases_book, state.audit, state.registry
-        self.worker_desk, self.store, self.events, self.clock = state.worker_desk, state.store, state.events, state.clock
+        self.fleet, self.store, self.events, self.clock = state.fleet_desk, state.store, state.events, state.clock
 
     def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
         """Accept a version from the learner (`VersionDesk.publish` says which). Returns whether
@@ -110,11 +110,11 @@ class LearnerDesk:
             self.store.set_meta("quarantined", self.audit.quarantined)
             mine = self.groups.drop_worker(worker_id)
             self.leases_book.redo([g.prompt_index for g in mine])
-        released = self.worker_desk.release_leases(worker_id, reason="worker_quarantined")
+        released = self.fleet.release_leases(worker_id, reason="worker_quarantined")
         record = self.registry.workers.get(worker_id)
         if record is not None:
             record.alive = False
         self.controller.vanish(worker_id)
         self.events.append(ev.WorkerQuarantined(worker_id=worker_id, reason=reason, groups_dropped=len(mine),
                                                 leases_requeued=released))
-        self.worker_desk.control(trigger=f"{worker_id} quarantined")
+        self.fleet.control(trigger=f"{worker_id} quarantined")

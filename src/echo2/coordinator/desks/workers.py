@@ -46,9 +46,6 @@ beat together."""
 OVERLOADED = 4.0
 """A load stretch this large: the coordinator admits no registration for OVERLOADED_REFUSAL_S."""
 OVERLOADED_REFUSAL_S = 5.0
-WORKERS_SWEPT_EVERY_S = 1.0
-"""Silence is looked for once a second: a timeout is many seconds, and a pass over 10,000
-workers four times a second would cost more than their heartbeats."""
 IDLE_LEASE_ASKS_PER_S = 20.0
 """How often idle workers together may ask for work (to serve a due evaluation): each is told
 to come back after its share of that, and activation reaches it on its news line at once."""
@@ -77,9 +74,7 @@ class WorkerDesk:
         self.load_stretch = 1.0
         """How much longer than planned heartbeats are told to wait now (the server sets it from
         its event loop's lag: 1 when keeping up)."""
-        self.control_due = False
-        """A newcomer waits for an activation decision: the next sweep makes one."""
-        self.swept_workers_at = -math.inf
+        self.fleet = state.fleet_desk
 
     def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this
@@ -96,13 +91,13 @@ class WorkerDesk:
         self._check_class(req.worker_class)
         record, credential, old = self.registry.admit(req)
         if old is not None:
-            self.release_leases(record.worker_id, reason="reregistered")
+            self.fleet.release_leases(record.worker_id, reason="reregistered")
         self.groups.trust.forget(record.worker_id)  # earned by a registration, not an id
         # while the controller decides with a known demand, a newcomer waits for its decision (at
         # most a sweep away) instead of leasing with thousands of others that join with it
         deciding = self.controller.cfg.enabled and math.isfinite(self.controller.required_rps())
         self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None, active=not deciding)
-        self.control_due |= deciding
+        self.fleet.control_due |= deciding
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
                                                source=source))
@@ -129,9 +124,9 @@ class WorkerDesk:
         fleet_release = self.cfg.activation.provider != "static" and not self.controller.is_active(req.worker_id)
         record.alive = False
         (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
-        released = self.release_leases(req.worker_id, reason="worker_left")
+        released = self.fleet.release_leases(req.worker_id, reason="worker_left")
         self.events.append(ev.WorkerLeft(worker_id=req.worker_id, leases_requeued=released, released=fleet_release))
-        self.control(trigger=f"{req.worker_id} left")
+        self.fleet.control(trigger=f"{req.worker_id} left")
 
     def heartbeat(self, req: Heartbeat) -> WorkerNews:
         """A sign of life with the worker's claims (shown, never decided on) and its latencies;
@@ -241,64 +236,3 @@ class WorkerDesk:
         spare = self.evaluation.spare_reply(record.worker_id, version, self.clock()) \
             if self.evaluation is not None else None
         return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason)
-
-    def release_leases(self, worker_id: str, reason: str) -> int:
-        mine = self.leases_book.held_by(worker_id)
-        self.requeue(mine, reason)
-        return len(mine)
-
-    def requeue(self, leases: list[Lease], reason: str) -> None:
-        with self.store.tx():
-            self.leases_book.requeue(leases)
-            self.counters.leases_expired += len(leases)
-            self.counters.save(self.store)
-        self.events += [ev.LeaseRequeued(worker_id=lease.worker_id, reason=reason, prompt_index=lease.prompt_index)
-                        for lease in leases]
-
-    def excuse_stall(self, stall_s: float) -> None:
-        """The coordinator's event loop was blocked for `stall_s`: the heartbeats sent meanwhile
-        are still unread, so no worker is silent for that time."""
-        excused = self.registry.excuse(stall_s)
-        self.events.append(ev.CoordinatorStalled(stall_s=round(stall_s, 3), workers_excused=excused))
-
-    def sweep(self) -> None:
-        """Expire leases held too long and, once a second (a pass over every worker), silent
-        workers (all their leases go back); decide activation for newcomers."""
-        now = self.clock()
-        if now - self.swept_workers_at >= WORKERS_SWEPT_EVERY_S:
-            self.swept_workers_at = now
-            self._sweep_workers(now)
-        overdue = self.leases_book.overdue(now)
-        if overdue:
-            self.requeue(overdue, reason="lease_timeout")
-        if self.control_due:
-            self.control_due = False
-            self.control()
-
-    def _sweep_workers(self, now: float) -> None:
-        lost = self.registry.silent(now)
-        for worker_id in lost:
-            self.controller.vanish(worker_id)
-            self.counters.workers_lost += 1
-            released = self.release_leases(worker_id, reason="worker_timeout")
-            self.events.append(ev.WorkerLost(worker_id=worker_id, leases_requeued=released))
-        if lost:  # a preempted worker: re-plan now, not at the next control period
-            self.control(trigger=f"lost {', '.join(lost)}")
-        if self.evaluation is not None:
-            self.evaluation.sweep(self.registry.alive_versions(), self.cfg.coordinator.lease_timeout_s, now)
-        for worker_id in self.registry.forget(now, self.cfg.coordinator.forget_workers_after_s, self.controller.costless):
-            self.controller.forget(worker_id)
-            self.groups.trust.forget(worker_id)
-            self.versions.dissemination.forget(worker_id)
-
-    def control(self, trigger: str = "") -> None:
-        """Re-decide which workers are active; record the decision when the set changes, or
-        always when something happened (`trigger`, e.g. a worker vanished)."""
-        decision = self.controller.decide(self.clock())
-        self.groups.set_window_floor(self.controller.s_min())
-        if decision.changed or trigger:
-            self.events.append(ev.Activation(
-                active=sorted(decision.active), reason=decision.reason, trigger=trigger, changed=decision.changed,
-                required_rps=decision.required_rps if decision.required_rps != float("inf") else None,
-                estimates_rps=decision.estimates,
-            ))

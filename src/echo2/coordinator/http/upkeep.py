@@ -43,11 +43,11 @@ async def housekeeping(app: web.Application) -> None:
         # still unread; the coordinator's own stall must not evict the workers that sent them
         stall_s = loop.time() - slept_from - SWEEP_INTERVAL_S
         if stall_s > STALL_S:
-            state.worker_desk.excuse_stall(stall_s)
-        decided = state.worker_desk.control_due
-        state.worker_desk.sweep()
+            state.fleet_desk.excuse_stall(stall_s)
+        decided = state.fleet_desk.control_due
+        state.fleet_desk.sweep()
         if loop.time() >= next_control:
-            state.worker_desk.control()
+            state.fleet_desk.control()
             state.events.append(stats_event(state))
             next_control = loop.time() + state.cfg.activation.control_period_s
             decided = True
