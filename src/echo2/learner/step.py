@@ -9,6 +9,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -102,6 +103,10 @@ def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,
     return adv_S, weight_S, alike_G.count(True), any(keep_G)
 
 
+SkipKind = Literal["non_finite", "audit"]
+"""Why a step was skipped: a non-finite loss or gradient, or a group that failed the rollout audit."""
+
+
 @dataclass
 class _Passes:
     """What a step's forward/backward passes gave: per-pass stats, their sums, and the first
@@ -111,7 +116,7 @@ class _Passes:
     entropy_sum: float = 0.0
     abs_diff_S: torch.Tensor | None = None
     problem: str = ""
-    skip_kind: str = ""
+    skip_kind: SkipKind | Literal[""] = ""
 
 
 def _run_passes(model: torch.nn.Module, ref_model: torch.nn.Module | None, samples: Samples, *, plan: list,

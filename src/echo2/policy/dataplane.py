@@ -36,6 +36,7 @@ from echo2.policy.admission import admits_tokens, last_admissible_step, lease_ca
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.trust import LeaseTrust, batch_share_cap, share_wait_s
 from echo2.policy.window import LeaseWindow
+from echo2.protocol.messages import LeaseRefusal
 
 GENERATIONS_KEPT = 64
 """Recent leases whose generation times set how far ahead swapping workers may lease."""
@@ -67,6 +68,7 @@ class LeaseGrant:
     count: int
     retry_after_s: float = 0.0
     reason: str = ""
+    refusal: LeaseRefusal | None = None
 
 
 class DataPlane(Generic[G]):
@@ -130,10 +132,10 @@ class DataPlane(Generic[G]):
     def refusal(self, worker_version: int) -> LeaseGrant | None:
         """Why a worker holding `worker_version` gets no work whatever the window (None: it may)."""
         if self.current_version < 0:
-            return LeaseGrant(0, NO_VERSION_RETRY_S, "no policy version published yet")
+            return LeaseGrant(0, NO_VERSION_RETRY_S, "no policy version published yet", "no_version")
         if worker_version < 0 or not worker_may_lease(self.current_version, worker_version, self.max_staleness):
             newest_needed = self.current_version - self.max_staleness
-            return LeaseGrant(0, STALE_RETRY_S, f"weights too stale: load version >= {newest_needed}")
+            return LeaseGrant(0, STALE_RETRY_S, f"weights too stale: load version >= {newest_needed}", "stale")
         return None
 
     def grant(self, worker_version: int, wanted: int, *, leased: int, held_by_worker: int,
@@ -149,7 +151,7 @@ class DataPlane(Generic[G]):
         own_room = cap - held_by_worker
         if own_room <= 0:
             earned = "" if cap == self.max_leases_per_worker else f" (allowed {cap} until more of its groups are accepted)"
-            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first")
+            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first", "own_cap")
         room = lease_capacity(max_staleness=self.window.steps + self.ahead_steps(), groups_per_step=self.groups_per_step,
                               worker_version=worker_version, steps_taken=self.steps_taken,
                               outstanding_groups=leased + len(self.buffer))
@@ -157,13 +159,13 @@ class DataPlane(Generic[G]):
             pool = self.trust.new_pool(self.window_groups())
             if held_by_new >= pool:
                 return LeaseGrant(0, NEW_POOL_RETRY_S, f"new workers hold their share of the window ({held_by_new} "
-                                                       "leases): wait until one of theirs is accepted")
+                                                       "leases): wait until one of theirs is accepted", "new_pool")
             room = min(room, pool - held_by_new)
         count = min(wanted, room, own_room)
         if count <= 0:
             ahead = f" (leasing {self.window.steps} of S={self.max_staleness} steps ahead)" \
                 if self.window.steps < self.max_staleness else ""
-            return LeaseGrant(0, WINDOW_RETRY_S, f"window full: waiting for the learner{ahead}")
+            return LeaseGrant(0, WINDOW_RETRY_S, f"window full: waiting for the learner{ahead}", "window_full")
         return LeaseGrant(count)
 
     def window_groups(self) -> int:

@@ -233,12 +233,23 @@ class EvalTask(BaseModel):
     max_new_tokens: int
 
 
+LeaseRefusal = Literal["no_version", "stale", "own_cap", "new_pool", "window_full", "inactive", "evaluation_hold"]
+"""Why a lease carries no work: no version yet, weights too stale, the worker holds all it may,
+new workers hold their share of the window, the window is full, the worker is idle, or it
+holds a version for the evaluation it serves."""
+WAITS_FOR_ROOM: frozenset[str] = frozenset({"own_cap", "new_pool", "window_full", "evaluation_hold"})
+"""Refusals that room opening ends (a lease returned, a batch taken, a version out): a lease
+request refused for one of them is held at the coordinator until then."""
+
+
 class LeaseResponse(Message):
     kind: Literal["lease_granted"] = "lease_granted"
     tasks: list[Task]
     retry_after_s: float = 0.0
     """When `tasks` is empty: how long to wait before asking again."""
     reason: str = ""
+    refusal: LeaseRefusal | None = None
+    """When `tasks` is empty and no evaluation is given: why, as a kind (`reason` says it in words)."""
     evaluation: EvalTask | None = None
     """Instead of rollouts: part of a held-out evaluation at the version the worker holds."""
     hold_version: int | None = None

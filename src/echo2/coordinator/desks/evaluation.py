@@ -80,7 +80,8 @@ class EvaluationDesk:
         if held is not None:
             return self.spare_reply(worker_id, version, now) or LeaseResponse(
                 tasks=[], retry_after_s=1.0,
-                reason=f"holding version {held} for its evaluation: load it again or wait for the evaluation to move")
+                reason=f"holding version {held} for its evaluation: load it again or wait for the evaluation to move",
+                refusal="evaluation_hold")
         return self._reply(self.offer(worker_id, version, False, now))
 
     def spare_reply(self, worker_id: str, version: int, now: float) -> LeaseResponse | None:

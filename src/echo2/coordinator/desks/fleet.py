@@ -30,12 +30,12 @@ class FleetDesk:
         """A newcomer waits for an activation decision: the next sweep makes one."""
         self.swept_workers_at = -math.inf
 
-    def release_leases(self, worker_id: str, reason: str) -> int:
+    def release_leases(self, worker_id: str, reason: ev.RequeueReason) -> int:
         mine = self.leases_book.held_by(worker_id)
         self.requeue(mine, reason)
         return len(mine)
 
-    def requeue(self, leases: list[Lease], reason: str) -> None:
+    def requeue(self, leases: list[Lease], reason: ev.RequeueReason) -> None:
         with self.store.tx():
             self.leases_book.requeue(leases)
             self.counters.leases_expired += len(leases)

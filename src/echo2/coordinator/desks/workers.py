@@ -20,6 +20,7 @@ from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
+from echo2.policy.dataplane import LeaseGrant
 from echo2.protocol.broadcast import Assignment
 from echo2.protocol.messages import (
     MAX_HEARTBEAT_INTERVAL_S,
@@ -200,13 +201,14 @@ class WorkerDesk:
             return evaluation
         if not self.controller.is_active(record.worker_id):
             idle_s = max(1.0, self.registry.live_count / IDLE_LEASE_ASKS_PER_S)
-            return self._spare_or_refused(record, req.version, idle_s, "inactive: idle until activated")
+            return self._spare_or_refused(record, req.version, LeaseGrant(0, idle_s, "inactive: idle until activated",
+                                                                          "inactive"))
         grant = self.groups.grant(record.worker_id, req.version, req.max_tasks, leased=len(self.leases_book.leases),
                                   held_by_worker=len(self.leases_book.held_by(record.worker_id)),
                                   held_by_new=self.leases_book.held_by_new(self.groups.trust.is_new))
         if grant.count == 0:
             self.track_stale(record)
-            return self._spare_or_refused(record, req.version, grant.retry_after_s, grant.reason)
+            return self._spare_or_refused(record, req.version, grant)
         deadline_s = self.groups.trust.deadline_s(record.worker_id, self.cfg.coordinator.lease_timeout_s)
         leases = self.leases_book.issue(record, req.version, grant.count, deadline_s)
         self.track_stale(record)
@@ -231,8 +233,9 @@ class WorkerDesk:
             return None
         return self.evaluation.first_reply(record.worker_id, version, self.clock())
 
-    def _spare_or_refused(self, record: WorkerRecord, version: int, retry_after_s: float, reason: str) -> LeaseResponse:
+    def _spare_or_refused(self, record: WorkerRecord, version: int, refused: LeaseGrant) -> LeaseResponse:
         """A due evaluation for a worker that gets no rollouts, else the refusal."""
         spare = self.evaluation.spare_reply(record.worker_id, version, self.clock()) \
             if self.evaluation is not None else None
-        return spare or LeaseResponse(tasks=[], retry_after_s=retry_after_s, reason=reason)
+        return spare or LeaseResponse(tasks=[], retry_after_s=refused.retry_after_s, reason=refused.reason,
+                                      refusal=refused.refusal)

@@ -27,7 +27,7 @@ from echo2.coordinator.http.base import (
 )
 from echo2.coordinator.http.news import reply_bytes
 from echo2.protocol.learner_api import BatchRequest, BatchResponse
-from echo2.protocol.messages import EvalSubmission, Heartbeat, LeaseRequest, LeaseResponse
+from echo2.protocol.messages import WAITS_FOR_ROOM, EvalSubmission, Heartbeat, LeaseRequest, LeaseResponse
 
 # upper bound on one batch long-poll, whatever the learner asks: keeps requests well inside
 # client and proxy timeouts
@@ -35,9 +35,6 @@ MAX_BATCH_WAIT_S = 30.0
 # a lease refused for a full window waits at most this long for room (the worker asks for less
 # when its own request timeout is short): one request per long poll instead of ten a second
 MAX_LEASE_WAIT_S = 10.0
-# refusals a lease long-poll waits out: room opens when the learner takes a batch, a version
-# is published or leases end; any other refusal is answered at once
-_WAITS_FOR_ROOM = ("window full", "holding", "new workers")
 # a batch held back by the share cap (policy/trust.py) forms when its wait ends, which no
 # request announces: a held batch request looks again this often
 BATCH_RECHECK_S = 0.5
@@ -77,7 +74,7 @@ async def handle_lease(request: web.Request) -> web.Response:
 
 
 def _waits_for_room(reply: LeaseResponse) -> bool:
-    return not reply.tasks and reply.evaluation is None and reply.reason.startswith(_WAITS_FOR_ROOM)
+    return not reply.tasks and reply.evaluation is None and reply.refusal in WAITS_FOR_ROOM
 
 
 async def handle_evaluation(request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ metrics.jsonl (summary, history, plots, benchmarks) key on these `kind` names.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,17 @@ class CoordinatorStats(Event):
 
 
 # ---- leases and groups ----
+RequeueReason = Literal["worker_timeout", "lease_timeout", "worker_left", "reregistered", "worker_quarantined"]
+"""Why a lease went back to the queue without a group."""
+DropReason = Literal["stale", "uninformative"]
+"""Why groups will never train: older than S allows, or every reward equal."""
+
+
 @dataclass(frozen=True)
 class LeaseRequeued(Event):
     kind: ClassVar[str] = "lease_requeued"
     worker_id: str
-    reason: str
+    reason: RequeueReason
     prompt_index: int
 
 
@@ -122,7 +128,7 @@ class GroupsDropped(Event):
     (benchmarks/chaos.py checks that none is lost)."""
 
     kind: ClassVar[str] = "groups_dropped"
-    reason: str
+    reason: DropReason
     step: int
     prompt_indices: list[int]
     straddling: int = 0
