@@ -1,12 +1,12 @@
 """Import layers that only point down, and no import cycles, read from the source (see
-tests/unit/import_graph.py for the rule). The checker's own tests feed it made-up edges and a
+tools/import_graph.py for the rule). The checker's own tests feed it made-up edges and a
 made-up source tree, so a rule that silently stopped catching anything would fail here too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.import_graph import (
+from tools.import_graph import (
     LAYER_OF,
     LAYER_ORDER,
     Import,

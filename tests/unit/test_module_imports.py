@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from tests.unit.import_graph import module_names
+from tools.import_graph import module_names
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"

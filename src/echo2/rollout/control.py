@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 from pydantic import ValidationError
@@ -23,7 +23,9 @@ from echo2.rollout.diagnosis import WorkerFailed
 from echo2.rollout.waits import wait_either
 
 if TYPE_CHECKING:
-    from echo2.rollout.worker import Worker
+    from echo2.report.metrics import MetricsWriter
+    from echo2.rollout.follower import VersionFollower
+    from echo2.rollout.link import CoordinatorLink
 
 log = logging.getLogger("echo2.worker")
 
@@ -41,8 +43,31 @@ NEWS_RETRY_S = (0.5, 30.0)
 """After a line fails: the first pause before opening it again, doubling up to the second."""
 
 
+class ControlledWorker(Protocol):
+    """What the control line reads and calls of its worker (`rollout.worker.Worker`)."""
+
+    url: str
+    worker_id: str
+    version: int
+    follower: VersionFollower
+    link: CoordinatorLink
+    metrics: MetricsWriter
+    stats: dict
+    generation_s: float | None
+    heartbeat_interval_s: float
+    registered_at: float
+    beat_now: asyncio.Event
+    failure: WorkerFailed | None
+
+    def set_active(self, active: bool) -> None: ...
+
+    async def reregister(self, seen_at: float) -> None: ...
+
+    def cut_off(self, exc: RefusedError) -> None: ...
+
+
 class ControlLine:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: ControlledWorker) -> None:
         self.worker = worker
 
     async def run(self, stop: asyncio.Event) -> None:

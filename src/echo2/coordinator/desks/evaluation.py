@@ -6,22 +6,18 @@ metrics.jsonl records."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.evaluations import Evaluations, Running
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.scoring.jobs import Outcome, Scoring, eval_jobs, inline_outcomes
 from echo2.protocol.messages import EvalAck, EvalSubmission, EvalTask, EvaluationResult, LeaseResponse
 
-if TYPE_CHECKING:
-    from echo2.coordinator.state import CoordinatorState
-
 STORE_KEY = "evaluations"
 
 
 class EvaluationDesk:
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: Parts) -> None:
         """The run's due versions (train.eval_every, the last one train.steps), split into
         leases of evaluation.problems_per_lease prompts; its events go to the state's list."""
         cfg, scorer = state.cfg, state.scorer

@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.records import events as ev
 
 if TYPE_CHECKING:
-    from echo2.coordinator.state import CoordinatorState
+    from echo2.coordinator.desks.evaluation import EvaluationDesk
+
 
 WORKERS_SWEPT_EVERY_S = 1.0
 """Silence is looked for once a second: a timeout is many seconds, and a pass over 10,000
@@ -21,10 +23,10 @@ workers four times a second would cost more than their heartbeats."""
 
 
 class FleetDesk:
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: Parts, *, evaluation: EvaluationDesk | None) -> None:
         self.cfg = state.cfg
         self.registry, self.leases_book, self.groups = state.registry, state.leases_book, state.groups
-        self.versions, self.controller, self.evaluation = state.versions, state.controller, state.evaluation
+        self.versions, self.controller, self.evaluation = state.versions, state.controller, evaluation
         self.store, self.counters, self.events, self.clock = state.store, state.counters, state.events, state.clock
         self.control_due = False
         """A newcomer waits for an activation decision: the next sweep makes one."""

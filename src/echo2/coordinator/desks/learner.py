@@ -9,21 +9,24 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts import Parts
 from echo2.coordinator.records import events as ev
 from echo2.policy import staleness
 from echo2.protocol.learner_api import AuditReport
 from echo2.protocol.messages import TrainGroup, VersionInfo
 
 if TYPE_CHECKING:
-    from echo2.coordinator.state import CoordinatorState
+    from echo2.coordinator.desks.evaluation import EvaluationDesk
+    from echo2.coordinator.desks.fleet import FleetDesk
+
 
 
 class LearnerDesk:
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: Parts, *, fleet: FleetDesk, evaluation: EvaluationDesk | None) -> None:
         self.groups, self.versions, self.controller, self.evaluation = (state.groups, state.versions, state.controller,
-                                                                        state.evaluation)
+                                                                        evaluation)
         self.leases_book, self.audit, self.registry = state.leases_book, state.audit, state.registry
-        self.fleet, self.store, self.events, self.clock = state.fleet_desk, state.store, state.events, state.clock
+        self.fleet, self.store, self.events, self.clock = fleet, state.store, state.events, state.clock
 
     def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
         """Accept a version from the learner (`VersionDesk.publish` says which). Returns whether

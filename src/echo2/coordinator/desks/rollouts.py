@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
@@ -24,12 +24,9 @@ from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.rewards import RewardRules, is_uninformative, truncated
 from echo2.protocol.messages import RolloutSubmission, SamplingParams, SubmitResponse, TrainGroup
 
-if TYPE_CHECKING:
-    from echo2.coordinator.state import CoordinatorState
-
 
 class RolloutIntake:
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: Parts) -> None:
         """Checks against the run's [sampling], rewards shaped by [grpo] (`RewardRules`)."""
         self.registry, self.leases, self.groups, self.versions = (state.registry, state.leases_book, state.groups,
                                                                   state.versions)

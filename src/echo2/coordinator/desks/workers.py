@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
@@ -37,7 +38,9 @@ from echo2.protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from echo2.coordinator.state import CoordinatorState
+    from echo2.coordinator.desks.evaluation import EvaluationDesk
+    from echo2.coordinator.desks.fleet import FleetDesk
+
 
 PEERS_MAX_AGE_S = 1.0
 """Replies to workers outside a version's plan share one view of the live workers a second."""
@@ -65,17 +68,17 @@ class WorkerNews:
 
 
 class WorkerDesk:
-    def __init__(self, state: CoordinatorState) -> None:
+    def __init__(self, state: Parts, *, fleet: FleetDesk, evaluation: EvaluationDesk | None) -> None:
         self.cfg = state.cfg
         self.registry, self.leases_book, self.groups = state.registry, state.leases_book, state.groups
-        self.versions, self.controller, self.evaluation = state.versions, state.controller, state.evaluation
+        self.versions, self.controller, self.evaluation = state.versions, state.controller, evaluation
         self.scorer, self.store, self.counters = state.scorer, state.store, state.counters
         self.events, self.clock = state.events, state.clock
         self.sampling = SamplingParams.of(state.cfg.sampling)
         self.load_stretch = 1.0
         """How much longer than planned heartbeats are told to wait now (the server sets it from
         its event loop's lag: 1 when keeping up)."""
-        self.fleet = state.fleet_desk
+        self.fleet = fleet
 
     def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this

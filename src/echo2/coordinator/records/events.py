@@ -1,6 +1,6 @@
 """The coordinator's events: one frozen record type per kind, its fields what `metrics.jsonl`
 gets under that kind (role "coordinator"). The state machine appends them; the server logs and
-writes them (`http_base.write_events`) before the reply that caused them leaves. Readers of
+writes them (`http.base.write_events`) before the reply that caused them leaves. Readers of
 metrics.jsonl (summary, history, plots, benchmarks) key on these `kind` names."""
 
 from __future__ import annotations
@@ -108,10 +108,9 @@ class CoordinatorStats(Event):
 
 
 # ---- leases and groups ----
+# why a lease went back to the queue without a group; why groups will never train
 RequeueReason = Literal["worker_timeout", "lease_timeout", "worker_left", "reregistered", "worker_quarantined"]
-"""Why a lease went back to the queue without a group."""
 DropReason = Literal["stale", "uninformative"]
-"""Why groups will never train: older than S allows, or every reward equal."""
 
 
 @dataclass(frozen=True)
