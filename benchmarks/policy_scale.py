@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.unit import controller_reference, topology_reference  # noqa: E402
 
-from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast  # noqa: E402
+from echo2.broadcast.topology import fastest_first, late_joiner_assignment, plan_broadcast  # noqa: E402
 from echo2.config.activation import ActivationConfig  # noqa: E402
 from echo2.config.broadcast import BroadcastConfig  # noqa: E402
 from echo2.policy.controller import ActivationController  # noqa: E402
@@ -105,12 +105,16 @@ def topology_rows(n: int, repeats_old: int) -> list[dict]:
                  "note": "what building the assignments alone costs (both ways); the plan keeps them validated"})
     joiner = PeerInfo(peer_id="late", url="http://late:1", upload_bytes_per_s=MBIT, download_bytes_per_s=100 * MBIT)
     args = (1, joiner, fleet)
+    ordered = fastest_first(fleet)
     kwargs = {"origin": ORIGIN, "config": BroadcastConfig()}
     rows.append({"function": "late_joiner_assignment, all workers hold it", "workers": n,
                  "same_result": late_joiner_assignment(*args, **kwargs)
                  == topology_reference.late_joiner_assignment(*args, **kwargs),
                  "before_ms": best_ms(lambda: topology_reference.late_joiner_assignment(*args, **kwargs), 5),
-                 "after_ms": best_ms(lambda: late_joiner_assignment(*args, **kwargs), 5)})
+                 "after_ms": best_ms(lambda: late_joiner_assignment(*args, **kwargs), 5),
+                 "after_holders_ordered_ms": best_ms(lambda: late_joiner_assignment(
+                     1, joiner, ordered, **kwargs, holders_ordered=True), 5),
+                 "ordering_once_per_version_ms": best_ms(lambda: fastest_first(fleet), 5)})
     return rows
 
 

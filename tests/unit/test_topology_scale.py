@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.unit import topology_reference as reference
 
 from echo2.broadcast import topology
-from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
+from echo2.broadcast.topology import fastest_first, late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.protocol.broadcast import Assignment, BroadcastPlan, OriginInfo, PeerInfo
 
@@ -117,8 +117,31 @@ def test_late_joiner_assignment_returns_what_the_sort_did(holders, origin, confi
     holders = holders + holders[:copies]
     joiner = holders[joiner_index] if joiner_index < len(holders) else PeerInfo(
         peer_id="joiner", upload_bytes_per_s=MBIT, download_bytes_per_s=MBIT, reachable=False)
-    assert_identical(late_joiner_assignment(version, joiner, holders, origin=origin, config=config),
-                     reference.late_joiner_assignment(version, joiner, holders, origin=origin, config=config))
+    before = reference.late_joiner_assignment(version, joiner, holders, origin=origin, config=config)
+    assert_identical(late_joiner_assignment(version, joiner, holders, origin=origin, config=config), before)
+    ordered = fastest_first(holders)  # what a caller keeps once per version
+    assert_identical(late_joiner_assignment(version, joiner, ordered, origin=origin, config=config,
+                                            holders_ordered=True), before)
+
+
+def test_a_late_joiner_given_ordered_holders_looks_at_the_first_few_only():
+    holders = fastest_first([PeerInfo(peer_id=f"w{i}", url="" if i % 3 == 0 else f"http://w{i}:1",
+                                      reachable=i % 3 != 0, upload_bytes_per_s=(1 + i % 7) * MBIT,
+                                      download_bytes_per_s=MBIT) for i in range(10_000)])
+    looked_at = 0
+
+    def counted():
+        nonlocal looked_at
+        for holder in holders:
+            looked_at += 1
+            yield holder
+
+    joiner = PeerInfo(peer_id="late", upload_bytes_per_s=MBIT, download_bytes_per_s=MBIT, reachable=False)
+    origin = OriginInfo(url="http://learner:1", upload_bytes_per_s=MBIT)
+    config = BroadcastConfig(max_sources=4)
+    got = late_joiner_assignment(1, joiner, counted(), origin=origin, config=config, holders_ordered=True)
+    assert got == reference.late_joiner_assignment(1, joiner, holders, origin=origin, config=config)
+    assert looked_at <= 3 + 2  # three usable ones, past at most a couple behind NAT
 
 
 @settings(max_examples=60, deadline=None)

@@ -31,6 +31,7 @@ echo2.protocol.broadcast's: the coordinator sends each worker its assignment.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import statistics
 from collections import deque
@@ -59,15 +60,20 @@ def plan_broadcast(
 
 
 def late_joiner_assignment(
-    version: int, joiner: PeerInfo, holders: list[PeerInfo], *, origin: OriginInfo, config: BroadcastConfig
+    version: int, joiner: PeerInfo, holders: list[PeerInfo], *, origin: OriginInfo, config: BroadcastConfig,
+    holders_ordered: bool = False,
 ) -> Assignment:
     """Sources for a worker joining after `version` went out: any reachable holder, fastest
-    uplink first, the learner last."""
-    # the k fastest by a bounded heap (sorted(...)[:k], ties in input order): O(holders x log k), not
-    # a sort of every holder per joiner (k = max_sources - 1: a handful)
+    uplink first, the learner last. `holders_ordered`: `holders` is in that order already
+    (`fastest_first(holders)`, e.g. kept once per version), so the first usable ones are taken
+    and the rest never looked at; else the k fastest are picked by a bounded heap, O(holders x
+    log k) (k = max_sources - 1, a handful), not a sort of every holder per joiner."""
     k = config.max_sources - 1
-    usable = heapq.nsmallest(k, (h for h in holders if h.reachable and h.url and h.peer_id != joiner.peer_id),
-                             key=_fastest_uplink) if k > 0 else []
+    usable_holders = (h for h in holders if h.reachable and h.url and h.peer_id != joiner.peer_id)
+    if holders_ordered:
+        usable = list(itertools.islice(usable_holders, max(0, k)))
+    else:  # heapq.nsmallest is sorted(...)[:k], ties in input order included
+        usable = heapq.nsmallest(k, usable_holders, key=_fastest_uplink) if k > 0 else []
     sources = [Source(peer_id=h.peer_id, url=h.url) for h in usable] + [_origin_source(origin)]
     first_upload = usable[0].upload_bytes_per_s if usable else origin.upload_bytes_per_s
     rate = min(first_upload, joiner.download_bytes_per_s)
@@ -75,6 +81,11 @@ def late_joiner_assignment(
         version=version, worker_id=joiner.peer_id, mode=config.mode, sources=sources,
         edge_rate_bytes_per_s=rate, planned_rate_bytes_per_s=rate,
     )
+
+
+def fastest_first(holders: list[PeerInfo]) -> list[PeerInfo]:
+    """`holders` in the order late joiners are given them: fastest uplink first, ties by id."""
+    return sorted(holders, key=_fastest_uplink)
 
 
 def _fastest_uplink(holder: PeerInfo) -> tuple[float, str]:
@@ -171,9 +182,11 @@ class _Tree:
         capacity = _fanout(origin.upload_bytes_per_s, rate, config.max_first_hop)
         self.root = _Node(origin.peer_id, origin.url, origin.upload_bytes_per_s, math.inf, capacity, 0)
         self.rate, self.config = rate, config
-        self.relays = 0
-        self.costs: list[tuple[float, int, int, int, int, _Node]] = []
-        """Heap of (-share, subtree, depth, rank, children, relay), one entry per relay."""
+        self.relays: list[_Node] = []
+        """By rank: the order they were added."""
+        self.costs: list[tuple[float, int, int, int, int]] = []
+        """Heap of (-share, subtree, depth, rank, children), one entry per relay: numbers only, so
+        the collector untracks them (fewer objects to sweep at 10,000 workers)."""
         self.open: deque[_Node] = deque([self.root])
         self.nodes: list[_Node] = []
         self._add_relay(self.root)
@@ -195,7 +208,8 @@ class _Tree:
             self.open.append(node)
 
     def _add_relay(self, node: _Node) -> None:
-        node.rank, self.relays = self.relays, self.relays + 1
+        node.rank = len(self.relays)
+        self.relays.append(node)
         heapq.heappush(self.costs, _cost(node))
 
     def _free_slot(self) -> _Node | None:
@@ -208,7 +222,8 @@ class _Tree:
         subtree, then the shallowest, then the first added."""
         costs = self.costs
         while True:
-            _, subtree, _, _, children, node = costs[0]
+            _, subtree, _, rank, children = costs[0]
+            node = self.relays[rank]
             if subtree == node.subtree and children == len(node.children):
                 return node
             heapq.heapreplace(costs, _cost(node))
@@ -254,9 +269,9 @@ class _Tree:
         return chosen
 
 
-def _cost(node: _Node) -> tuple[float, int, int, int, int, _Node]:
+def _cost(node: _Node) -> tuple[float, int, int, int, int]:
     children = len(node.children)
-    return -(node.upload_bytes_per_s / (children + 1)), node.subtree, node.depth, node.rank, children, node
+    return -(node.upload_bytes_per_s / (children + 1)), node.subtree, node.depth, node.rank, children
 
 
 def _fanout(upload_bytes_per_s: float, rate: float, cap: int) -> int:
