@@ -4,8 +4,9 @@ about once a second), a worker's place in it (once per worker per version), a la
 sources, and the activation decision (every 2 s and when a worker is lost). The "before"
 versions are the references the tests check the new ones against (tests/unit/topology_reference.py,
 tests/unit/controller_reference.py), timed side by side in one run on the same inputs; each row
-also says whether both returned the same thing. Pinned to one core (the coordinator's event
-loop runs on one); prints JSON, and writes it with --out.
+also says whether both returned the same thing. Single-threaded, as the coordinator's event loop
+is (--pin keeps it on one core; on a shared machine that core may be the busy one); prints
+JSON, and writes it with --out.
 
     PYTHONPATH=src python benchmarks/policy_scale.py [--quick] [--out benchmarks/results/policy_scale.json]
 
@@ -199,7 +200,7 @@ def provenance(argv: list[str]) -> dict:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
             "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "cores": os.cpu_count(), "pinned_to_core": sorted(os.sched_getaffinity(0)),
+            "cores": os.cpu_count(), "cores_allowed": sorted(os.sched_getaffinity(0)),
             "python": platform.python_version(), "platform": platform.platform(),
             "load_average_1_5_15_before": [round(x, 2) for x in os.getloadavg()],
             "command": "PYTHONPATH=src python benchmarks/policy_scale.py " + " ".join(argv)}
@@ -210,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 and 1,000 workers only")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--pin", action="store_true", help="run on the first core only")
     args = parser.parse_args(argv)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as the coordinator has
+    if args.pin:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     out: dict = {"benchmark": "policy_scale", "provenance": provenance(argv), "rows": []}
     for n in SIZES[:2] if args.quick else SIZES:
         repeats_old = 1 if n >= 10_000 else 3
