@@ -33,6 +33,7 @@ from echo2.planner import (
     min_staleness,
     swapped_lateness_s,
 )
+from echo2.policy.census import probation_trial, take_census
 from echo2.policy.credit import audit_credit, capped_offers
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
@@ -243,13 +244,11 @@ class ActivationController:
         self.account(now)
         if self._planning():
             return self._apply(self._decide_planned(now), now)
-        offers = self._offers()
-        probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
-        measured_ids = {o.id for o in offers}
-        current = {worker_id: 1 for worker_id, v in self.workers.items()
-                   if candidate(v) and v.active and worker_id in measured_ids}
+        census = take_census(self.workers, self.cfg.min_samples)
+        offers = self._offers(census.measured)
+        probation, current = census.probation, census.current
         required = self.required_rps()
-        everyone = measured_ids | probation
+        everyone = {o.id for o in offers} | set(probation)
         if not everyone:
             decision = ControlDecision(set(), required, "no live workers", False)
         elif not self.cfg.enabled or not math.isfinite(required) or not offers:
@@ -265,12 +264,14 @@ class ActivationController:
         return self._apply(decision, now)
 
     def _apply(self, decision: ControlDecision, now: float) -> ControlDecision:
-        previous = {w for w, v in self.workers.items() if candidate(v) and v.active}
-        decision.changed = decision.active != previous
+        active, previous = decision.active, set()
+        for worker_id, view in self.workers.items():  # one pass: 10,000 views at scale
+            if view.active and candidate(view):
+                previous.add(worker_id)
+            view.active = worker_id in active
+        decision.changed = active != previous
         if decision.changed:
             self.last_change = now
-        for worker_id, view in self.workers.items():
-            view.active = worker_id in decision.active
         return decision
 
     def _planning(self) -> bool:
@@ -287,8 +288,8 @@ class ActivationController:
         swap_s = self.swap_s.value if self.swap_s.samples else None
         decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
                                        last_change_s=self.last_change, measured=self._measured, uninformative_share=self.uninformative_share)
-        probation = {w for w, v in self.workers.items()
-                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
+        probation = [w for w, v in self.workers.items()
+                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)]
         if probation:
             trial = self._probation_trial(probation, self.cfg.probation_slots)
             decision.active |= trial
@@ -330,19 +331,9 @@ class ActivationController:
         mean_rps = measured_rps / len(offers)
         return math.ceil((required_rps - measured_rps) / mean_rps) if mean_rps > 0 else len(offers)
 
-    def _probation_trial(self, probation: set[str], slots: int) -> set[str]:
-        """The unmeasured workers that run now: those holding a slot keep it until their
-        probation_timeout_s is used up; then the least time on probation first (so one that
-        never leases gives its slot up to the others), then the oldest registration."""
-        timeout_s = self.cfg.probation_timeout_s
-
-        def order(worker_id: str) -> tuple[bool, float]:
-            view = self.workers[worker_id]
-            holding = view.active and 0.0 < view.probation_s < timeout_s
-            return (not holding, view.probation_s)
-
-        ranked = sorted((w for w in self.workers if w in probation), key=order)
-        return set(ranked[:slots])
+    def _probation_trial(self, probation: list[str], slots: int) -> set[str]:
+        """`census.probation_trial` with this controller's views and probation_timeout_s."""
+        return probation_trial(self.workers, probation, slots, timeout_s=self.cfg.probation_timeout_s)
 
     def _too_soon_to_save(self, current: dict[str, int], offers: list[Offer], required: float, now: float) -> bool:
         """A switch away from a set that still covers demand only saves money: it waits
@@ -353,11 +344,11 @@ class ActivationController:
     def _measured(self, view: WorkerView) -> bool:
         return view.rollouts_per_s.samples >= self.cfg.min_samples
 
-    def _offers(self) -> list[Offer]:
+    def _offers(self, measured: list[tuple[str, WorkerView]]) -> list[Offer]:
         """One offer per measured worker that is live or released (its provider can acquire it
-        again), at its admissible rate."""
+        again: `census.take_census`), at its admissible rate."""
         return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
-                for worker_id, v in sorted(self.workers.items()) if candidate(v) and self._measured(v)]
+                for worker_id, v in measured]
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""

@@ -33,6 +33,7 @@ acquire.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -245,9 +246,10 @@ class PlannedCover:
         the current version), then those the provider must acquire."""
         active: set[str] = set()
         for name, n in counts.items():
-            ranked = sorted(members.get(name, []),
-                            key=lambda i: (not self._running(i, workers), not workers[i].alive, natural_key(i)))
-            active.update(ranked[:n])
+            # the n first of a sort (ids are unique, so no ties), without sorting a class of
+            # thousands to take a few of them
+            active.update(heapq.nsmallest(n, members.get(name, []), key=lambda i: (
+                not self._running(i, workers), not workers[i].alive, natural_key(i))))
         return active
 
 

@@ -1,0 +1,57 @@
+"""What an activation decision needs of the worker views, in one pass over them: the measured
+candidates (the offers), the live workers still on probation and the measured set running now;
+and which of those on probation get its slots.
+
+The activation controller (`policy.controller`) decides every control period (2 s) and at once
+when a worker is lost, over every worker it knows: 10,000 of them at scale, a handful measured.
+One pass in registration order, and a bounded heap for the few probation slots, replace a pass
+per question and a sort of every unmeasured worker (benchmarks/policy_scale.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from operator import itemgetter
+
+from echo2.policy.worker_view import WorkerView
+
+
+@dataclass
+class Census:
+    measured: list[tuple[str, WorkerView]] = field(default_factory=list)
+    """Candidates (live or released) with enough rate samples, by id: one offer each."""
+    probation: list[str] = field(default_factory=list)
+    """Live workers not yet measured, in registration order (the tie-break among them)."""
+    current: dict[str, int] = field(default_factory=dict)
+    """Measured candidates active now, in registration order (the set hysteresis keeps)."""
+
+
+def take_census(workers: dict[str, WorkerView], min_samples: int) -> Census:
+    """`workers` sorted into a decision's parts; measured means `min_samples` rate samples."""
+    census = Census()
+    for worker_id, view in workers.items():
+        measured = view.rollouts_per_s.samples >= min_samples
+        if measured and (view.alive or view.released):
+            census.measured.append((worker_id, view))
+            if view.active:
+                census.current[worker_id] = 1
+        elif view.alive and not measured:
+            census.probation.append(worker_id)
+    census.measured.sort(key=itemgetter(0))
+    return census
+
+
+def probation_trial(workers: dict[str, WorkerView], probation: list[str], slots: int, *,
+                    timeout_s: float) -> set[str]:
+    """The `slots` workers of `probation` (in registration order) that run now: those holding a
+    slot keep it until their `timeout_s` on probation is used up; then the least time on
+    probation first (so one that never leases gives its slot up to the others), then the
+    oldest registration. heapq.nsmallest is sorted(...)[:slots], ties in input order included."""
+
+    def order(worker_id: str) -> tuple[bool, float]:
+        view = workers[worker_id]
+        holding = view.active and 0.0 < view.probation_s < timeout_s
+        return (not holding, view.probation_s)
+
+    return set(heapq.nsmallest(slots, probation, key=order))

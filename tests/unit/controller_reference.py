@@ -1,0 +1,420 @@
+"""Reference (tests and benchmarks only): echo2.policy.controller as it was before decisions
+took one pass over the workers (commit f86ed8e), kept verbatim below this note but for one line:
+it builds `ReferencePlannedCover`, policy.planned.PlannedCover with `_pick` as it was then.
+tests/unit/test_controller_scale.py checks the new controller decides exactly as this one does;
+benchmarks/policy_scale.py times both. Do not change what this computes.
+
+Original docstring:
+Online cost-aware activation: keep the learner fed by the cheapest set of live workers.
+
+Every control period (and at once when a worker vanishes) it prices each live worker at its
+admissible rate: measured rollouts per busy second, times the share of its groups that were
+admitted rather than dropped as stale, less the time it loses swapping in each version. It asks
+the planner's activation rule for the cheapest set covering what the learner consumes
+(B / measured step time) with headroom for noisy estimates, and applies the planner's
+hysteresis so the set does not flap. The admitted share is measured rather than predicted from
+the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
+worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
+measured latencies feed the reported S_min. Only checked work is credited, and no worker is
+credited with all of the demand while other measured workers are live (`policy.credit`). It
+also integrates cost: a worker bills for every second it is rented, active or idle, until its
+fleet provider releases it (see launch/fleet.py), plus the learner.
+
+Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
+heartbeats and submissions; it keeps no I/O of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+from echo2.config.activation import ActivationConfig
+from echo2.config.catalog import PlanConfig
+from echo2.planner import (
+    Offer,
+    activate,
+    base_throughput_rps,
+    covers,
+    fleet_totals,
+    keep_or_switch,
+    min_staleness,
+    swapped_lateness_s,
+)
+from echo2.policy.credit import audit_credit, capped_offers
+from echo2.policy.planned import PlannedCover
+from echo2.policy.rewards import measured_uninformative_share
+from echo2.policy.worker_view import (
+    ControlDecision,
+    Ewma,
+    WorkerView,
+    candidate,
+    delivering,
+    natural_key,
+    value_or_zero,
+)
+
+__all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
+
+
+class ReferencePlannedCover(PlannedCover):
+    def _pick(self, members: dict[str, list[str]], counts: dict[str, int], workers: dict[str, WorkerView]) -> set[str]:
+        """counts[class] members of each class: running ones first, then live ones (they hold
+        the current version), then those the provider must acquire."""
+        active: set[str] = set()
+        for name, n in counts.items():
+            ranked = sorted(members.get(name, []),
+                            key=lambda i: (not self._running(i, workers), not workers[i].alive, natural_key(i)))
+            active.update(ranked[:n])
+        return active
+
+# a rate sample needs this much busy time behind it; shorter ones are mostly round-trip noise
+MIN_SAMPLE_BUSY_S = 0.05
+
+
+class ActivationController:
+    def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
+                 learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None,
+                 max_masked_fraction: float = 0.5) -> None:
+        """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
+        that declare a class in it are chosen by the planner's model (`policy.planned`).
+        `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen."""
+        self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
+        self.planned = None if catalog is None else ReferencePlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
+        self.learner_price_per_hour = learner_price_per_hour
+        self.workers: dict[str, WorkerView] = {}
+        self.step_time_s = Ewma(cfg.ewma_alpha)
+        self.swap_s = Ewma(cfg.ewma_alpha)
+        self.segment_s = Ewma(cfg.ewma_alpha)
+        """Seconds between a generation's swap points (sampling.segment_tokens; unmeasured: off)."""
+        self.max_masked_fraction = max_masked_fraction
+        self.started, self.last_tick, self.last_change = now, now, now
+        self.learner_cost = 0.0
+        self.uninformative_share = 0.0 if catalog is None else catalog.workload.uninformative_share
+        """d: share of scored groups dropped as uninformative, the catalog's until measured."""
+
+    # ---- observations ----
+    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None) -> None:
+        old = self.workers.get(worker_id)
+        alpha = self.cfg.ewma_alpha
+        view = WorkerView(price_per_hour, True, True, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
+        if old is not None:  # a returning worker keeps its history and its bill
+            view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
+            view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s
+            view.admitted, view.admitted_n, view.outcomes_n = old.admitted, old.admitted_n, old.outcomes_n
+            view.losses = old.losses
+            view.busy_s_total, view.stale_s_total = old.busy_s_total, old.stale_s_total
+            view.active_s, view.idle_s, view.released_s, view.cost = old.active_s, old.idle_s, old.released_s, old.cost
+            view.probation_s = old.probation_s
+            view.audited, view.audit_failed = old.audited, old.audit_failed  # failures stay with the id
+        self.workers[worker_id] = view
+
+    def offer(self, worker_id: str, price_per_hour: float, worker_class: str | None) -> None:
+        """A worker its provider can acquire when chosen (not running, billing nothing): what a
+        marketplace or a fleet config offers the run before any machine is started."""
+        if worker_id not in self.workers:
+            alpha = self.cfg.ewma_alpha
+            self.workers[worker_id] = WorkerView(price_per_hour, False, False, *(Ewma(alpha) for _ in range(5)),
+                                                 worker_class=worker_class, released=True)
+
+    def vanish(self, worker_id: str) -> None:
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.losses += view.alive
+            view.alive = False
+
+    def release(self, worker_id: str) -> None:
+        """The worker left because its provider released it: not live, but still an offer."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.alive, view.active, view.released = False, False, True
+
+    def is_released(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is not None and view.released and not view.alive
+
+    def costless(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is None or view.cost == 0.0
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a gone worker that never cost anything (see CoordinatorState._forget)."""
+        self.workers.pop(worker_id, None)
+
+    def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
+        """Running totals: groups scored, and those of them dropped as uninformative."""
+        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups, prior=self.uninformative_share)
+
+    def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
+                     stale_s_total: float = 0.0) -> None:
+        """Cumulative counters (rollouts, lease-holding seconds, seconds active but refused as
+        too stale); the rate over the new working time (holding leases or too stale) is one
+        sample (lease round trips and submits included, unlike generation time alone). Time
+        too stale counts: a worker whose link cannot bring versions within S is idle for it,
+        and a rate over lease-holding time alone prices exactly the cheap slow-linked workers
+        too high.
+        A sample spans at least one lease's generation time: a worker generating k leases at
+        once (continuous batching) submits k times per generation time, and the rate over each
+        short gap between submits swings from a fraction to k times the truth; an average of
+        such ratios overstated the simulated fleet's 4B workers about twofold."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return
+        view.busy_s_total, view.stale_s_total = busy_s_total, stale_s_total
+        working_s_total = busy_s_total + stale_s_total
+        rollouts, busy_s = rollouts_total - view.last_counters[0], working_s_total - view.last_counters[1]
+        if busy_s < 0 or rollouts < 0:  # the worker restarted: its counters began again
+            view.last_counters = (rollouts_total, working_s_total)
+        elif busy_s >= max(MIN_SAMPLE_BUSY_S, value_or_zero(view.generation_s)):
+            view.rollouts_per_s.add(rollouts / busy_s)
+            view.last_counters = (rollouts_total, working_s_total)
+
+    def observe_latencies(self, worker_id: str, dissemination_s: float | None, generation_s: float | None) -> None:
+        """T_dis (publish until it could generate with the version) and T_gen (one lease)."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return
+        if dissemination_s is not None:
+            view.dissemination_s.add(dissemination_s)
+        if generation_s is not None:
+            view.generation_s.add(generation_s)
+
+    def observe_outcome(self, worker_id: str, admitted: bool) -> None:
+        """One of the worker's groups was admitted to the buffer, or dropped as stale."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.admitted.add(1.0 if admitted else 0.0)
+            view.admitted_n += admitted
+            view.outcomes_n += 1
+
+    def observe_audit(self, worker_id: str, *, audited: int, failed: int) -> None:
+        """The worker's audit record so far (cumulative: a report seen twice changes nothing)."""
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.audited, view.audit_failed = audited, failed
+
+    def observe_tokens(self, worker_id: str, tokens: int, gen_s: float) -> None:
+        view = self.workers.get(worker_id)
+        if view is not None and gen_s > 0:
+            view.tokens_per_s.add(tokens / gen_s)
+
+    def observe_step_time(self, step_time_s: float) -> None:
+        if step_time_s > 0:
+            self.step_time_s.add(step_time_s)
+
+    def observe_swap(self, swap_s: float) -> None:
+        if swap_s >= 0:
+            self.swap_s.add(swap_s)
+
+    def observe_segment(self, segment_s: float) -> None:
+        """A lease's generation could swap versions in every `segment_s` seconds."""
+        if segment_s >= 0:
+            self.segment_s.add(segment_s)
+
+    def is_active(self, worker_id: str) -> bool:
+        view = self.workers.get(worker_id)
+        return view is not None and view.alive and view.active
+
+    # ---- cost ----
+    def account(self, now: float) -> None:
+        """Charge for the time since the last tick: the learner and every rented (live) worker,
+        active or idle; a released worker costs nothing."""
+        dt = max(0.0, now - self.last_tick)
+        self.last_tick = now
+        self.learner_cost += self.learner_price_per_hour * dt / 3600
+        for view in self.workers.values():
+            if view.alive:
+                if view.active:
+                    view.active_s += dt
+                    if not self._measured(view):
+                        view.probation_s += dt
+                else:
+                    view.idle_s += dt
+                view.cost += view.price_per_hour * dt / 3600
+            elif view.released:
+                view.released_s += dt
+
+    def total_cost(self) -> float:
+        return self.learner_cost + sum(v.cost for v in self.workers.values())
+
+    def price_per_hour_now(self) -> float:
+        """What the run bills per hour at this moment, by the rule `account` charges: the learner
+        and every rented (live) worker, active or idle."""
+        return self.learner_price_per_hour + sum(v.price_per_hour for v in self.workers.values() if v.alive)
+
+    # ---- decisions ----
+    def required_rps(self) -> float:
+        """What the learner consumes, B / ((1 - d) T_train) (d: groups dropped as uninformative and
+        refilled), which the workers' admissible rates must cover (their swap stall and overlap
+        condition are priced into each offer: R_required in the planner's sum-of-admissible-rates
+        form). Infinite (run everything) until the step time is known (a catalog's T_train is the
+        prior until then), and for S = 0, where generation never overlaps training."""
+        prior_s = None if self.planned is None else self.planned.prior_step_time_s()
+        step_s = self.step_time_s.value if self.step_time_s.samples else prior_s
+        if self.max_staleness == 0 or step_s is None:
+            return math.inf
+        return base_throughput_rps(self.batch_rollouts, step_s, uninformative_share=self.uninformative_share)
+
+    def decide(self, now: float) -> ControlDecision:
+        """Measured workers compete on price for the demand; workers not yet measured are on
+        probation: up to `probation_slots` of them run beside the measured set so they can prove
+        themselves, and they never count toward covering demand. A worker's price and speed are
+        its claims until the coordinator has measured it: a stream of fresh $0 registrations that
+        never lease once displaced every honest worker (benchmarks/chaos.py)."""
+        self.account(now)
+        if self._planning():
+            return self._apply(self._decide_planned(now), now)
+        offers = self._offers()
+        probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
+        measured_ids = {o.id for o in offers}
+        current = {worker_id: 1 for worker_id, v in self.workers.items()
+                   if candidate(v) and v.active and worker_id in measured_ids}
+        required = self.required_rps()
+        everyone = measured_ids | probation
+        if not everyone:
+            decision = ControlDecision(set(), required, "no live workers", False)
+        elif not self.cfg.enabled or not math.isfinite(required) or not offers:
+            decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
+        else:
+            decision, slots = self._cover(offers, current, required, now)
+            if probation:
+                trial = self._probation_trial(probation, slots)
+                decision.active |= trial
+                waiting = f" ({len(probation) - len(trial)} more waiting)" if len(trial) < len(probation) else ""
+                decision.reason += f"; on probation until measured: {', '.join(sorted(trial)) or 'none'}{waiting}"
+        decision.estimates = {o.id: o.rollouts_per_s for o in offers}
+        return self._apply(decision, now)
+
+    def _apply(self, decision: ControlDecision, now: float) -> ControlDecision:
+        previous = {w for w, v in self.workers.items() if candidate(v) and v.active}
+        decision.changed = decision.active != previous
+        if decision.changed:
+            self.last_change = now
+        for worker_id, view in self.workers.items():
+            view.active = worker_id in decision.active
+        return decision
+
+    def _planning(self) -> bool:
+        """Decide by the catalog: it is given, and some worker declared a class of it."""
+        return (self.planned is not None and self.cfg.enabled and self.max_staleness > 0
+                and any(self.planned.knows(v.worker_class) for v in self.workers.values()))
+
+    def _decide_planned(self, now: float) -> ControlDecision:
+        """The planner's choice among workers of a catalog class (`policy.planned`), and
+        probation slots for unmeasured workers of no known class (measured ones of no class
+        have no place in the catalog's model and idle)."""
+        assert self.planned is not None
+        step_s = self.step_time_s.value if self.step_time_s.samples else None
+        swap_s = self.swap_s.value if self.swap_s.samples else None
+        decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
+                                       last_change_s=self.last_change, measured=self._measured, uninformative_share=self.uninformative_share)
+        probation = {w for w, v in self.workers.items()
+                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
+        if probation:
+            trial = self._probation_trial(probation, self.cfg.probation_slots)
+            decision.active |= trial
+            decision.reason += f"; unclassed, on probation until measured: {', '.join(sorted(trial)) or 'none'}"
+        return decision
+
+    def _cover(self, offers: list[Offer], current: dict[str, int], required: float,
+               now: float) -> tuple[ControlDecision, int]:
+        """The measured set to run, and the probation slots beside it. Each offer is credited
+        with at most max_worker_share of the demand while two or more measured workers are live
+        (`policy.credit.capped_offers`), so no single worker covers it alone."""
+        target = required * self.cfg.headroom
+        live_measured = sum(1 for o in offers if self.workers[o.id].alive)
+        offers = capped_offers(offers, max_share=self.cfg.max_worker_share, target_rps=target,
+                               live_measured=live_measured)
+        # new sets are sized with headroom; the current one is only replaced when it misses
+        # the bare requirement: noise inside the [R, headroom x R] band changes nothing
+        proposal = activate(offers, target)
+        if not proposal.feasible:
+            # short: every measured worker, and enough unmeasured ones to cover the rest if
+            # they are as fast as the measured average (all of them once was: a fleet of 144
+            # billed for over an hour while a full window let few of them be measured)
+            # (those credited next to nothing aside: a worker too stale to ever lease, or failed
+            # by the audit, adds only its bill)
+            useful = delivering(offers)
+            decision = ControlDecision(useful, required,
+                                       f"no measured set covers demand ({proposal.reason}): all measured that deliver",
+                                       False)
+            return decision, max(self.cfg.probation_slots, self._unmeasured_to_cover(offers, target))
+        kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
+        decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
+        if kept.switched and self._too_soon_to_save(current, offers, required, now):
+            decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
+        return decision, self.cfg.probation_slots
+
+    @staticmethod
+    def _unmeasured_to_cover(offers: list[Offer], required_rps: float) -> int:
+        measured_rps = sum(o.rollouts_per_s for o in offers)
+        mean_rps = measured_rps / len(offers)
+        return math.ceil((required_rps - measured_rps) / mean_rps) if mean_rps > 0 else len(offers)
+
+    def _probation_trial(self, probation: set[str], slots: int) -> set[str]:
+        """The unmeasured workers that run now: those holding a slot keep it until their
+        probation_timeout_s is used up; then the least time on probation first (so one that
+        never leases gives its slot up to the others), then the oldest registration."""
+        timeout_s = self.cfg.probation_timeout_s
+
+        def order(worker_id: str) -> tuple[bool, float]:
+            view = self.workers[worker_id]
+            holding = view.active and 0.0 < view.probation_s < timeout_s
+            return (not holding, view.probation_s)
+
+        ranked = sorted((w for w in self.workers if w in probation), key=order)
+        return set(ranked[:slots])
+
+    def _too_soon_to_save(self, current: dict[str, int], offers: list[Offer], required: float, now: float) -> bool:
+        """A switch away from a set that still covers demand only saves money: it waits
+        scale_down_after_s after the previous change. Fixing a shortfall never waits."""
+        _, _, rate = fleet_totals(current, offers)
+        return covers(rate, required) and now - self.last_change < self.cfg.scale_down_after_s
+
+    def _measured(self, view: WorkerView) -> bool:
+        return view.rollouts_per_s.samples >= self.cfg.min_samples
+
+    def _offers(self) -> list[Offer]:
+        """One offer per measured worker that is live or released (its provider can acquire it
+        again), at its admissible rate."""
+        return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
+                for worker_id, v in sorted(self.workers.items()) if candidate(v) and self._measured(v)]
+
+    def _admissible(self, rate: float, view: WorkerView) -> float:
+        """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
+        admitted = (view.admitted.value if view.admitted.samples else 1.0) * audit_credit(view.audited, view.audit_failed)
+        if math.isnan(rate) or self.step_time_s.samples == 0:
+            return rate * admitted
+        # workers swap in every version, so each step costs them one swap of generation time
+        stall = min(1.0, value_or_zero(self.swap_s) / self.step_time_s.value)
+        return rate * admitted * (1.0 - stall)
+
+    def s_min(self) -> int | None:
+        """Smallest S whose window hides the fleet's mean dissemination + generation latency
+        (the overlap condition; with segment swaps measured, the planner's swap rule on them),
+        from measurements; None until they exist."""
+        latencies = [(v.dissemination_s.value, v.generation_s.value) for v in self.workers.values()
+                     if v.alive and v.dissemination_s.samples and v.generation_s.samples]
+        if not latencies or self.step_time_s.samples == 0:
+            return None
+        dis = sum(d for d, _ in latencies) / len(latencies)
+        gen = sum(g for _, g in latencies) / len(latencies)
+        swapped = None if not self.segment_s.samples else swapped_lateness_s(
+            gen, segment_s=self.segment_s.value, max_masked_fraction=self.max_masked_fraction)
+        return min_staleness(dis, gen, self.step_time_s.value, swapped_s=swapped)
+
+    def snapshot(self) -> dict:
+        return {
+            "required_rps": self.required_rps(),
+            "step_time_s": self.step_time_s.value if self.step_time_s.samples else None,
+            "s_min_measured": self.s_min(),
+            "cost_total": self.total_cost(),
+            "cost_learner": self.learner_cost,
+            "workers": {
+                worker_id: {"active": v.alive and v.active, "released": v.released and not v.alive,
+                            "price_per_hour": v.price_per_hour,
+                            "rollouts_per_s": v.rollouts_per_s.value if v.rollouts_per_s.samples else None,
+                            "active_s": v.active_s, "idle_s": v.idle_s, "released_s": v.released_s,
+                            "cost": v.cost}
+                for worker_id, v in sorted(self.workers.items())
+            },
+        }
