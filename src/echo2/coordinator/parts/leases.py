@@ -19,9 +19,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records.store import Store
+
+if TYPE_CHECKING:  # its records are the registry's, shared: the lease book only keeps their busy time
+    from echo2.coordinator.parts.registry import WorkerRecord
 
 
 @dataclass

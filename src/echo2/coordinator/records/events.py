@@ -123,8 +123,7 @@ class LeaseRequeued(Event):
 
 @dataclass(frozen=True)
 class GroupsDropped(Event):
-    """Groups that will never train, by prompt: an account of where every prompt went
-    (benchmarks/chaos.py checks that none is lost)."""
+    """Groups that will never train, by prompt: where every prompt went (none is lost)."""
 
     kind: ClassVar[str] = "groups_dropped"
     reason: DropReason
