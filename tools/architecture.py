@@ -1,5 +1,5 @@
-"""The architecture's counts, measured from the source: modules and lines of the whole package
-and of the coordinator, their import levels (runtime imports, as tools/import_graph.py reads
+"""The architecture's counts, measured from the source: modules of the whole package and of the
+coordinator, their import levels (runtime imports, as tools/import_graph.py reads
 them: a module's level is one more than the highest level it imports, a module importing
 nothing of echo2 is level 1) and import cycles. docs/architecture.md quotes them between the
 markers below; `--check` fails when the quote differs from the code (tests/unit/
@@ -67,12 +67,11 @@ def counts(src: Path = ROOT / "src") -> dict[str, dict[str, int]]:
 
 
 def block(measured: dict[str, dict[str, int]]) -> str:
-    rows = [f"| {label} | {measured[p]['modules']} | {measured[p]['lines']:,} | {measured[p]['largest_file_lines']} | "
-            f"{measured[p]['import_levels']} |" for p, label in SCOPES]
+    rows = [f"| {label} | {measured[p]['modules']} | {measured[p]['import_levels']} |" for p, label in SCOPES]
     return "\n".join([
         BEGIN,
-        "| measured by `python tools/architecture.py` | modules | lines | largest file (lines) | import levels |",
-        "|---|---|---|---|---|",
+        "| measured by `python tools/architecture.py` | modules | import levels |",
+        "|---|---|---|",
         *rows,
         "",
         f"Import cycles between modules or packages: {measured['echo2']['cycles']}.",
