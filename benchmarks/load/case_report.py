@@ -1,0 +1,107 @@
+"""One case's JSON section (`case_section`): latencies and errors by request kind, the
+coordinator's evictions, expired leases, stalls and CPU, the learner's pace, and the clients'
+own CPU and event-loop lag, over the case's measured window (steady) or before and after the
+mass join (mass_join)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from load import report
+from load.stats import Merged
+
+RECOVERY_WINDOW_S = 10.0
+"""Trailing window the mass-join recovery is judged on (steps/min over this many seconds)."""
+
+
+def case_section(*, plan, run_dir: Path, cfg: dict, samples: dict, workers: Merged, learner: Merged,
+                 client_raw: list[dict], client_names: list[str], exits: dict, records: list[dict],
+                 step_times: list[float]) -> dict:
+    if plan.scenario == "steady":
+        body = _measured(plan, samples, workers, learner, client_names, records, step_times,
+                         phases=("measure",), window=plan.window, boundaries=("measure", "leave"))
+    else:
+        body = _mass_join(plan, samples, workers, learner, client_names, records, step_times)
+    body["errors"]["leave"] = {k: v for k, v in report.errors_section(workers, ("leave",)).items() if k == "leave"}
+    body["latency_ms"]["leave"] = workers.histogram("leave", ("leave",)).summary()
+    return {
+        "scenario": plan.scenario, "workers": plan.workers, "run_dir": str(run_dir), **plan.notes,
+        "window_s": round(plan.window[1] - plan.window[0], 1),
+        **body,
+        "top_refusals": report.top_reasons(workers),
+        "client_bugs": sum(r.get("bug_count", 0) for r in client_raw),
+        "client_bug_samples": [b for r in client_raw for b in r.get("bugs", [])][:5],
+        "open_files_limit": max((r.get("open_files_limit", 0) for r in client_raw), default=None),
+        "exit_status": exits,
+        "coordinator_log": _log_findings(run_dir / "logs" / "coordinator.log"),
+        "settings": {"max_staleness": cfg["train"]["max_staleness"], "prompts_per_step": cfg["grpo"]["prompts_per_step"],
+                     "group_size": cfg["sampling"]["group_size"],
+                     "heartbeat_interval_s": cfg["coordinator"]["heartbeat_interval_s"],
+                     "worker_timeout_s": cfg["coordinator"]["worker_timeout_s"],
+                     "activation_enabled": cfg["activation"]["enabled"],
+                     "drop_uninformative_groups": cfg["grpo"]["drop_uninformative_groups"]},
+    }
+
+
+def _measured(plan, samples: dict, workers: Merged, learner: Merged, client_names: list[str], records: list[dict],
+              step_times: list[float], *, phases: tuple[str, ...], window: tuple[float, float],
+              boundaries: tuple[str, str]) -> dict:
+    """Everything measured over one window (its phases, and the CPU samples at its ends)."""
+    span_s = window[1] - window[0]
+    register_phases = ("join",) if plan.scenario == "steady" else ("after",)
+    latency = {"register": workers.histogram("register", register_phases).summary(),
+               **report.latency_section(workers, report.WORKER_KINDS[2:-1], phases),
+               **report.latency_section(learner, report.LEARNER_KINDS, phases)}
+    errors = {**report.errors_section(workers, phases), **report.errors_section(learner, phases)}
+    errors["register"] = report.errors_section(workers, register_phases).get("register", {})
+    cpu = report.cpu_section(samples, ["coordinator", "learner", *client_names], boundaries, span_s)
+    return {
+        "latency_ms": latency,
+        "errors": errors,
+        "requests": report.requests_section(workers, phases),
+        "worker_counts": report.worker_counts(workers, phases),
+        "coordinator": {**report.coordinator_section(records, window, (plan.phases[0][1], plan.leave_at + 30.0)),
+                        "cpu_s_per_s": cpu.get("coordinator")},
+        "learner": {"steps": sum(1 for t in step_times if window[0] <= t <= window[1]),
+                    "steps_per_min": report.steps_per_min(step_times, window), "cpu_s_per_s": cpu.get("learner")},
+        "clients": {"processes": len(client_names), "cpu_s_per_s": round(sum(cpu.get(c, 0.0) for c in client_names), 3),
+                    "cpu_s_per_s_by_process": {c: cpu.get(c) for c in client_names},
+                    "loop_lag_ms": report.lag_section(workers, phases)},
+        "load_average_1m": samples.get(boundaries[1], {}).get("_loadavg_1m"),
+    }
+
+
+def _mass_join(plan, samples: dict, workers: Merged, learner: Merged, client_names: list[str], records: list[dict],
+               step_times: list[float]) -> dict:
+    before = _measured(plan, samples, workers, learner, client_names, records, step_times, phases=("before",),
+                       window=plan.before, boundaries=("before", "after"))
+    after = _measured(plan, samples, workers, learner, client_names, records, step_times, phases=("after",),
+                      window=plan.window, boundaries=("after", "leave"))
+    pace = before["learner"]["steps_per_min"]
+    recovered_s, slowest = report.recovery_s(step_times, plan.window[0], plan.window[1], pace, RECOVERY_WINDOW_S)
+    over_budget = after["coordinator"]["scoring_over_budget"]
+    slow_refusals = sum(n for (k, o, r), n in workers.reasons.items()
+                        if k == "rollout" and o == "http_429" and "scoring" in r)
+    after["mass_join"] = {
+        "joined": plan.workers, "base_workers": plan.notes["base_workers"], "steps_per_min_before": pace,
+        "recovery_s": recovered_s, "recovered": recovered_s is not None,
+        "slowest_steps_per_min_after": slowest, "recovery_window_s": RECOVERY_WINDOW_S,
+        "honest_workers_refused_for_slow_scoring": after["coordinator"]["workers_refused_for_slow_scoring"],
+        "rollouts_refused_429_for_scoring": slow_refusals, "completions_cut_off_over_budget": over_budget,
+        "any_honest_worker_refused_for_slow_scoring": bool(
+            after["coordinator"]["workers_refused_for_slow_scoring"] or slow_refusals),
+    }
+    after["before"] = {k: before[k] for k in ("latency_ms", "errors", "coordinator", "learner", "clients")}
+    return after
+
+
+def _log_findings(path: Path) -> dict:
+    """Tracebacks and errors the coordinator logged (e.g. 'Too many open files')."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    errors = [line for line in lines if " ERROR " in line or "Error" in line]
+    return {"lines": len(lines), "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
+            "too_many_open_files": sum(1 for line in lines if "Too many open files" in line),
+            "error_line_samples": errors[:5]}
