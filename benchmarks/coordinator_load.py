@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -106,6 +107,7 @@ def run_all(args: argparse.Namespace, argv: list[str]) -> dict:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs_root = ROOT / "runs" / "coordinator_load" / stamp
     settings = case_settings(args, runs_root)
+    os.sched_setaffinity(0, settings.client_cores)  # the harness (mostly asleep) keeps off the coordinator's core
     result = {"benchmark": "coordinator_load", "provenance": provenance(ROOT, argv),
               "settings": _settings_json(args, settings), "cases": []}
     scenario = "mass_join" if args.mass_join else "steady"
@@ -120,7 +122,7 @@ def run_all(args: argparse.Namespace, argv: list[str]) -> dict:
         progress(f"{scenario} N={n}: {_one_line(section)}")
     _add_ratios(result["cases"], args.reference_workers)
     result["table"] = [_row(c) for c in result["cases"]]
-    result["provenance"]["load_average_end"] = list(__import__("os").getloadavg())
+    result["provenance"]["load_average_end"] = list(os.getloadavg())
     return result
 
 
@@ -164,6 +166,7 @@ def _row(c: dict) -> dict:
             "steps_per_min": c["learner"]["steps_per_min"], "ratio_vs_reference": c["learner"].get("ratio_vs_reference"),
             "client_cpu_s_per_s": c["clients"]["cpu_s_per_s"], "client_lag_p99_ms": c["clients"]["loop_lag_ms"]["p99_ms"],
             "client_lag_max_ms": c["clients"]["loop_lag_ms"]["max_ms"],
+            "cores_busy_s_per_s": c.get("cores_busy_s_per_s"),
             **({"recovery_s": c["mass_join"]["recovery_s"]} if "mass_join" in c else {})}
 
 

@@ -67,6 +67,8 @@ def _measured(plan, samples: dict, workers: Merged, learner: Merged, client_name
         "clients": {"processes": len(client_names), "cpu_s_per_s": round(sum(cpu.get(c, 0.0) for c in client_names), 3),
                     "cpu_s_per_s_by_process": {c: cpu.get(c) for c in client_names},
                     "loop_lag_ms": report.lag_section(workers, phases)},
+        "cores_busy_s_per_s": report.cpu_section(samples, sorted(k for k in samples.get(boundaries[0], {})
+                                                                 if k.startswith("core")), boundaries, span_s),
         "load_average_1m": samples.get(boundaries[1], {}).get("_loadavg_1m"),
     }
 

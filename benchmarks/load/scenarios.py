@@ -22,7 +22,7 @@ from pathlib import Path
 
 from load import processes as procs
 from load import report
-from load.stats import Merged, tree_cpu_s
+from load.stats import Merged, cores_busy_s, tree_cpu_s
 
 BENCH = Path(__file__).resolve().parents[1]
 CLIENT_START_S = 4.0
@@ -170,7 +170,7 @@ def _walk_phases(plan: Plan, started: list[procs.Started], coordinator: procs.St
         if coordinator.proc.poll() is not None:
             raise RuntimeError(f"the coordinator exited ({coordinator.proc.returncode}):\n{coordinator.log_tail()}")
         procs.note_helpers(coordinator)
-        samples[name] = {p.name: tree_cpu_s(p.pid) for p in started}
+        samples[name] = {p.name: tree_cpu_s(p.pid) for p in started} | cores_busy_s()
         samples[name]["_loadavg_1m"] = os.getloadavg()[0]
         progress(f"{plan.scenario} N={plan.workers}: phase '{name}' (load average {os.getloadavg()[0]:.2f})")
     return samples

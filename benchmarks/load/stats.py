@@ -188,3 +188,15 @@ def tree_cpu_s(pid: int) -> float:
         return 0.0
     own = sum(int(fields[i]) for i in (11, 12, 13, 14)) * _TICK_S  # utime stime cutime cstime
     return own + sum(tree_cpu_s(child) for child in children_of(pid))
+
+
+def cores_busy_s() -> dict[str, float]:
+    """Busy seconds of each core since boot (/proc/stat: all but idle and iowait), keyed
+    "core<N>": with a process's own CPU, whether something else shared its core."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *ticks = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(t) for t in ticks]
+            out[f"core{name[3:]}"] = (sum(values[:8]) - values[3] - values[4]) * _TICK_S
+    return out
