@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from load.provenance import provenance  # noqa: E402
-from load.scenarios import CaseSettings, progress, run_case  # noqa: E402
+from load.scenarios import CASE_RAW, CaseSettings, case_from_run_dir, progress, run_case  # noqa: E402
 
 BENCH_OVERRIDES = ("warmstart.steps=0", "evaluation.where=learner", "train.steps=1000000")
 RESULT = ROOT / "benchmarks" / "results" / "coordinator_load.json"
@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override a run config field for the coordinator (repeatable)")
     p.add_argument("--save", action="store_true", help=f"also write {RESULT.relative_to(ROOT)}")
     p.add_argument("--out", help="also write the JSON here")
+    p.add_argument("--rebuild", metavar="RUN_ROOT", help="make the JSON again from an earlier invocation's run dirs "
+                                                          "(runs/coordinator_load/STAMP) instead of running")
     return p.parse_args(argv)
 
 
@@ -120,10 +122,28 @@ def run_all(args: argparse.Namespace, argv: list[str]) -> dict:
             section = {"scenario": scenario, "workers": n, "error": str(exc)[-3000:]}
         result["cases"].append(section)
         progress(f"{scenario} N={n}: {_one_line(section)}")
-    _add_ratios(result["cases"], args.reference_workers)
-    result["table"] = [_row(c) for c in result["cases"]]
+        _finish(result, args.reference_workers)
+        (runs_root / "result.json").write_text(json.dumps(result, indent=2))  # kept case by case
     result["provenance"]["load_average_end"] = list(os.getloadavg())
     return result
+
+
+def rebuild(args: argparse.Namespace) -> dict:
+    """The JSON of an earlier invocation, its cases' sections made again from their run dirs."""
+    root = Path(args.rebuild)
+    result = json.loads((root / "result.json").read_text())
+    for index, case in enumerate(result["cases"]):
+        run_dir = Path(case.get("run_dir") or root / f"{case['scenario']}-n{case['workers']}")
+        if (run_dir / CASE_RAW).is_file():
+            result["cases"][index] = case_from_run_dir(run_dir)
+    _finish(result, result["settings"]["reference_workers"])
+    result["provenance"]["rebuilt"] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+    return result
+
+
+def _finish(result: dict, reference: int) -> None:
+    _add_ratios(result["cases"], reference)
+    result["table"] = [_row(c) for c in result["cases"]]
 
 
 def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
@@ -173,7 +193,10 @@ def _row(c: dict) -> dict:
 def _one_line(c: dict) -> str:
     if "error" in c:
         return "failed"
-    r = _row(c)
+    try:
+        r = _row(c)
+    except (KeyError, TypeError) as exc:  # a report bug must not lose the cases still to run
+        return f"(no summary: {exc!r})"
     return (f"heartbeat p50/p99 {r['heartbeat_p50_ms']}/{r['heartbeat_p99_ms']} ms, lease p99 {r['lease_p99_ms']} ms, "
             f"rollout p99 {r['rollout_p99_ms']} ms, errors {r['errors']}, evictions {r['evictions']}, stalls "
             f"{r['stalls']}, coordinator CPU {r['coordinator_cpu_s_per_s']}, {r['steps_per_min']} steps/min, clients "
@@ -183,7 +206,7 @@ def _one_line(c: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    result = run_all(args, argv)
+    result = rebuild(args) if args.rebuild else run_all(args, argv)
     text = json.dumps(result, indent=2)
     print(text)
     for path in ([RESULT] if args.save else []) + ([Path(args.out)] if args.out else []):

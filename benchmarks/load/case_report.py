@@ -22,7 +22,7 @@ def case_section(*, plan, run_dir: Path, cfg: dict, samples: dict, workers: Merg
                          phases=("measure",), window=plan.window, boundaries=("measure", "leave"))
     else:
         body = _mass_join(plan, samples, workers, learner, client_names, records, step_times)
-    body["errors"]["leave"] = {k: v for k, v in report.errors_section(workers, ("leave",)).items() if k == "leave"}
+    body["errors"]["leave"] = report.errors_section(workers, ("leave",)).get("leave", {})
     body["latency_ms"]["leave"] = workers.histogram("leave", ("leave",)).summary()
     return {
         "scenario": plan.scenario, "workers": plan.workers, "run_dir": str(run_dir), **plan.notes,

@@ -17,7 +17,7 @@ import secrets
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from load import processes as procs
@@ -25,6 +25,8 @@ from load import report
 from load.stats import Merged, cores_busy_s, tree_cpu_s
 
 BENCH = Path(__file__).resolve().parents[1]
+CASE_RAW = "case_raw.json"
+"""What a case's run dir keeps of the harness's own view (the plan, CPU samples, exit statuses)."""
 CLIENT_START_S = 4.0
 """Time given the client processes to start (Python, aiohttp, pydantic) before the first join."""
 
@@ -126,7 +128,21 @@ def run_case(settings: CaseSettings, scenario: str, n: int, run_dir: Path) -> di
         progress(f"{scenario} N={n}: clients done; stopping the learner and the coordinator")
     finally:
         exits = procs.stop_all(started)
-    return _case_report(plan, run_dir, cfg, samples, clients, exits)
+    raw = {"plan": asdict(plan), "samples": samples, "clients": [c.name for c in clients], "exits": exits}
+    (run_dir / CASE_RAW).write_text(json.dumps(raw))
+    return case_from_run_dir(run_dir)
+
+
+def case_from_run_dir(run_dir: Path) -> dict:
+    """A case's JSON section from what its run left in `run_dir` (its CASE_RAW file, the
+    clients' and the learner's results, the coordinator's metrics): the report can be made
+    again, e.g. after the report itself changed."""
+    raw = json.loads((run_dir / CASE_RAW).read_text())
+    plan = raw["plan"]
+    plan = Plan(**{**plan, "phases": [tuple(p) for p in plan["phases"]], "window": tuple(plan["window"]),
+                   "before": tuple(plan["before"]) if plan["before"] else None})
+    cfg = json.loads((run_dir / "config.json").read_text())
+    return _case_report(plan, run_dir, cfg, raw["samples"], raw["clients"], raw["exits"])
 
 
 def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, url: str, tokens: dict,
@@ -194,13 +210,12 @@ def _merged(paths: list[Path]) -> tuple[Merged, list[dict]]:
     return merged, raw
 
 
-def _case_report(plan: Plan, run_dir: Path, cfg: dict, samples: dict, clients: list[procs.Started],
-                 exits: dict) -> dict:
+def _case_report(plan: Plan, run_dir: Path, cfg: dict, samples: dict, clients: list[str], exits: dict) -> dict:
     from load.case_report import case_section
 
-    workers, client_raw = _merged([run_dir / "clients" / f"{c.name}.json" for c in clients])
+    workers, client_raw = _merged([run_dir / "clients" / f"{name}.json" for name in clients])
     learner, _ = _merged([run_dir / "fake_learner.json"])
     return case_section(plan=plan, run_dir=run_dir, cfg=cfg, samples=samples, workers=workers, learner=learner,
-                        client_raw=client_raw, client_names=[c.name for c in clients], exits=exits,
+                        client_raw=client_raw, client_names=clients, exits=exits,
                         records=report.coordinator_records(run_dir),
                         step_times=report.learner_steps(run_dir / "fake_learner_steps.jsonl"))
