@@ -186,7 +186,8 @@ def _row(c: dict) -> dict:
             "steps_per_min": c["learner"]["steps_per_min"], "ratio_vs_reference": c["learner"].get("ratio_vs_reference"),
             "client_cpu_s_per_s": c["clients"]["cpu_s_per_s"], "client_lag_p99_ms": c["clients"]["loop_lag_ms"]["p99_ms"],
             "client_lag_max_ms": c["clients"]["loop_lag_ms"]["max_ms"],
-            "cores_busy_s_per_s": c.get("cores_busy_s_per_s"),
+            "others_on_coordinator_cores_s_per_s": c.get("others_on_coordinator_cores_s_per_s"),
+            "others_on_client_cores_s_per_s": c.get("others_on_client_cores_s_per_s"),
             **({"recovery_s": c["mass_join"]["recovery_s"]} if "mass_join" in c else {})}
 
 
@@ -200,7 +201,8 @@ def _one_line(c: dict) -> str:
     return (f"heartbeat p50/p99 {r['heartbeat_p50_ms']}/{r['heartbeat_p99_ms']} ms, lease p99 {r['lease_p99_ms']} ms, "
             f"rollout p99 {r['rollout_p99_ms']} ms, errors {r['errors']}, evictions {r['evictions']}, stalls "
             f"{r['stalls']}, coordinator CPU {r['coordinator_cpu_s_per_s']}, {r['steps_per_min']} steps/min, clients "
-            f"CPU {r['client_cpu_s_per_s']} lag p99 {r['client_lag_p99_ms']} ms")
+            f"CPU {r['client_cpu_s_per_s']} lag p99 {r['client_lag_p99_ms']} ms; other processes on the coordinator's "
+            f"core {r['others_on_coordinator_cores_s_per_s']} CPU s/s")
 
 
 def main(argv: list[str] | None = None) -> int:

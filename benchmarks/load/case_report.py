@@ -67,8 +67,12 @@ def _measured(plan, samples: dict, workers: Merged, learner: Merged, client_name
         "clients": {"processes": len(client_names), "cpu_s_per_s": round(sum(cpu.get(c, 0.0) for c in client_names), 3),
                     "cpu_s_per_s_by_process": {c: cpu.get(c) for c in client_names},
                     "loop_lag_ms": report.lag_section(workers, phases)},
-        "cores_busy_s_per_s": report.cpu_section(samples, sorted(k for k in samples.get(boundaries[0], {})
-                                                                 if k.startswith("core")), boundaries, span_s),
+        "cores_busy_s_per_s": (cores := report.cpu_section(samples, sorted(k for k in samples.get(boundaries[0], {})
+                                                                          if k.startswith("core")), boundaries, span_s)),
+        "others_on_coordinator_cores_s_per_s": _others(cores, plan.notes.get("coordinator_cores", [0]),
+                                                       [cpu.get("coordinator")]),
+        "others_on_client_cores_s_per_s": _others(cores, plan.notes.get("client_cores", [1]),
+                                                  [cpu.get(name) for name in ("learner", *client_names)]),
         "load_average_1m": samples.get(boundaries[1], {}).get("_loadavg_1m"),
     }
 
@@ -95,6 +99,14 @@ def _mass_join(plan, samples: dict, workers: Merged, learner: Merged, client_nam
     }
     after["before"] = {k: before[k] for k in ("latency_ms", "errors", "coordinator", "learner", "clients")}
     return after
+
+
+def _others(cores_busy: dict, cores: list[int], ours: list[float | None]) -> float | None:
+    """CPU per second spent on `cores` by processes other than `ours` (other users of the
+    machine, the harness, the kernel): above a few hundredths, the case shared its cores."""
+    if not cores_busy or any(x is None for x in ours):
+        return None
+    return round(max(0.0, sum(cores_busy.get(f"core{c}", 0.0) for c in cores) - sum(ours)), 3)
 
 
 def _log_findings(path: Path) -> dict:

@@ -120,6 +120,8 @@ def run_case(settings: CaseSettings, scenario: str, n: int, run_dir: Path) -> di
         progress(f"{scenario} N={n}: coordinator pid {coordinator.pid} at {url} (cores "
                  f"{sorted(settings.coordinator_cores)})")
         plan = plan_case(settings, scenario, n, time.time())
+        plan.notes["coordinator_cores"] = sorted(settings.coordinator_cores)
+        plan.notes["client_cores"] = sorted(settings.client_cores)
         started.insert(0, _start_learner(settings, cfg, run_dir, url, tokens, plan))
         clients = _start_clients(settings, run_dir, url, tokens, plan)
         started[:0] = clients
