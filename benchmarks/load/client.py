@@ -49,7 +49,7 @@ async def run_workers(cfg: dict, recorder: Recorder, stop: asyncio.Event) -> lis
     async def one(index: int, name: str, source_ip: str, join_at: float) -> None:
         await asyncio.sleep(max(0.0, join_at - time.time()))
         if not stop.is_set():
-            await SimWorker(index, name, source_ip, settings, recorder, answers).run(stop)
+            await SimWorker(index, name, source_ip, settings, recorder=recorder, answers=answers).run(stop)
 
     loop.call_later(max(0.0, cfg["leave_at"] - time.time()), stop.set)
     results = await asyncio.gather(*(one(*w) for w in cfg["workers"]), return_exceptions=True)

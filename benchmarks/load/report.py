@@ -120,7 +120,7 @@ def worker_counts(merged: Merged, phases: tuple[str, ...]) -> dict:
     return {what: merged.count(what, phases) for what in WORKER_COUNTS if merged.count(what, phases)}
 
 
-def recovery_s(step_times: list[float], joined_at: float, end: float, before_per_min: float,
+def recovery_s(step_times: list[float], joined_at: float, end: float, *, before_per_min: float,
                window_s: float, tolerance: float = 0.05) -> tuple[float | None, float | None]:
     """Seconds from a mass join until the learner is back at full pace for good: the earliest
     time t (on a 1 s grid, from the join) after which every trailing `window_s` window until

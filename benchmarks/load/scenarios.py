@@ -122,8 +122,8 @@ def run_case(settings: CaseSettings, scenario: str, n: int, run_dir: Path) -> di
         plan = plan_case(settings, scenario, n, time.time())
         plan.notes["coordinator_cores"] = sorted(settings.coordinator_cores)
         plan.notes["client_cores"] = sorted(settings.client_cores)
-        started.insert(0, _start_learner(settings, cfg, run_dir, url, tokens, plan))
-        clients = _start_clients(settings, run_dir, url, tokens, plan)
+        started.insert(0, _start_learner(settings, cfg, run_dir, url=url, tokens=tokens, plan=plan))
+        clients = _start_clients(settings, run_dir, url, tokens=tokens, plan=plan)
         started[:0] = clients
         samples = _walk_phases(plan, started, coordinator)
         _wait_clients(clients, plan.leave_at + 30.0)
@@ -144,10 +144,10 @@ def case_from_run_dir(run_dir: Path) -> dict:
     plan = Plan(**{**plan, "phases": [tuple(p) for p in plan["phases"]], "window": tuple(plan["window"]),
                    "before": tuple(plan["before"]) if plan["before"] else None})
     cfg = json.loads((run_dir / "config.json").read_text())
-    return _case_report(plan, run_dir, cfg, raw["samples"], raw["clients"], raw["exits"])
+    return _case_report(plan, run_dir, cfg, samples=raw["samples"], clients=raw["clients"], exits=raw["exits"])
 
 
-def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, url: str, tokens: dict,
+def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, *, url: str, tokens: dict,
                    plan: Plan) -> procs.Started:
     learner_cfg = {"url": url, "learner_token": tokens["ECHO2_LEARNER_TOKEN"], "phases": plan.phases,
                    "payload": str(run_dir / "base" / "model.safetensors"), "train_s": settings.train_s,
@@ -159,7 +159,8 @@ def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, url: str, t
                        cores=set(settings.client_cores), log_path=run_dir / "logs" / "learner.log")
 
 
-def _start_clients(settings: CaseSettings, run_dir: Path, url: str, tokens: dict, plan: Plan) -> list[procs.Started]:
+def _start_clients(settings: CaseSettings, run_dir: Path, url: str, *, tokens: dict,
+                   plan: Plan) -> list[procs.Started]:
     per = settings.workers_per_client
     everyone = [[i, f"sim{i:05d}", source_ip(i // settings.workers_per_address), at] for i, at in enumerate(plan.join_at)]
     out = []
@@ -212,7 +213,7 @@ def _merged(paths: list[Path]) -> tuple[Merged, list[dict]]:
     return merged, raw
 
 
-def _case_report(plan: Plan, run_dir: Path, cfg: dict, samples: dict, clients: list[str], exits: dict) -> dict:
+def _case_report(plan: Plan, run_dir: Path, cfg: dict, *, samples: dict, clients: list[str], exits: dict) -> dict:
     from load.case_report import case_section
 
     workers, client_raw = _merged([run_dir / "clients" / f"{name}.json" for name in clients])

@@ -78,7 +78,7 @@ class SimSettings:
     coordinator plans relay trees over the fleet as for real relaying workers."""
 
 
-def completion(answers: AnswerBook, prompt_ids: list[int], max_new_tokens: int, correct_fraction: float,
+def completion(answers: AnswerBook, prompt_ids: list[int], max_new_tokens: int, *, correct_fraction: float,
                rng: random.Random) -> m.RolloutCompletion:
     """One well-formed completion: the right answer `correct_fraction` of the time, else random
     digits; one log-prob per token, in (-3, 0)."""
@@ -89,7 +89,7 @@ def completion(answers: AnswerBook, prompt_ids: list[int], max_new_tokens: int, 
 
 
 class SimWorker:
-    def __init__(self, index: int, name: str, source_ip: str, settings: SimSettings, recorder: Recorder,
+    def __init__(self, index: int, name: str, source_ip: str, settings: SimSettings, *, recorder: Recorder,
                  answers: AnswerBook) -> None:
         self.index, self.worker_id, self.source_ip = index, name, source_ip
         self.settings, self.recorder, self.answers = settings, recorder, answers
@@ -309,7 +309,8 @@ class SimWorker:
         for task in tasks:
             s = task.sampling
             completions = [completion(self.answers, task.prompt_ids, s.max_new_tokens,
-                                      self.settings.correct_fraction, self.rng) for _ in range(s.group_size)]
+                                      correct_fraction=self.settings.correct_fraction, rng=self.rng)
+                           for _ in range(s.group_size)]
             body = m.RolloutSubmission(worker_id=self.worker_id, lease_id=task.lease_id, version=version,
                                        completions=completions, gen_time_s=per_task_s)
             try:

@@ -192,11 +192,14 @@ def tree_cpu_s(pid: int) -> float:
 
 def cores_busy_s() -> dict[str, float]:
     """Busy seconds of each core since boot (/proc/stat: all but idle and iowait), keyed
-    "core<N>": with a process's own CPU, whether something else shared its core."""
+    "core<N>", and the part of it spent in interrupts ("core<N>_irq": irq and softirq, where
+    the kernel moves loopback packets, counted against no process): with the processes' own
+    CPU, whether something else shared a core."""
     out = {}
     for line in Path("/proc/stat").read_text().splitlines():
         name, *ticks = line.split()
         if name.startswith("cpu") and name != "cpu":
             values = [int(t) for t in ticks]
             out[f"core{name[3:]}"] = (sum(values[:8]) - values[3] - values[4]) * _TICK_S
+            out[f"core{name[3:]}_irq"] = (values[5] + values[6]) * _TICK_S
     return out

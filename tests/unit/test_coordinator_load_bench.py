@@ -48,8 +48,8 @@ async def _fleet_against_coordinator(tmp_path: Path, model_dir: Path) -> tuple[R
     stop = asyncio.Event()
     try:
         jobs = [asyncio.create_task(learner.run(stop))]
-        jobs += [asyncio.create_task(SimWorker(i, f"sim{i}", source_ip(i), settings, recorder, answers).run(stop))
-                 for i in range(3)]
+        jobs += [asyncio.create_task(SimWorker(i, f"sim{i}", source_ip(i), settings, recorder=recorder,
+                                               answers=answers).run(stop)) for i in range(3)]
         await asyncio.sleep(RUN_S)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*jobs), timeout=15)
@@ -107,7 +107,7 @@ def test_recovery_is_when_the_pace_is_back_for_good():
     recovered, slowest = report.recovery_s(steps, joined_at=60.0, end=119.0, before_per_min=60.0, window_s=10.0)
     assert recovered == 24.0  # the first trailing 10 s window back at 60 steps/min ends at 84
     assert slowest == 0.0
-    unharmed, _ = report.recovery_s([float(t) for t in range(120)], 60.0, 119.0, 60.0, 10.0)
+    unharmed, _ = report.recovery_s([float(t) for t in range(120)], 60.0, 119.0, before_per_min=60.0, window_s=10.0)
     assert unharmed == 0.0
 
 
