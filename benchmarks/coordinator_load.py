@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -117,6 +118,10 @@ def run_all(args: argparse.Namespace, argv: list[str]) -> dict:
         progress(f"{scenario} N={n}: starting (run dir {runs_root / f'{scenario}-n{n}'})")
         try:
             section = run_case(settings, scenario, n, runs_root / f"{scenario}-n{n}")
+        except KeyboardInterrupt:  # its processes are stopped already (run_case's finally): report what ran
+            progress(f"{scenario} N={n}: interrupted; every process it started is stopped")
+            result["cases"].append({"scenario": scenario, "workers": n, "error": "interrupted"})
+            break
         except Exception as exc:  # noqa: BLE001  one broken case is reported; the others still run
             progress(f"{scenario} N={n}: FAILED: {exc}")
             section = {"scenario": scenario, "workers": n, "error": str(exc)[-3000:]}
@@ -124,6 +129,7 @@ def run_all(args: argparse.Namespace, argv: list[str]) -> dict:
         progress(f"{scenario} N={n}: {_one_line(section)}")
         _finish(result, args.reference_workers)
         (runs_root / "result.json").write_text(json.dumps(result, indent=2))  # kept case by case
+    _finish(result, args.reference_workers)
     result["provenance"]["load_average_end"] = list(os.getloadavg())
     return result
 
@@ -205,9 +211,17 @@ def _one_line(c: dict) -> str:
             f"core {r['others_on_coordinator_cores_s_per_s']} CPU s/s")
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # Ctrl-C, and a plain `kill`, stop the case in progress through its cleanup (whatever the
+    # shell that started us did with SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     result = rebuild(args) if args.rebuild else run_all(args, argv)
     text = json.dumps(result, indent=2)
     print(text)

@@ -130,5 +130,11 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def stop_all(processes: list[Started], grace_s: float = STOP_GRACE_S) -> dict[str, int | None]:
-    """Stop each, in the order given (clients, then the learner, then the coordinator)."""
-    return {p.name: stop(p, grace_s) for p in processes}
+    """Stop each, in the order given (clients, then the learner, then the coordinator); a
+    second Ctrl-C or SIGTERM meanwhile waits until every one is stopped."""
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return {p.name: stop(p, grace_s) for p in processes}
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
