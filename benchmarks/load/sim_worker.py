@@ -131,8 +131,8 @@ class SimWorker:
         """The broadcast config (fetched before registering, as a worker starts its relay with
         it), then the registration; False when the coordinator refused or never answered."""
         try:
-            await self._call("broadcast_config", "GET", "/v1/broadcast_config", None, timeout_s=30.0,
-                             token=self.settings.join_token)
+            await self._retrying("broadcast_config", "/v1/broadcast_config", None, token=self.settings.join_token,
+                                 method="GET")
             await self._register()
         except (Refused, Transient):
             self.recorder.count("join_failed")
@@ -323,12 +323,13 @@ class SimWorker:
             self.stats["rollouts"] += len(completions)
 
     # ---- HTTP ----
-    async def _retrying(self, kind: str, path: str, body: BaseModel, token: str | None = None) -> str:
+    async def _retrying(self, kind: str, path: str, body: BaseModel | None, *, token: str | None = None,
+                        method: str = "POST") -> str:
         """link.py's `retrying`: transient failures retried with backoff until stopped."""
         delay_s = FIRST_RETRY_S
         while True:
             try:
-                return await self._call(kind, "POST", path, body, timeout_s=self.settings.request_timeout_s,
+                return await self._call(kind, method, path, body, timeout_s=self.settings.request_timeout_s,
                                         token=token)
             except Transient:
                 if self.stop.is_set():
