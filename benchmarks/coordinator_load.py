@@ -168,7 +168,9 @@ def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
                       "lease: raw latency, including the coordinator holding a refused lease up to its wait_s (5 s)",
                       "batch: the learner's long poll, including the wait for rollouts",
                       "simulated workers advertise relay addresses that nobody serves and fetch no bytes",
-                      "every worker has its own loopback source address unless workers_per_address > 1"]}
+                      "every worker has its own loopback source address unless workers_per_address > 1",
+                      "grpo.drop_uninformative_groups stays as configured (on in the demo): correct_fraction of the "
+                      "completions are the right sum, so few groups score alike (worker_counts.rollout_uninformative)"]}
 
 
 def _add_ratios(sections: list[dict], reference: int) -> None:
