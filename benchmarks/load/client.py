@@ -1,0 +1,84 @@
+"""A client process of the load benchmark: many simulated workers (load.sim_worker) on one
+asyncio loop, each joining at its own time, all stopped at `leave_at` (each then sends its
+leave). Also ticks to measure its own event-loop lag, so a result limited by the client shows.
+Raises RLIMIT_NOFILE to the hard limit first (a worker holds up to three connections). Writes its
+Recorder and a few counts to `out` when done.
+
+    python benchmarks/load/client.py CONFIG.json
+
+CONFIG: url, join_token, tokenizer (a tokenizer.json), phases [[name, wall time]], leave_at
+(wall time), settings (SimSettings fields but url/join_token), workers [[index, worker id,
+source address, join at (wall time)]], out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from echo2.protocol.messages import PROTOCOL_VERSION  # noqa: E402
+from load.answers import AnswerBook  # noqa: E402
+from load.sim_worker import SPEAKS_PROTOCOL, SimSettings, SimWorker  # noqa: E402
+from load.stats import Recorder, lag_ticker  # noqa: E402
+
+
+def raise_open_files_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit; returns the limit now in force."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def sim_settings(cfg: dict) -> SimSettings:
+    extra = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.get("settings", {}).items()}
+    return SimSettings(url=cfg["url"].rstrip("/"), join_token=cfg["join_token"], **extra)
+
+
+async def run_workers(cfg: dict, recorder: Recorder, stop: asyncio.Event) -> list[BaseException]:
+    """Every worker of `cfg`, each started at its join time, until `stop`; the exceptions that
+    escaped any of them (a bug in the simulation, not the coordinator's doing)."""
+    settings, answers = sim_settings(cfg), AnswerBook(Path(cfg["tokenizer"]))
+    loop = asyncio.get_running_loop()
+
+    async def one(index: int, name: str, source_ip: str, join_at: float) -> None:
+        await asyncio.sleep(max(0.0, join_at - time.time()))
+        if not stop.is_set():
+            await SimWorker(index, name, source_ip, settings, recorder=recorder, answers=answers).run(stop)
+
+    loop.call_later(max(0.0, cfg["leave_at"] - time.time()), stop.set)
+    results = await asyncio.gather(*(one(*w) for w in cfg["workers"]), return_exceptions=True)
+    return [r for r in results if isinstance(r, BaseException)]
+
+
+async def _main(cfg: dict) -> dict:
+    if PROTOCOL_VERSION != SPEAKS_PROTOCOL:
+        raise SystemExit(f"the coordinator speaks protocol {PROTOCOL_VERSION}, the simulated worker {SPEAKS_PROTOCOL}: "
+                         "update benchmarks/load/sim_worker.py to the new protocol")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    recorder = Recorder([(name, at) for name, at in cfg["phases"]])
+    ticker = asyncio.create_task(lag_ticker(recorder, stop))
+    errors = await run_workers(cfg, recorder, stop)
+    await ticker
+    return {"recorder": recorder.to_dict(), "workers": len(cfg["workers"]),
+            "bugs": [f"{type(e).__name__}: {e}"[:500] for e in errors[:20]], "bug_count": len(errors)}
+
+
+def main(path: str) -> None:
+    cfg = json.loads(Path(path).read_text())
+    limit = raise_open_files_limit()
+    result = asyncio.run(_main(cfg))
+    result["open_files_limit"] = limit
+    Path(cfg["out"]).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,124 @@
+"""The coordinator load benchmark (benchmarks/coordinator_load.py) kept from rotting: its simulated
+workers and fake learner speak the real protocol to a real coordinator app on loopback (the
+state machine and HTTP face in this process, scoring inline) for a few seconds, and everything
+they do is accepted and measured; the pieces the report is computed with are checked on
+numbers worked by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from aiohttp import web
+from tests.unit.coordinator_helpers import make_state
+
+from echo2.coordinator.credentials import Secrets
+from echo2.coordinator.server import build_app
+from echo2.report.metrics import MetricsWriter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from load import report  # noqa: E402
+from load.answers import AnswerBook  # noqa: E402
+from load.fake_learner import FakeLearner  # noqa: E402
+from load.scenarios import CaseSettings, plan_case, source_ip  # noqa: E402
+from load.sim_worker import SimSettings, SimWorker  # noqa: E402
+from load.stats import Histogram, Merged, Recorder  # noqa: E402
+
+JOIN, LEARNER, OPERATOR = "bench-join-0123456789", "bench-learner-0123456789", "bench-operator-0123456789"
+RUN_S = 4.0
+
+
+async def _fleet_against_coordinator(tmp_path: Path, model_dir: Path) -> tuple[Recorder, FakeLearner]:
+    state = make_state(tmp_path, model_dir, time.monotonic, max_staleness=1, groups_per_step=2)
+    app = build_app(state, MetricsWriter(tmp_path / "metrics.jsonl", "coordinator"),
+                    Secrets(join=JOIN, learner=LEARNER, operator=OPERATOR), max_request_bytes=1 << 20)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    recorder = Recorder([("measure", 0.0)])
+    learner = FakeLearner(url, LEARNER, (model_dir / "model.safetensors").read_bytes(), train_s=0.05,
+                          chunk_bytes=64 << 10, checkpoint_every=50, recorder=recorder)
+    settings = SimSettings(url=url, join_token=JOIN, gen_s=(0.05, 0.1), fetch_s=(0.01, 0.05))
+    answers = AnswerBook(model_dir / "tokenizer.json")
+    stop = asyncio.Event()
+    try:
+        jobs = [asyncio.create_task(learner.run(stop))]
+        jobs += [asyncio.create_task(SimWorker(i, f"sim{i}", source_ip(i), settings, recorder=recorder,
+                                               answers=answers).run(stop)) for i in range(3)]
+        await asyncio.sleep(RUN_S)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*jobs), timeout=15)
+    finally:
+        await runner.cleanup()
+    return recorder, learner
+
+
+def test_simulated_fleet_speaks_the_protocol_to_a_real_coordinator(tmp_path, tiny_model_dir):
+    recorder, learner = asyncio.run(_fleet_against_coordinator(tmp_path, tiny_model_dir))
+    merged = Merged()
+    merged.add(recorder.to_dict())
+    phases = ("measure",)
+    assert merged.count("registered", phases) == 3
+    assert merged.count("rollout_accepted", phases) > 0  # well-formed groups, scored and buffered
+    assert merged.count("rollout_refused", phases) == 0
+    assert learner.steps >= 1  # batches came from the simulated workers' groups
+    errors = report.errors_section(merged, phases)
+    assert errors == {}, errors  # nothing refused, timed out or failed
+    latency = report.latency_section(merged, report.WORKER_KINDS + report.LEARNER_KINDS, phases)
+    for kind in ("register", "heartbeat", "lease", "rollout", "leave", "batch", "publish"):
+        assert latency[kind]["count"] > 0, kind
+    assert latency["leave"]["count"] == 3
+
+
+def test_answer_book_gives_the_sum_as_token_ids(tiny_model_dir):
+    answers = AnswerBook(tiny_model_dir / "tokenizer.json")
+    prompt = answers.tokenizer.encode("37+45=", add_special_tokens=False).ids
+    assert answers.tokenizer.decode(answers.answer(prompt)) == "82"
+
+
+def test_histogram_percentiles_within_one_percent_and_merge():
+    first, second = Histogram(), Histogram()
+    for ms in range(1, 501):
+        first.add(float(ms))
+    for ms in range(501, 1001):
+        second.add(float(ms))
+    first.merge(Histogram.from_dict(second.to_dict()))
+    assert first.n == 1000 and first.max_ms == 1000.0
+    assert abs(first.percentile(0.5) - 500) / 500 < 0.01
+    assert abs(first.percentile(0.99) - 990) / 990 < 0.01
+
+
+def test_recorder_files_by_the_phase_a_request_started_in():
+    recorder = Recorder([("join", 100.0), ("measure", 200.0), ("leave", 300.0)])
+    recorder.took("lease", 250.0, 5.0)
+    recorder.outcome("lease", "http_429", 50.0, reason="too many registrations from 127.0.0.1: retry in 2.5 s")
+    assert [key for key in recorder.latency] == [("measure", "lease")]
+    assert list(recorder.outcomes) == [("join", "lease", "http_429")]
+    assert next(iter(recorder.reasons))[2] == "too many registrations from #.#.#.#: retry in #.# s"
+
+
+def test_recovery_is_when_the_pace_is_back_for_good():
+    steps = [float(t) for t in range(0, 60)] + [75.0 + t for t in range(0, 45)]  # 1 step/s, a 15 s gap at 60
+    recovered, slowest = report.recovery_s(steps, joined_at=60.0, end=119.0, before_per_min=60.0, window_s=10.0)
+    assert recovered == 24.0  # the first trailing 10 s window back at 60 steps/min ends at 84
+    assert slowest == 0.0
+    unharmed, _ = report.recovery_s([float(t) for t in range(120)], 60.0, 119.0, before_per_min=60.0, window_s=10.0)
+    assert unharmed == 0.0
+
+
+def test_plan_spreads_joins_and_mass_join_lands_within_a_second():
+    settings = CaseSettings(config="", overrides=(), duration_s=60, warmup_s=10, ramp_s=None, before_s=30,
+                            base_workers=100, train_s=1.0, sim={}, workers_per_client=2000, workers_per_address=1,
+                            coordinator_cores=frozenset({0}), client_cores=frozenset({1}), runs_root=Path("."))
+    steady = plan_case(settings, "steady", 1000, now=0.0)
+    assert steady.notes["ramp_s"] == 10.0 and steady.window[1] - steady.window[0] == 60
+    assert max(steady.join_at) < steady.window[0]
+    mass = plan_case(settings, "mass_join", 1000, now=0.0)
+    joined = mass.join_at[100:]
+    assert len(joined) == 1000 and max(joined) - min(joined) < 1.0 and min(joined) == mass.window[0]
+    assert len({source_ip(i) for i in range(20000)}) == 20000
