@@ -162,9 +162,8 @@ def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
             "mass_join": {"base_workers": args.base_workers, "before_s": args.before_s} if args.mass_join else None,
             "notes": ["latency percentiles are over answered requests (any status); timeouts and connection errors "
                       "are counted under errors only",
-                      "heartbeat: service time (an unheld beat's latency; a held beat's time past its wait, or from "
-                      "the publish to the answer when it brought news); heartbeat_held: held beats' raw latency; "
-                      "version_news: publish (learner clock) to a held beat's answer carrying it",
+                      "heartbeat: latency (answered at once); news_line: the time to open a worker's news line; "
+                      "version_news: publish (learner clock) to the news line carrying it to the worker",
                       "lease: raw latency, including the coordinator holding a refused lease up to its wait_s (5 s)",
                       "batch: the learner's long poll, including the wait for rollouts",
                       "simulated workers advertise relay addresses that nobody serves and fetch no bytes",
@@ -189,6 +188,9 @@ def _row(c: dict) -> dict:
             "heartbeat_p99_ms": lat["heartbeat"]["p99_ms"], "lease_p99_ms": lat["lease"]["p99_ms"],
             "rollout_p99_ms": lat["rollout"]["p99_ms"],
             "errors": sum(n for kind in errors.values() for n in kind.values()),
+            "registrations_deferred": c.get("deferred", {}).get("register", 0),
+            "leases_expired": c["coordinator"]["leases_expired"],
+            "version_news_p99_ms": lat.get("version_news", {}).get("p99_ms"),
             "evictions": c["coordinator"]["evictions"], "stalls": c["coordinator"]["stalls"]["count"],
             "stall_max_s": c["coordinator"]["stalls"]["max_s"], "coordinator_cpu_s_per_s": c["coordinator"]["cpu_s_per_s"],
             "steps_per_min": c["learner"]["steps_per_min"], "ratio_vs_reference": c["learner"].get("ratio_vs_reference"),
@@ -207,7 +209,8 @@ def _one_line(c: dict) -> str:
     except (KeyError, TypeError) as exc:  # a report bug must not lose the cases still to run
         return f"(no summary: {exc!r})"
     return (f"heartbeat p50/p99 {r['heartbeat_p50_ms']}/{r['heartbeat_p99_ms']} ms, lease p99 {r['lease_p99_ms']} ms, "
-            f"rollout p99 {r['rollout_p99_ms']} ms, errors {r['errors']}, evictions {r['evictions']}, stalls "
+            f"rollout p99 {r['rollout_p99_ms']} ms, news p99 {r['version_news_p99_ms']} ms, errors {r['errors']} "
+            f"(registrations deferred {r['registrations_deferred']}), evictions {r['evictions']}, stalls "
             f"{r['stalls']}, coordinator CPU {r['coordinator_cpu_s_per_s']}, {r['steps_per_min']} steps/min, clients "
             f"CPU {r['client_cpu_s_per_s']} lag p99 {r['client_lag_p99_ms']} ms; other processes on the coordinator's "
             f"core {r['others_on_coordinator_cores_s_per_s']} CPU s/s")

@@ -69,6 +69,7 @@ def _measured(plan, seen: Seen, *, phases: tuple[str, ...], window: tuple[float,
     return {
         "latency_ms": latency,
         "errors": errors,
+        "deferred": report.deferred_section(workers, (*phases, *register_phases)),
         "requests": report.requests_section(workers, phases),
         "worker_counts": report.worker_counts(workers, phases),
         "coordinator": {**report.coordinator_section(seen.records, window, (plan.phases[0][1], plan.leave_at + 30.0)),

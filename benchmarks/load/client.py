@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import signal
 import sys
 import time
@@ -24,15 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from echo2.protocol.messages import PROTOCOL_VERSION  # noqa: E402
 from load.answers import AnswerBook  # noqa: E402
+from load.processes import raise_open_files_limit  # noqa: E402
 from load.sim_worker import SPEAKS_PROTOCOL, SimSettings, SimWorker  # noqa: E402
 from load.stats import Recorder, lag_ticker  # noqa: E402
-
-
-def raise_open_files_limit() -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit; returns the limit now in force."""
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 def sim_settings(cfg: dict) -> SimSettings:

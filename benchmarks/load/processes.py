@@ -45,11 +45,26 @@ class Started:
             return ""
 
 
+OPEN_FILES_WANTED = 65_536
+"""Open files each process may hold: 10,000 workers keep two connections each to the coordinator
+(the news line and their requests). Raised as far as root may (the hard limit otherwise)."""
+
+
+def raise_open_files_limit() -> int:
+    """RLIMIT_NOFILE up to OPEN_FILES_WANTED where the process may raise its hard limit (root),
+    else the soft limit up to the hard one; returns the limit now in force."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, OPEN_FILES_WANTED), max(hard, OPEN_FILES_WANTED)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def _pinned(cores: set[int]):
     def setup() -> None:  # runs in the child between fork and exec
         os.sched_setaffinity(0, cores)
-        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        raise_open_files_limit()
 
     return setup
 

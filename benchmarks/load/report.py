@@ -10,13 +10,15 @@ from pathlib import Path
 
 from load.stats import Histogram, Merged
 
-WORKER_KINDS = ("broadcast_config", "register", "heartbeat", "heartbeat_held", "version_news", "lease", "rollout",
+WORKER_KINDS = ("broadcast_config", "register", "heartbeat", "news_line", "version_news", "lease", "rollout",
                 "leave")
 LEARNER_KINDS = ("batch", "publish")
-NOT_ERRORS = ("ok", "cut_short")
+NOT_ERRORS = ("ok", "cut_short", "deferred")
+"""Outcomes that are no failure: answered, given up by the worker itself, or a registration the
+coordinator deferred with a Retry-After it then kept (counted apart: `deferred_section`)."""
 WORKER_COUNTS = ("registered", "join_failed", "reregistered", "reregister_failed", "lease_granted", "lease_refused",
                  "rollout_accepted", "rollout_uninformative", "rollout_dropped",
-                 "rollout_refused", "evaluation_lease_unexpected")
+                 "rollout_refused", "evaluation_lease_unexpected", "bad_reply")
 
 
 def latency_section(merged: Merged, kinds: tuple[str, ...], phases: tuple[str, ...]) -> dict:
@@ -32,6 +34,16 @@ def errors_section(merged: Merged, phases: tuple[str, ...]) -> dict:
             out.setdefault(kind, {})
             out[kind][outcome] = out[kind].get(outcome, 0) + n
     return out
+
+
+def deferred_section(merged: Merged, phases: tuple[str, ...]) -> dict:
+    """{kind: count} of requests a busy coordinator told to come back later (503 with
+    Retry-After): the registration pace, not a failure; the worker waits and asks again."""
+    out: Counter[str] = Counter()
+    for (phase, kind, outcome), n in merged.outcomes.items():
+        if phase in phases and outcome == "deferred":
+            out[kind] += n
+    return dict(sorted(out.items()))
 
 
 def requests_section(merged: Merged, phases: tuple[str, ...]) -> dict:

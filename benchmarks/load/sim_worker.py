@@ -1,23 +1,25 @@
 """One simulated rollout worker, speaking the coordinator's worker protocol exactly as
 `echo2.rollout.worker.Worker` does, with generation and weight fetches replaced by sleeps. This
-is the ONLY module of the load benchmark that knows the worker wire protocol (protocol 7):
-when the protocol changes (version news is about to move from held heartbeats to a streamed
-channel), this class is what changes; the client, the harness and the report stay.
+is the ONLY module of the load benchmark that knows the worker wire protocol (protocol 8):
+when the protocol changes, this class is what changes; the client, the harness and the report
+stay.
 
 What it does, step for step as the real worker (file: function there):
 - GET /v1/broadcast_config, then POST /v1/register with the join token, retried on 409/429
-  for up to 60 s (worker.py: `_broadcast_config`, `_join`); every later call carries the
-  credential it got;
-- heartbeats (`_beat`): each held at the coordinator up to the heartbeat interval until a
-  version newer than the one it knows of is out; a fetch finished cuts the held beat short
-  (the request is cancelled) and an unheld beat (wait_s 0) follows at once; 401/404 (evicted)
-  registers again;
-- the version follower (follower.py): after news, "fetches" the version named by the reply's
-  `fetch` (and only with an `assignment`) for a simulated `fetch_s`, then stages it; the work
-  loop swaps it in between generations;
+  for up to 60 s and through a busy coordinator's 503 as its Retry-After says (worker.py:
+  `_broadcast_config`, `_join`; link.py: `retrying`); every later call carries the credential;
+- its news line (control.py: `_listen`): GET /v1/news held open, each line a reply naming the
+  newest version, what to fetch and from where, and whether to work; opened again after a
+  failure, with backoff;
+- heartbeats (control.py: `_beat`): answered at once, at the interval each reply names; one at
+  once when a fetch left it behind the newest (`beat_now`); 401/404 (evicted) registers again;
+- the version follower (follower.py): after news, "fetches" the version named by `fetch` (and
+  only with an `assignment`) for a simulated `fetch_s`, then stages it; the work loop swaps it
+  in between generations;
 - the work loop (`_work`): no lease while too stale (policy.too_stale); a lease long-polled
   (wait_s 5 s, 0 when a newer version is on its way), retried with backoff on transient
-  failures; a refusal waits its retry_after_s; a grant "generates" for `gen_s` and submits each
+  failures; a refusal waits its retry_after_s (an idle worker's is long, and activation on its
+  news line cuts it short); a grant "generates" for `gen_s` and submits each
   task's group in turn (well-formed: digits of the tokenizer, some the right answer, one
   log-prob per token);
 - POST /v1/leave when stopped.
@@ -42,7 +44,9 @@ from echo2.rollout.waits import unless_set, wait_either
 from load.answers import AnswerBook
 from load.stats import Recorder
 
-SPEAKS_PROTOCOL = 7
+SPEAKS_PROTOCOL = 8
+NEWS_SILENCE_S = 65.0  # control.py: a news line silent this long is opened again
+NEWS_RETRY_S = (0.5, 30.0)  # control.py: pause before opening a failed line again, doubling
 HEARTBEAT_TIMEOUT_S = 5.0  # worker.py: a heartbeat slower than this is as good as lost
 JOIN_WAIT_S = 60.0  # worker.py: how long a registration refused with 409/429 is tried again
 LEASE_WAIT_S = 5.0  # worker.py: the longest a lease request may be held while the window is full
@@ -57,7 +61,12 @@ class Refused(Exception):
 
 
 class Transient(Exception):
-    """Timeout, connection failure or 5xx: the real worker retries these."""
+    """Timeout, connection failure or 5xx: the real worker retries these (after `retry_after_s`
+    when the coordinator said when)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,7 @@ class SimWorker:
         self.registered_at = 0.0
         self.heartbeat_interval_s, self.max_staleness = 1.0, 0
         self.version, self.staged, self.latest = -1, -1, -1
-        self.target: m.VersionInfo | None = None  # what to pull next (the reply's `fetch`)
+        self.target: tuple[int, float] | None = None  # what to pull next (the reply's `fetch`): version, published at
         self.assigned = False  # the reply named a source for `target`
         self.published_at: dict[int, float] = {}
         self.active = True
@@ -107,7 +116,9 @@ class SimWorker:
         self.generation_s: float | None = None
         self.dissemination_s: float | None = None
         self.swap_s: float | None = None
-        self.beat_now, self.announced, self.ready = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.beat_now, self.ready = asyncio.Event(), asyncio.Event()
+        self.fetching = -1  # the version a fetch (a timer) is running for
+        self.woken = asyncio.Event()  # activated: an idle worker asks for work at once
         self.stop: asyncio.Event | None = None
 
     # ---- lifecycle ----
@@ -120,7 +131,7 @@ class SimWorker:
             _, joined = await unless_set(stop, self._join())
             if not joined:
                 return
-            loops = [asyncio.create_task(c) for c in (self._heartbeats(), self._follow(), self._work())]
+            loops = [asyncio.create_task(c) for c in (self._heartbeats(), self._listen(), self._work())]
             await stop.wait()
             for task in loops:
                 task.cancel()
@@ -182,80 +193,115 @@ class SimWorker:
     # ---- heartbeats and versions ----
     async def _heartbeats(self) -> None:
         while not self.stop.is_set():
-            seen_at = self.registered_at
+            self.beat_now.clear()
+            seen_at, started = self.registered_at, time.monotonic()
             try:
-                answered, news, asked, started = await self._beat_once()
+                await self._beat_once()
+            except (ValueError, KeyError, TypeError):
+                self.recorder.count("bad_reply")
             except Refused as exc:
                 if exc.status in (401, 404):  # evicted, or a coordinator that forgot us: join again
                     await self._reregister(seen_at)
-                answered, news, asked, started = False, False, False, time.monotonic()
             except Transient:
-                answered, news, asked, started = False, False, False, time.monotonic()
-            if not answered or (not news and not asked):
-                pause_s = self.heartbeat_interval_s - (time.monotonic() - started)
-                await wait_either(self.beat_now, self.stop, timeout_s=pause_s, consume=False)
+                pass
+            pause_s = self.heartbeat_interval_s - (time.monotonic() - started)
+            await wait_either(self.beat_now, self.stop, timeout_s=pause_s, consume=False)
 
-    async def _beat_once(self) -> tuple[bool, bool, bool, float]:
-        """One heartbeat: (answered, brought news, was an unheld one, when it started)."""
-        asked = self.beat_now.is_set()
-        self.beat_now.clear()
+    async def _beat_once(self) -> None:
         body = m.Heartbeat(worker_id=self.worker_id, version=self.version, base_version=self.holding(),
-                           known_version=self.latest, wait_s=0.0 if asked else self.heartbeat_interval_s,
                            swap_s=self.swap_s, dissemination_s=self.dissemination_s, generation_s=self.generation_s,
                            rollouts_total=self.stats["rollouts"], busy_s_total=self.stats["busy_s"])
-        started, started_at = time.monotonic(), time.time()
-        answered, text = await unless_set(self.beat_now, self._call(
-            "heartbeat_held" if body.wait_s else "heartbeat", "POST", "/v1/heartbeat", body,
-            timeout_s=HEARTBEAT_TIMEOUT_S + body.wait_s))
-        if not answered:
-            return False, False, asked, started
-        reply = m.HeartbeatResponse.model_validate_json(text)
-        news = reply.latest is not None and reply.latest.version > body.known_version
-        if body.wait_s:
-            self._time_held_beat(reply, body, started_at, news)
+        text = await self._call("heartbeat", "POST", "/v1/heartbeat", body, timeout_s=HEARTBEAT_TIMEOUT_S)
+        self._heard(_reply(text))
+
+    async def _listen(self) -> None:
+        """The news line, opened again after a failure (control.py: `_listen`)."""
+        pause_s = NEWS_RETRY_S[0]
+        while not self.stop.is_set():
+            seen_at = self.registered_at
+            try:
+                await self._read_news()
+                pause_s = NEWS_RETRY_S[0]
+                continue
+            except Refused as exc:
+                if exc.status in (401, 404):
+                    await self._reregister(seen_at)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self.recorder.outcome("news_line", "disconnected", time.time(), reason=type(exc).__name__)
+            except (ValueError, KeyError, TypeError):
+                self.recorder.count("bad_reply")
+            await wait_either(self.stop, self.stop, timeout_s=pause_s)
+            pause_s = min(2 * pause_s, NEWS_RETRY_S[1])
+
+    async def _read_news(self) -> None:
+        headers = {"Authorization": f"Bearer {self.credential}"}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=NEWS_SILENCE_S)
+        started_at, started = time.time(), time.perf_counter()
+        async with self.session.get(self.settings.url + "/v1/news", headers=headers, timeout=timeout) as resp:
+            if resp.status >= 400:
+                message = _error_text(await resp.text())
+                self.recorder.outcome("news_line", f"http_{resp.status}", started_at, reason=message)
+                raise Refused(resp.status, message)
+            self.recorder.took("news_line", started_at, (time.perf_counter() - started) * 1000.0)
+            self.recorder.outcome("news_line", "ok", started_at)
+            pending = bytearray()
+            async for data in resp.content.iter_any():
+                pending += data
+                *lines, rest = pending.split(b"\n")
+                pending = bytearray(rest)
+                for line in lines:
+                    if line.strip():
+                        self._heard(_reply(line), news=True)
+
+    def _heard(self, reply: dict, *, news: bool = False) -> None:
+        """A reply or a news line (control.py: `heard`); a newer version told on the line is
+        timed from its publish (the news latency)."""
+        latest = reply["latest"]
+        if news and latest is not None and latest["version"] > self.latest:
+            self.recorder.took("version_news", latest["published_at"],
+                               max(0.0, time.time() - latest["published_at"]) * 1000.0)
         self._note(reply)
-        self.active = reply.active
-        return True, news, asked, started
+        if reply["active"] and not self.active:
+            self.woken.set()
+        self.active = reply["active"]
+        self.heartbeat_interval_s = reply["heartbeat_interval_s"]
 
-    def _time_held_beat(self, reply: m.HeartbeatResponse, body: m.Heartbeat, started_at: float, news: bool) -> None:
-        """A held beat's service time: past its wait when it brought no news; from the publish
-        (or the ask, when later) to the answer when it did, which is also the news latency."""
-        now = time.time()
-        if not news:
-            self.recorder.took("heartbeat", started_at, max(0.0, now - started_at - body.wait_s) * 1000.0)
-            return
-        published_at = reply.latest.published_at
-        self.recorder.took("heartbeat", started_at, (now - max(started_at, published_at)) * 1000.0)
-        if published_at >= started_at:
-            self.recorder.took("version_news", started_at, (now - published_at) * 1000.0)
-
-    def _note(self, reply: m.HeartbeatResponse) -> None:
+    def _note(self, reply: dict) -> None:
         """follower.py's `note`: the newest version, what to pull next and whether from anywhere."""
-        info = reply.latest
-        if info is None or info.version < self.latest:
+        info = reply["latest"]
+        if info is None or info["version"] < self.latest:
             return
-        target = reply.fetch or info
-        assigned = reply.assignment is not None and reply.assignment.version == target.version
-        if info.version != self.latest or target != self.target or assigned != self.assigned:
-            self.latest, self.target, self.assigned = info.version, target, assigned
-            self.published_at[info.version] = info.published_at
-            self.announced.set()
+        fetch = reply["fetch"] or info
+        target = (fetch["version"], fetch["published_at"])
+        assigned = reply["assignment"] is not None and reply["assignment"]["version"] == target[0]
+        if info["version"] != self.latest or target != self.target or assigned != self.assigned:
+            self.latest, self.target, self.assigned = info["version"], target, assigned
+            self.published_at[info["version"]] = info["published_at"]
+            self._follow()
 
     def holding(self) -> int:
         return max(self.version, self.staged)
 
-    async def _follow(self) -> None:
-        """Fetch (sleep) what the coordinator said to pull, stage it, and ask for news at once."""
-        while not self.stop.is_set():
-            target = self.target
-            if target is None or not self.assigned or target.version <= self.holding():
-                await wait_either(self.announced, self.stop, timeout_s=1.0)
-                continue
-            await asyncio.sleep(self.rng.uniform(*self.settings.fetch_s))
-            self.staged = max(self.staged, target.version)
-            self.dissemination_s = max(0.0, time.time() - target.published_at)
-            self.ready.set()
+    def _follow(self) -> None:
+        """Fetch (a timer) what the coordinator said to pull, then stage it; ask for news at once
+        when the fetch was a step on the way to the newest. A timer callback, not a task per
+        worker: thousands of simulated workers fetch every version in one client process."""
+        target = self.target
+        if target is None or not self.assigned or target[0] <= max(self.holding(), self.fetching):
+            return
+        self.fetching = target[0]
+        asyncio.get_running_loop().call_later(self.rng.uniform(*self.settings.fetch_s), self._staged, target)
+
+    def _staged(self, target: tuple[int, float]) -> None:
+        self.fetching = -1
+        if self.stop.is_set() or target[0] <= self.staged:
+            return
+        self.staged = target[0]
+        self.dissemination_s = max(0.0, time.time() - target[1])
+        self.ready.set()
+        if target[0] < self.latest:  # a step on the way: its heartbeat's reply names the next
             self.beat_now.set()
+        self._follow()  # news that came while this fetch ran
 
     def _swap_in(self) -> None:
         if self.staged > self.version:
@@ -275,8 +321,9 @@ class SimWorker:
                 retry_s = lease.retry_after_s if lease is not None else 1.0
                 if lease is not None and self.latest > self.version:  # refused at this version: load the next
                     await wait_either(self.ready, self.stop, timeout_s=max(retry_s, 1.0))
-                else:
-                    await wait_either(self.stop, self.stop, timeout_s=retry_s)
+                else:  # an idle worker is told to come back late: activation cuts its wait short
+                    self.woken.clear()
+                    await wait_either(self.woken, self.stop, timeout_s=retry_s)
                 continue
             await self._generate_and_submit(lease.tasks)
             self.generation_s = time.perf_counter() - started
@@ -331,10 +378,10 @@ class SimWorker:
             try:
                 return await self._call(kind, method, path, body, timeout_s=self.settings.request_timeout_s,
                                         token=token)
-            except Transient:
+            except Transient as exc:
                 if self.stop.is_set():
                     raise
-                await wait_either(self.stop, self.stop, timeout_s=delay_s)
+                await wait_either(self.stop, self.stop, timeout_s=max(delay_s, exc.retry_after_s or 0.0))
                 delay_s = min(2 * delay_s, LONGEST_RETRY_S)
 
     async def _call(self, kind: str, method: str, path: str, body: BaseModel | None, *, timeout_s: float,
@@ -347,6 +394,7 @@ class SimWorker:
             async with self.session.request(method, self.settings.url + path, data=data, headers=headers,
                                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 text = await resp.text()
+                retry_after = resp.headers.get("Retry-After")
         except asyncio.CancelledError:
             self.recorder.outcome(kind, "cut_short", started_at)
             raise
@@ -362,12 +410,24 @@ class SimWorker:
         self.recorder.took(kind, started_at, (time.perf_counter() - started) * 1000.0)
         if resp.status >= 400:
             message = _error_text(text)
-            self.recorder.outcome(kind, f"http_{resp.status}", started_at, reason=message)
+            deferred = resp.status == 503 and retry_after is not None
+            self.recorder.outcome(kind, "deferred" if deferred else f"http_{resp.status}", started_at, reason=message)
             if resp.status >= 500:
-                raise Transient(f"{path}: HTTP {resp.status}: {message}")
+                raise Transient(f"{path}: HTTP {resp.status}: {message}", float(retry_after) if retry_after else None)
             raise Refused(resp.status, message)
         self.recorder.outcome(kind, "ok", started_at)
         return text
+
+
+def _reply(text: str | bytes) -> dict:
+    """A heartbeat reply or news line, read with the json module: a simulated worker reads only
+    the few fields it acts on (the real worker validates the whole message), so that thousands
+    of them in one client process measure the coordinator, not the client's parsing. A reply
+    of another kind or protocol is refused as the real worker's validation would."""
+    reply = json.loads(text)
+    if reply.get("kind") != "heartbeat_ack" or reply.get("protocol") != SPEAKS_PROTOCOL:
+        raise ValueError(f"not a protocol {SPEAKS_PROTOCOL} heartbeat reply: {str(text)[:120]}")
+    return reply
 
 
 def _error_text(text: str) -> str:

@@ -47,6 +47,7 @@ def test_an_active_worker_leaving_is_gone_and_a_released_one_is_chosen_in_its_pl
     state = _state(tmp_path, tiny_model_dir, "local")
     state.worker_desk.leave(LeaveRequest(worker_id="dear"))
     state.worker_desk.leave(LeaveRequest(worker_id="cheap"))
+    state.fleet_desk.sweep()  # the decision a departure calls for: one at the next sweep, however many left
     assert _left(state, "cheap")["released"] is False and not state.controller.is_released("cheap")
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["active"] == ["dear"]  # the provider is asked to acquire it

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import signal
 
 from aiohttp import web
@@ -35,7 +36,18 @@ def auth_token(configured: str) -> str:
     return token
 
 
+def open_files_for_a_fleet() -> int:
+    """Each worker keeps two connections open (its news line and its requests): the soft limit
+    on open files goes up to the hard one. Returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    log.info("open files: up to %d (about %d workers)", hard, hard // 2)
+    return hard
+
+
 async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
+    open_files_for_a_fleet()
     context = tls.server_context(cfg.tls)  # a bad certificate or key stops us before any state opens
     store = Store(cfg.run_path / "coordinator.db")
     task = make_task(cfg.task, cfg.seed)

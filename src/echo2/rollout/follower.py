@@ -45,8 +45,9 @@ class Staged:
 class VersionFollower:
     def __init__(self, receiver: WeightReceiver, metrics: MetricsWriter, ask_newest=lambda: None) -> None:
         # ask_newest(): have the coordinator say what to fetch next now (the worker's next
-        # heartbeat): after every fetch (a step on the way to the newest may have a next one),
-        # and when every source said the version being fetched is superseded
+        # heartbeat): after a fetch that was a step on the way to the newest, when every source
+        # said the version being fetched is superseded, and when news named a delta against a
+        # version this worker does not hold
         self.receiver, self.metrics, self.ask_newest = receiver, metrics, ask_newest
         self.version = -1  # held by the engine
         self.latest: VersionInfo | None = None
@@ -133,7 +134,8 @@ class VersionFollower:
             else:
                 self.staged = staged
                 self.ready.set()
-                self.ask_newest()
+                if self.latest is not None and staged.info.version < self.latest.version:
+                    self.ask_newest()  # a step on the way: its heartbeat's reply names the next one
 
     async def _fetch(self, target: VersionInfo, assignment: Assignment) -> Staged | None:
         try:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from echo2.coordinator.desks.evaluation import EvaluationDesk
 
 
+TRIGGERS_NAMED = 5
 WORKERS_SWEPT_EVERY_S = 1.0
 """Silence is looked for once a second: a timeout is many seconds, and a pass over 10,000
 workers four times a second would cost more than their heartbeats."""
@@ -29,7 +30,10 @@ class FleetDesk:
         self.versions, self.controller, self.evaluation = state.versions, state.controller, evaluation
         self.store, self.counters, self.events, self.clock = state.store, state.counters, state.events, state.clock
         self.control_due = False
-        """A newcomer waits for an activation decision: the next sweep makes one."""
+        """A decision is due (a newcomer waits for one, a worker left): the next sweep makes it,
+        one for however many joined or left meanwhile."""
+        self.triggers: list[str] = []
+        """What made it due (the first TRIGGERS_NAMED), for its record."""
         self.swept_workers_at = -math.inf
 
     def release_leases(self, worker_id: str, reason: ev.RequeueReason) -> int:
@@ -62,8 +66,18 @@ class FleetDesk:
         if overdue:
             self.requeue(overdue, reason="lease_timeout")
         if self.control_due:
-            self.control_due = False
-            self.control()
+            triggers, more = self.triggers[:TRIGGERS_NAMED], len(self.triggers) - TRIGGERS_NAMED
+            self.control_due, self.triggers = False, []
+            self.control(trigger=", ".join(triggers) + (f" and {more} more" if more > 0 else ""))
+
+    def control_soon(self, trigger: str = "") -> None:
+        """Decide at the next sweep (at most a sweep away), with `trigger` in its record: a fleet
+        leaving at once costs one decision, not one each."""
+        self.control_due = True
+        if trigger and len(self.triggers) <= TRIGGERS_NAMED:
+            self.triggers.append(trigger)
+        elif trigger:
+            self.triggers.append("")  # counted, not named
 
     def _sweep_workers(self, now: float) -> None:
         lost = self.registry.silent(now)

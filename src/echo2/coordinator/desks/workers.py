@@ -101,7 +101,8 @@ class WorkerDesk:
         # most a sweep away) instead of leasing with thousands of others that join with it
         deciding = self.controller.cfg.enabled and math.isfinite(self.controller.required_rps())
         self.controller.join(record.worker_id, req.price_per_hour, req.worker_class or None, active=not deciding)
-        self.fleet.control_due |= deciding
+        if deciding:
+            self.fleet.control_soon()
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
                                                source=source))
@@ -130,7 +131,7 @@ class WorkerDesk:
         (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
         released = self.fleet.release_leases(req.worker_id, reason="worker_left")
         self.events.append(ev.WorkerLeft(worker_id=req.worker_id, leases_requeued=released, released=fleet_release))
-        self.fleet.control(trigger=f"{req.worker_id} left")
+        self.fleet.control_soon(trigger=f"{req.worker_id} left")
 
     def heartbeat(self, req: Heartbeat) -> WorkerNews:
         """A sign of life with the worker's claims (shown, never decided on) and its latencies;
