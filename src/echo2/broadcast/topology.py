@@ -175,7 +175,8 @@ class _Tree:
     stale entry ranks a relay at least as well as it now deserves, and an entry found stale at
     the top is refreshed and pushed back until the top is current (a few per placement). The
     subtree counts cost O(depth) per worker; a linear scan over the relays per worker placed
-    past the free slots took 2 s for 10,000 workers, 6 s in chains (benchmarks/policy_scale.py).
+    past the free slots would make a plan quadratic, seconds at 10,000 workers
+    (benchmarks/policy_scale.py measures planning at scale).
     """
 
     def __init__(self, origin: OriginInfo, rate: float, config: BroadcastConfig) -> None:

@@ -239,8 +239,9 @@ class ActivationController:
         """Measured workers compete on price for the demand; workers not yet measured are on
         probation: up to `probation_slots` of them run beside the measured set so they can prove
         themselves, and they never count toward covering demand. A worker's price and speed are
-        its claims until the coordinator has measured it: a stream of fresh $0 registrations that
-        never lease once displaced every honest worker (benchmarks/chaos.py)."""
+        its claims until the coordinator has measured it: otherwise a stream of fresh $0
+        registrations that never lease would displace every honest worker (benchmarks/chaos.py's
+        request flood sends such registrations)."""
         self.account(now)
         if self._planning():
             return self._apply(self._decide_planned(now), now)
@@ -310,8 +311,8 @@ class ActivationController:
         proposal = activate(offers, target)
         if not proposal.feasible:
             # short: every measured worker, and enough unmeasured ones to cover the rest if
-            # they are as fast as the measured average (all of them once was: a fleet of 144
-            # billed for over an hour while a full window let few of them be measured)
+            # they are as fast as the measured average (not all of them: a large fleet would
+            # bill while a full window lets few of them be measured)
             # (those credited next to nothing aside: a worker too stale to ever lease, or failed
             # by the audit, adds only its bill)
             useful = delivering(offers)

@@ -2,9 +2,9 @@
 
 Pricing each worker by its own measured rate misses what a slow link does to everyone else: a
 broadcast round ends when its slowest worker has the version, so one cheap worker on a slow
-link makes every other worker receive versions late and seldom. On the 8B scenario's 144
-offered workers the per-worker controller ran mostly RTX 4090s on 0.5-1 Gbit/s links and saved
-11% where the planner's fleet of A100s and an H100 saves 49% (docs/sim.md).
+link makes every other worker receive versions late and seldom, so a per-worker controller
+picks cheap workers on slow links and saves far less than the planner's fleet does (docs/sim.md
+compares the two on the 8B scenario).
 
 So when the run has an activation catalog (`echo2 plan`'s schema) and workers declare their
 class in it, each decision is `echo2 plan`'s search (`planner.fleet.cheapest_fleet`: the
