@@ -206,7 +206,8 @@ def _parse_header(delta: memoryview, codec: str, base_bytes: int, data_start: in
         if len(block) != 4:
             raise ValueError(f"delta block {index} has {len(block)} fields, expected 4")
         start, end, itemsize, frame_bytes = block
-        if start != position or end <= start or itemsize not in (1, 2, 4, 8) or (end - start) % itemsize or frame_bytes < 0:
+        if (start != position or end <= start or itemsize not in (1, 2, 4, 8) or (end - start) % itemsize
+                or frame_bytes < 0):
             raise ValueError(f"delta block {index} {block} does not continue the data section at {position}")
         position, frames = end, frames + frame_bytes
     if position != total or 8 + length + frames != len(delta):

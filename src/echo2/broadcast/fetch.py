@@ -70,7 +70,8 @@ async def fetch_version(
     network traffic; BroadcastFailed when every source failed (the relay keeps serving the
     previous version); FetchAborted when a newer version superseded this one on `relay`.
     """
-    manifest = verify_manifest(signed, public_key, held_version=held_version, max_payload_bytes=config.max_payload_bytes)
+    manifest = verify_manifest(signed, public_key, held_version=held_version,
+                               max_payload_bytes=config.max_payload_bytes)
     if assignment.version != manifest.version:
         raise ValueError(f"assignment is for version {assignment.version}, manifest for {manifest.version}")
     for source in assignment.sources:

@@ -4,8 +4,8 @@ planner's, `echo2.planner.dissemination`, in the same units (bytes, bytes per se
 this module evaluates that model edge by edge on the tree the coordinator actually planned.
 
 Symbols (ECHO2.md section 5): M payload bytes, c chunk bytes, L per-hop latency (connection
-setup plus one-way delay). Any plan (what `predict_plan_s` computes from a `BroadcastPlan`): worker w at depth k with edge
-rates r_1..r_k from the learner down,
+setup plus one-way delay). Any plan (what `predict_plan_s` computes from a `BroadcastPlan`):
+worker w at depth k with edge rates r_1..r_k from the learner down,
     T_w = M / min(r_1..r_k) + sum(c / r_i for i = 2..k) + k * L,   T = max over workers.
 On the plans `plan_broadcast` makes this reduces to the planner's chain, tree and one-to-many
 forms (tests/unit/broadcast/test_broadcast_latency.py checks it).

@@ -139,7 +139,8 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     _write_pids(cfg, children)
     activation = cfg.activation
     if activation.provider == "local":
-        provider: FleetProvider = LocalFleet(workers, start_worker, MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
+        provider: FleetProvider = LocalFleet(workers, start_worker,
+                                             MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
                                              not_started=on_demand)
     else:
         provider = StaticFleet(set(workers))

@@ -223,7 +223,8 @@ class Auditor:
                 entry = totals.setdefault(group.lease_id, [group, 0.0, 0])
                 entry[1] += diff_sum
                 entry[2] += count
-        return [self._verdict(g, total / count if count else 0.0, recomputed=True) for g, total, count in totals.values()]
+        return [self._verdict(g, total / count if count else 0.0, recomputed=True)
+                for g, total, count in totals.values()]
 
     def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
                        *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,

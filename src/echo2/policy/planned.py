@@ -146,7 +146,8 @@ class PlannedCover:
             out[name] = MeasuredOnTime(share, min(slowest_bps, self.catalog.workers[name].bandwidth_bps))
         return out
 
-    def _measured_uptime(self, members: dict[str, list[str]], workers: dict[str, WorkerView]) -> dict[str, float | None]:
+    def _measured_uptime(self, members: dict[str, list[str]],
+                         workers: dict[str, WorkerView]) -> dict[str, float | None]:
         """Per class: mean time to loss, the catalog's uptime counting as one loss of prior
         evidence (a class never lost in the catalog keeps None until the run loses one)."""
         out: dict[str, float | None] = {}
@@ -219,8 +220,8 @@ class PlannedCover:
         return current, "current set covers demand in the planner's model"
 
     @staticmethod
-    def _top_up(plan_cfg: PlanConfig, current: dict[str, int], counts: dict[str, int], *, on_time: dict[str, MeasuredOnTime],
-                target_rps: float) -> dict[str, int] | None:
+    def _top_up(plan_cfg: PlanConfig, current: dict[str, int], counts: dict[str, int], *,
+                on_time: dict[str, MeasuredOnTime], target_rps: float) -> dict[str, int] | None:
         """`current` plus, one at a time, the candidate adding the most admissible rollouts/s
         per dollar (at the fleet's new size and slowest link), until it covers `target_rps`."""
         chosen = dict(current)
