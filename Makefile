@@ -64,7 +64,7 @@ test-real: real-model
 	$(PY) -m pytest -q -m real_model tests/real
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

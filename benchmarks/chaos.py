@@ -200,7 +200,8 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")  # kept should the slow-answer run fail
     result["slow_answers"] = slow_answer_run(args.config, base, args.slow_steps, start=_start, stop=_stop,
                                              token=TOKEN)
-    result["goal_met"] = (result["slow_answers"]["goal_met"] and result["survived"] and books["rollouts_lost"] == 0 and books["duplicates"] == 0
+    result["goal_met"] = (result["slow_answers"]["goal_met"] and result["survived"]
+                          and books["rollouts_lost"] == 0 and books["duplicates"] == 0
                           and books["max_staleness"] <= max_staleness
                           and result["bad_requests"].get("accepted", 0) == 0
                           and result["bad_requests"].get("server_errors", 0) == 0

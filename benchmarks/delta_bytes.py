@@ -91,7 +91,8 @@ def lora_at_scale(args) -> dict:
         full_bytes = 2 * sum(p.numel() for p in model.parameters())  # tied weights count once
         add_lora(model, LoraConfig(r=args.lora_r, alpha=args.lora_alpha, target_modules=LORA_TARGETS))
         lora_bytes = 2 * sum(t.numel() for t in lora_parameters(model).values())
-        out[name] = {"full_bytes": full_bytes, "lora_bytes": lora_bytes, "ratio_to_full": round(lora_bytes / full_bytes, 5)}
+        out[name] = {"full_bytes": full_bytes, "lora_bytes": lora_bytes,
+                     "ratio_to_full": round(lora_bytes / full_bytes, 5)}
     return out
 
 

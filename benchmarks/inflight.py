@@ -103,7 +103,8 @@ def describe(mode: str, seed: int, run_dir: Path, analysed: dict) -> dict:
     loads = [r for r in records if r["kind"] == "weights_loaded"]
     steps = [r for r in records if r["kind"] == "train_step"]
     return {
-        "mode": mode, "seed": seed, "run_dir": str(run_dir.resolve().relative_to(ROOT)), "steps_trained": summary["steps"],
+        "mode": mode, "seed": seed, "run_dir": str(run_dir.resolve().relative_to(ROOT)),
+        "steps_trained": summary["steps"],
         "accuracy_before": analysed["accuracy_before"], "accuracy_after": analysed["accuracy_after"],
         "accuracy_after_ci95": analysed["accuracy_after_ci95"], "wall_s": analysed["wall_s"],
         "accuracy_vs_time": analysed["accuracy_vs_time"],

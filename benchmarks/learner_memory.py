@@ -127,7 +127,8 @@ def checks(points: list[dict]) -> dict:
     if len(micro) < 2:
         return {}
     growth = micro[-1]["peak_bytes"] / micro[0]["peak_bytes"]
-    out = {"peak_growth": round(growth, 3), "peak_growth_from_b": micro[0]["batch"], "peak_growth_to_b": micro[-1]["batch"],
+    out = {"peak_growth": round(growth, 3), "peak_growth_from_b": micro[0]["batch"],
+           "peak_growth_to_b": micro[-1]["batch"],
            "peak_growth_limit": MAX_GROWTH, "peak_growth_ok": growth <= MAX_GROWTH}
     for p in micro:
         for other in ("full_batch", "full_logits"):

@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arch", choices=sorted(ARCHS), default="cpu-small")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (ranks: every GPU torch sees)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed"])
-    parser.add_argument("--ranks", default="", help="rank counts to measure (default: 1,2 on the CPU, the GPUs on CUDA)")
+    parser.add_argument("--ranks", default="",
+                        help="rank counts to measure (default: 1,2 on the CPU, the GPUs on CUDA)")
     parser.add_argument("--batch", type=int, default=32, help="completions per step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -174,7 +175,8 @@ def child(point: dict) -> int:
     median = statistics.median(times)
     if ranks.leader:
         Path(point["result"]).write_text(json.dumps({
-            "step_s": round(median, 4), "step_s_all": [round(t, 4) for t in times], "tokens_per_s": round(tokens / median),
+            "step_s": round(median, 4), "step_s_all": [round(t, 4) for t in times],
+            "tokens_per_s": round(tokens / median),
             "micro_batches": stats["micro_batches"], "skipped_step": stats["skipped"], "loss": stats["loss"],
             "params": sum(p.numel() for p in model.parameters()), "precision": precision.name,
             "device_used": str(device), "peak_memory_bytes_rank0": peak_memory_bytes(device),

@@ -36,8 +36,8 @@ CONFIGS = {
     "embedded": ROOT / "configs" / "demo.toml",
     "real": ROOT / "configs" / "smollm2_addition.toml",
 }
-EMBEDDED = ["warmstart.steps=500", "train.steps=100", "train.eval_every=20", "train.checkpoint_every=1000", "activation.enabled=false",
-            "workers.count=2"]
+EMBEDDED = ["warmstart.steps=500", "train.steps=100", "train.eval_every=20", "train.checkpoint_every=1000",
+            "activation.enabled=false", "workers.count=2"]
 """The demo shortened: a weaker warm start (500 steps: about 0.56 held-out, so there is room to
 learn), 100 steps, evaluated every 20 versions, two workers, no activation (the objectives'
 comparison, not the fleet's)."""
@@ -156,7 +156,8 @@ def save(out: Path, runs: list[dict]) -> None:
     runs = [r for r in kept if key(r) not in mine] + [headline(r) for r in runs]
     objective_runs = [r for r in runs if not r["label"]]
     result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time", "notes": NOTES,
-              "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()}, "embedded_overrides": EMBEDDED, "real_overrides": REAL,
+              "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()},
+              "embedded_overrides": EMBEDDED, "real_overrides": REAL,
               "targets": TARGETS, "objectives": per_objective(objective_runs),
               "drop_uninformative": drop_comparison(runs),
               "runs": runs}
@@ -179,9 +180,10 @@ def reanalyse(work_dir: Path) -> list[dict]:
             summary = json.loads((run_dir / "summary.json").read_text())
             full = {"task": task, "staleness": int(staleness[1:]), "loss": loss, "seed": int(seed), "label": label,
                     "run_dir": str(run_dir), **rml.analyse(run_dir, launched)}
+            uninformative = {k: summary.get(k) for k in (
+                "groups_dropped_uninformative", "uninformative_share", "completions_truncated")}
             runs.append(headline({**full, "steps_trained": summary["steps"], "learner": _learner_work(run_dir),
-                                  "uninformative": {k: summary.get(k) for k in (
-                                      "groups_dropped_uninformative", "uninformative_share", "completions_truncated")}}))
+                                  "uninformative": uninformative}))
     return runs
 
 

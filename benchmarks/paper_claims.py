@@ -53,7 +53,8 @@ def dissemination() -> dict:
             entry["n_workers"].append(r["n_workers"])
         entry[f"{'one_to_many' if r['mode'] == 'one_to_many' else 'pipelined'}_s"].append(round(r["measured_s"], 1))
     return {
-        "simulated_qwen3_8b": {"worker_counts": sweep["worker_counts"], "learner_uplink_bps": sweep["learner_uplink_bps"],
+        "simulated_qwen3_8b": {"worker_counts": sweep["worker_counts"],
+                               "learner_uplink_bps": sweep["learner_uplink_bps"],
                                "worker_bandwidth_bps": sweep["worker_bandwidth_bps"],
                                "snapshot_bytes": sweep["snapshot_bytes"], "seconds": topologies},
         "measured_netns_100mbit": measured,

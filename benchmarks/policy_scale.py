@@ -84,8 +84,9 @@ def topology_rows(n: int, repeats_old: int) -> list[dict]:
         gc_off = best_ms(lambda config=config: plan_broadcast(1, ORIGIN, fleet, config), 5)
         gc.enable()
         rows.append({"function": "plan_broadcast", "shape": shape, "workers": n, "same_result": new == old,
-                     "before_ms": best_ms(lambda config=config: topology_reference.plan_broadcast(1, ORIGIN, fleet, config),
-                                          repeats_old),
+                     "before_ms": best_ms(
+                         lambda config=config: topology_reference.plan_broadcast(1, ORIGIN, fleet, config),
+                         repeats_old),
                      "after_ms": after[0], "after_median_ms": after[len(after) // 2], "after_gc_off_ms": gc_off,
                      "max_depth": max(a.depth for a in new.assignments)})
     plan = plan_broadcast(1, ORIGIN, fleet, BroadcastConfig())

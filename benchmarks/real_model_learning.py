@@ -133,16 +133,19 @@ def analyse(run_dir: Path, launched: float) -> dict:
         "version_reaching_target": reached["step"] if reached else None,
         "version_reaching_target_published_s": round(published[reached["step"]], 1) if reached else None,
         "wall_s": round(max(r["time"] for r in records) - launched, 1),
-        "accuracy_vs_time": [{"version": e["step"], "accuracy": e["accuracy"], "recorded_s": round(e["time"] - launched, 1),
+        "accuracy_vs_time": [{"version": e["step"], "accuracy": e["accuracy"],
+                              "recorded_s": round(e["time"] - launched, 1),
                               "published_s": round(published.get(e["step"], math.nan), 1)} for e in evals],
-        "reward_vs_time": [{"step": s["step"], "reward": round(s["reward_mean"], 4), "t_s": round(s["time"] - launched, 1)}
+        "reward_vs_time": [{"step": s["step"], "reward": round(s["reward_mean"], 4),
+                            "t_s": round(s["time"] - launched, 1)}
                            for s in steps],
         "learner_tokens_per_s": summary.get("learner_tokens_per_s"),
         "worker_tokens_per_s": summary.get("tokens_per_s"),
         "time": _where_the_time_went(steps, evals, workers, summary, launched),
         "staleness_hist": summary["staleness_hist"],
         "learner_utilization": round(summary["learner_utilization"], 4),
-        "audit": {"groups_checked": summary["audit"].get("groups_audited"), "failed": summary["audit"].get("groups_failed"),
+        "audit": {"groups_checked": summary["audit"].get("groups_audited"),
+                  "failed": summary["audit"].get("groups_failed"),
                   "max_honest_diff": summary["audit"].get("max_passed_diff_by_worker")},
     }
 
@@ -210,7 +213,8 @@ def save(out: Path, run: dict, args: argparse.Namespace) -> None:
     runs = [r for r in runs if (r["task"], r["loss"], r["staleness"], r["seed"]) != key] + [run]
     result = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized), 134.5M parameters",
               "machine": f"{os.cpu_count()} CPU cores, one learner thread beside two 1-thread HF workers",
-              "configs": {task: str(path.relative_to(ROOT)) for task, path in CONFIGS.items()}, "target_accuracy": TARGET,
+              "configs": {task: str(path.relative_to(ROOT)) for task, path in CONFIGS.items()},
+              "target_accuracy": TARGET,
               "extra_overrides": args.overrides, "summary": aggregate(runs), "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -113,7 +113,8 @@ def run_config(name, *, source, masters, rows, args, pad_id) -> dict:
     engine.load_state_dict(payload_tensors(payload))
     started, worst, seed = time.perf_counter(), [], 1000
     wanted = args.groups_bf16 if wire is torch.bfloat16 and args.groups_bf16 is not None else args.groups
-    while len(worst) < wanted and (args.honest_budget_s is None or time.perf_counter() - started < args.honest_budget_s):
+    while len(worst) < wanted and (args.honest_budget_s is None
+                                   or time.perf_counter() - started < args.honest_budget_s):
         batch = rows[: min(len(rows), wanted - len(worst))]
         worst += worst_shortfalls(masters, payload, honest_groups(engine, batch, args, seed), pad_id)
         seed += len(batch)
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
            "default_margin": audit.sampler_margin, "recompute_fraction": audit.recompute_fraction,
            "flags_to_quarantine": audit.flags_to_quarantine, "runs": results}
     vllm = any(name.startswith("vllm") for name in args.engines.split(","))
-    default = f"benchmarks/results/sampler_audit{'' if args.model == 'smollm2' else '_tiny'}{'_vllm' if vllm else ''}.json"
+    tiny = "" if args.model == "smollm2" else "_tiny"
+    default = f"benchmarks/results/sampler_audit{tiny}{'_vllm' if vllm else ''}.json"
     Path(args.out or ROOT / default).write_text(json.dumps(out, indent=2))
     return 0
 

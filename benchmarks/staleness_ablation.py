@@ -123,7 +123,8 @@ def _write(out: Path, args, values: list[int], seeds: list[int], runs: list[dict
     result = {
         "benchmark": "staleness_ablation", "config": args.config, "steps": args.steps, "values": values,
         "seeds": seeds, "paper": PAPER,
-        "unstable_rule": f"final held-out accuracy more than {UNSTABLE_DROP_POINTS:g} points below the run's best, or NaN",
+        "unstable_rule": (f"final held-out accuracy more than {UNSTABLE_DROP_POINTS:g} points below the run's best, "
+                          "or NaN"),
         "by_staleness": rows, "runs": runs,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

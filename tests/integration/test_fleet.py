@@ -89,7 +89,8 @@ def _diagnosis(run_dir, worker_id: str) -> str:
              "batch_assigned")
     rows = [r for r in records(run_dir) if r["kind"] in kinds and r.get("worker_id", worker_id) == worker_id][-30:]
     logs = [run_dir / "logs" / f"worker-{worker_id[1:]}.log", run_dir / "logs" / "learner.log"]
-    tails = [f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:]) for p in logs if p.is_file()]
+    tails = [f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:])
+             for p in logs if p.is_file()]
     return "\n".join([json.dumps(r)[:400] for r in rows] + tails)
 
 

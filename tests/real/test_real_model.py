@@ -94,7 +94,8 @@ def _short_run(tmp_path, staleness: int):
     cfg = load_run_config(CONFIG, [f"run_dir={tmp_path / f's{staleness}'}", "train.steps=5",
                                    f"train.max_staleness={staleness}", "train.eval_every=5", "train.checkpoint_every=5",
                                    "grpo.prompts_per_step=4", "sampling.group_size=4", "task.eval_size=40",
-                                   "evaluation.problems_per_lease=20", "report.plots=false", "report.tensorboard=false"])
+                                   "evaluation.problems_per_lease=20", "report.plots=false",
+                                   "report.tensorboard=false"])
     config = write_config(tmp_path / f"s{staleness}.toml", cfg)
     with processes() as start:
         proc = start(["run", "--config", str(config)], tmp_path / f"s{staleness}.log")

@@ -57,7 +57,8 @@ def test_a_registration_flood_leaves_bounded_state(tmp_path, tiny_model_dir):
             refused += 1
     assert refused == 5000 - 60  # registrations_per_minute: a burst of a minute's worth
     for i in range(5000):
-        state.worker_desk.register(RegisterRequest(worker_id=f"spread{i}", engine="hf"), source=f"10.{i // 250}.{i % 250}.1")
+        state.worker_desk.register(RegisterRequest(worker_id=f"spread{i}", engine="hf"),
+                                   source=f"10.{i // 250}.{i % 250}.1")
     flooded = len(json.dumps(snapshot(state)))
     for wait_s in (state.cfg.coordinator.worker_timeout_s + 1, state.cfg.coordinator.forget_workers_after_s + 1):
         clock.now += wait_s

@@ -33,7 +33,8 @@ def test_learner_resumes_from_checkpoint(tmp_path):
         coordinator = start(["coordinator", "--run-dir", run_dir], logs / "coordinator.log")
         url = wait_for(lambda: coordinator_url(cfg.run_path), 60, "coordinator address", alive=coordinator)
         for i in range(2):
-            start(["worker", "--coordinator", url, "--metrics", metrics, "--set", f"worker_id=w{i}"], logs / f"w{i}.log")
+            start(["worker", "--coordinator", url, "--metrics", metrics, "--set", f"worker_id=w{i}"],
+                  logs / f"w{i}.log")
         learner = start(["learner", "--run-dir", run_dir], logs / "learner1.log")
         wait_for(lambda: last_step(cfg.run_path) >= 8, 180, "learner step 8", alive=learner)
         learner.send_signal(signal.SIGKILL)

@@ -29,8 +29,8 @@ def test_a_lying_worker_is_quarantined_and_none_of_its_failed_groups_is_trained(
     # dynamic sampling on (the default): the chooser's G greedy completions score alike, and only
     # the audit's sample of the dropped groups (audit.uninformative_fraction) can catch it
     cfg = small_run_config(tmp_path / "liar", train={"steps": 30, "max_staleness": 1, "eval_every": 30},
-                           audit={"recompute_fraction": 1.0, "uninformative_fraction": 1.0}, grpo={"prompts_per_step": 4,
-                                                                    "drop_uninformative_groups": True})
+                           audit={"recompute_fraction": 1.0, "uninformative_fraction": 1.0},
+                           grpo={"prompts_per_step": 4, "drop_uninformative_groups": True})
     config = write_config(tmp_path / "liar.toml", cfg)
     metrics = cfg.run_path / "metrics.jsonl"
     with processes() as start:

@@ -64,7 +64,8 @@ def test_a_worker_speaks_only_for_itself(state):
         await _post(session, url, "/v1/lease", {"worker_id": "victim", "version": 0, "max_tasks": 2}, victim)
         attacker = await _join(session, url, "attacker")
         return {
-            "register as origin": (await _post(session, url, "/v1/register", {"worker_id": "origin", "engine": "hf"}))[0],
+            "register as origin": (await _post(session, url, "/v1/register",
+                                               {"worker_id": "origin", "engine": "hf"}))[0],
             "take over a live id": (await _post(session, url, "/v1/register",
                                                 {"worker_id": "victim", "engine": "hf", "relay_address": "http://evil"}))[0],
             "leave as the victim": (await _post(session, url, "/v1/leave", {"worker_id": "victim"}, attacker))[0],
@@ -113,7 +114,8 @@ def test_publishes_follow_the_pinned_key_and_the_version_sequence(state, tmp_pat
     publish(state, 0)  # a resumed learner replaying an older version: nothing changes
     assert state.versions.current == 1
     moved = version_info(1).model_copy(update={"origin_url": "http://learner:2"})
-    state.learner_desk.publish(moved, state.versions.public_key_hex)  # the newest again, from a restarted learner's origin
+    # the newest again, from a restarted learner's origin
+    state.learner_desk.publish(moved, state.versions.public_key_hex)
     assert state.versions.current == 1 and state.versions.latest.origin_url == "http://learner:2"
     state.store.close()
     revived = make_state(tmp_path, tiny_model_dir, FakeClock())  # the pin survives a restart

@@ -43,7 +43,8 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
     report = BadPeerReport(version=0, reporter_id="w1", peer_id="origin", url=ORIGIN, chunk_index=0,
                            reason="corrupt_chunk", detail="lies")
     state.worker_desk.bad_peer(BadPeerRequest(report=report))
-    assert [s.peer_id for s in state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources] == ["origin"]
+    sources = state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=-1)).assignment.sources
+    assert [s.peer_id for s in sources] == ["origin"]
     assert "origin" not in state.versions.dissemination.suspects
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
@@ -83,7 +84,8 @@ def test_throughput_is_what_the_coordinator_measures_not_what_a_worker_claims(st
     state.intake.submit(submission(state, "boaster", task.lease_id, 0))
     assert state.controller.workers["boaster"].rollouts_per_s.value == pytest.approx(measured)
     row = snapshot(state)["workers"]["boaster"]
-    assert row["rollouts_per_s_claimed"] == pytest.approx(1e12) and row["rollouts_per_s_measured"] == pytest.approx(measured)
+    assert (row["rollouts_per_s_claimed"] == pytest.approx(1e12)
+            and row["rollouts_per_s_measured"] == pytest.approx(measured))
 
 
 def test_the_slow_sender_cutoff_follows_measured_rates_above_a_fixed_floor():

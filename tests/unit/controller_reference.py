@@ -142,7 +142,8 @@ class ActivationController:
 
     def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
         """Running totals: groups scored, and those of them dropped as uninformative."""
-        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups, prior=self.uninformative_share)
+        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups,
+                                                                prior=self.uninformative_share)
 
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
                      stale_s_total: float = 0.0) -> None:
@@ -273,7 +274,8 @@ class ActivationController:
         if not everyone:
             decision = ControlDecision(set(), required, "no live workers", False)
         elif not self.cfg.enabled or not math.isfinite(required) or not offers:
-            decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
+            decision = ControlDecision(everyone, required,
+                                       "controller off, demand not yet known or no rate measured: run all", False)
         else:
             decision, slots = self._cover(offers, current, required, now)
             if probation:
@@ -306,7 +308,8 @@ class ActivationController:
         step_s = self.step_time_s.value if self.step_time_s.samples else None
         swap_s = self.swap_s.value if self.swap_s.samples else None
         decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
-                                       last_change_s=self.last_change, measured=self._measured, uninformative_share=self.uninformative_share)
+                                       last_change_s=self.last_change, measured=self._measured,
+                                       uninformative_share=self.uninformative_share)
         probation = {w for w, v in self.workers.items()
                      if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
         if probation:
@@ -381,7 +384,8 @@ class ActivationController:
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
-        admitted = (view.admitted.value if view.admitted.samples else 1.0) * audit_credit(view.audited, view.audit_failed)
+        admitted = ((view.admitted.value if view.admitted.samples else 1.0)
+                    * audit_credit(view.audited, view.audit_failed))
         if math.isnan(rate) or self.step_time_s.samples == 0:
             return rate * admitted
         # workers swap in every version, so each step costs them one swap of generation time

@@ -52,7 +52,8 @@ def test_a_worker_failing_the_audit_twice_is_quarantined_for_good(tmp_path, tiny
     assert [g.worker_id for g in batch] == ["liar", "liar"]
 
     # the learner found one of them fabricated and skipped the step
-    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])) == []
+    report = AuditReport(step=0, groups=[verdict(batch[0], True), verdict(batch[1], False)])
+    assert state.learner_desk.record_audit(report) == []
     state.learner_desk.reject_batch(0, "rollout audit", [batch[1].lease_id])
     assert state.audit.workers["liar"].failed == 1 and state.counters.rejected_by_learner == 1
     assert [g.lease_id for g in state.groups.buffer][0] == batch[1].lease_id  # back at the head

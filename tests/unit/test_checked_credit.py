@@ -88,7 +88,8 @@ def test_the_coordinator_keeps_two_workers_and_takes_a_failed_workers_credit(tmp
     fake_group = next(g for g in state.groups.buffer if g.worker_id == "fake")
     verdict = GroupAudit(lease_id=fake_group.lease_id, worker_id="fake", version=0, tokens=8,
                          mean_abs_logprob_diff=3.0, recomputed=False, failed=True)
-    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict])) == []  # one failure: not yet quarantined
+    # one failure: not yet quarantined
+    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict])) == []
     clock.now += 1.0
     state.fleet_desk.control()
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]

@@ -39,7 +39,8 @@ def test_overrides_are_toml_values_or_bare_strings():
     [
         ("train.max_stalenes=3", "train.max_stalenes: unknown field; did you mean 'max_staleness'?"),
         ("train.max_staleness=-1", "train.max_staleness: Input should be greater than or equal to 0 (got -1)"),
-        ("grpo.loss=ppo", "grpo.loss: Input should be 'tis', 'dapo', 'bnpo', 'grpo', 'dr_grpo', 'gspo', 'cispo' or 'clip' (got 'ppo')"),
+        ("grpo.loss=ppo",
+         "grpo.loss: Input should be 'tis', 'dapo', 'bnpo', 'grpo', 'dr_grpo', 'gspo', 'cispo' or 'clip' (got 'ppo')"),
         ("coordinator.worker_timeout_s=1.5", "must exceed 2 x heartbeat_interval_s"),
         ("workers.per_worker=[{slowdown = 0.5}]", "workers.per_worker[0]"),
         ("learner.device=gpu", "learner.device: String should match pattern"),

@@ -58,7 +58,8 @@ def test_every_event_kind_has_one_type_and_a_json_record():
     assert len(kinds) == len(subclasses), "two event types share a kind"
     assert {"worker_registered", "batch_assigned", "version_published", "eval", "coordinator_stats"} <= set(kinds)
     record = ev.GroupsDropped(reason="stale", step=3, prompt_indices=[1, 2]).record()
-    assert list(record) == ["kind", "reason", "step", "prompt_indices", "straddling"] and record["kind"] == "groups_dropped"
+    assert (list(record) == ["kind", "reason", "step", "prompt_indices", "straddling"]
+            and record["kind"] == "groups_dropped")
     json.dumps(record)
 
 

@@ -103,7 +103,8 @@ def test_silent_worker_leases_go_back_and_late_results_are_refused(state, clock)
     assert not state.registry.workers["a"].alive and state.registry.workers["b"].alive
     assert list(state.leases_book.queue) == [prompt]
     with pytest.raises(RequestError) as err:
-        state.intake.submit(submission(state, "a", task.lease_id, 0) if task.lease_id in state.leases_book.leases else _late(task.lease_id))
+        state.intake.submit(submission(state, "a", task.lease_id, 0) if task.lease_id in state.leases_book.leases
+                            else _late(task.lease_id))
     assert err.value.status == 404
     register(state, "a")  # it comes back: the old lease stays void
     with pytest.raises(RequestError) as err:
@@ -332,7 +333,8 @@ def test_registration_tells_workers_the_runs_lora_settings(tmp_path, tiny_model_
     """A vLLM worker must reserve adapter room when it builds its engine, before any version."""
     lora = {"r": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]}
     state = make_state(tmp_path, tiny_model_dir, clock, config={"grpo": {"lora": lora}})
-    assert state.worker_desk.register(RegisterRequest(worker_id="a", engine="vllm")).lora.model_dump(mode="json") == lora
+    registered = state.worker_desk.register(RegisterRequest(worker_id="a", engine="vllm"))
+    assert registered.lora.model_dump(mode="json") == lora
     plain = make_state(tmp_path / "plain", tiny_model_dir, clock)
     assert plain.worker_desk.register(RegisterRequest(worker_id="a", engine="vllm")).lora is None
 

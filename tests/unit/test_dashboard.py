@@ -148,9 +148,11 @@ def test_dashboard_state_is_the_run(run):
     rows = {w["worker_id"]: w for w in view["workers"]}
     assert rows["w0"] | {"tokens_per_s": None, "rollouts_per_s": None, "cost": None} == {
         "worker_id": "w0", "status": "active", "alive": True, "version": 1, "leases": 0, "rollouts": 4,
-        "tokens": state.registry.workers["w0"].tokens, "tokens_per_s": None, "rollouts_per_s": None, "publish_to_loaded_s": 0.75,
+        "tokens": state.registry.workers["w0"].tokens, "tokens_per_s": None, "rollouts_per_s": None,
+        "publish_to_loaded_s": 0.75,
         "bytes_relayed": 123_456, "price_per_hour": 0.5, "cost": None}
-    assert rows["w0"]["tokens_per_s"] == pytest.approx(state.registry.workers["w0"].tokens / 0.2)  # tokens over the generation seconds reported
+    # tokens over the generation seconds reported
+    assert rows["w0"]["tokens_per_s"] == pytest.approx(state.registry.workers["w0"].tokens / 0.2)
     assert rows["w0"]["cost"] == pytest.approx(0.5 * 2 / 3600)  # registered 2 s (fake clock) ago
     assert (rows["w1"]["leases"], rows["w1"]["version"], rows["w1"]["bytes_relayed"]) == (1, 0, 0)
     assert (view["workers_live"], view["workers_active"], view["cost"]["per_hour"]) == (2, 2, 2.0)

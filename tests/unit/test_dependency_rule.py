@@ -8,7 +8,8 @@ import sys
 
 TORCH_FREE = [
     "echo2.config", "echo2.protocol.messages", "echo2.protocol.http", "echo2.protocol.manifest",
-    "echo2.coordinator.state", "echo2.coordinator.http.server", "echo2.coordinator.main", "echo2.coordinator.scoring.replay", "echo2.tasks",
+    "echo2.coordinator.state", "echo2.coordinator.http.server", "echo2.coordinator.main",
+    "echo2.coordinator.scoring.replay", "echo2.tasks",
     "echo2.envs.task", "echo2.envs.play",
     "echo2.planner", "echo2.policy", "echo2.report.summary", "echo2.report.render", "echo2.launch.local", "echo2.cli",
 ]

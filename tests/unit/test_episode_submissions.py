@@ -49,8 +49,8 @@ def play_lease(state, task, letters="cb"):
 
 
 def submit(state, task, completions):
-    return state.intake.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0, completions=completions,
-                                          gen_time_s=0.1))
+    return state.intake.submit(RolloutSubmission(worker_id="a", lease_id=task.lease_id, version=0,
+                                                 completions=completions, gen_time_s=0.1))
 
 
 def wire(episodes, **changes):

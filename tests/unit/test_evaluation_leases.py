@@ -149,7 +149,8 @@ def test_a_worker_gone_silent_loses_the_evaluation_to_another(state):
     state.clock.now += 10  # past worker_timeout_s for w0; w1 heartbeats
     state.registry.workers["w1"].last_seen = state.clock.now
     state.fleet_desk.sweep()
-    assert [e["kind"] for e in event_records(state) if e["kind"].startswith("evaluation_")][-1] == "evaluation_abandoned"
+    kinds = [e["kind"] for e in event_records(state) if e["kind"].startswith("evaluation_")]
+    assert kinds[-1] == "evaluation_abandoned"
     assert lease(state, "w1", 0).evaluation is not None
 
 

@@ -34,7 +34,8 @@ def _staged(version: int) -> Staged:
 
 
 def test_a_version_being_swapped_in_counts_as_held(tmp_path):
-    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0, relay=None), MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", bytes_relayed=lambda version: 0, relay=None),
+                               MetricsWriter(tmp_path / "m.jsonl", "worker"))
     follower.version = 13
     follower.staged = _staged(14)
     engine = BlockingEngine()
@@ -145,7 +146,8 @@ def test_a_delta_that_does_not_rebuild_its_manifest_is_refused_and_never_loaded(
         assert held == 1
         return FetchResult(payload=memoryview(bytes(tampered)), manifest=manifest, metrics=metrics)
 
-    follower = VersionFollower(SimpleNamespace(worker_id="w0", fetch=fetch), MetricsWriter(tmp_path / "m.jsonl", "worker"))
+    follower = VersionFollower(SimpleNamespace(worker_id="w0", fetch=fetch),
+                               MetricsWriter(tmp_path / "m.jsonl", "worker"))
     follower.base = (1, payloads[1])
     target = SimpleNamespace(version=2)
     assert asyncio.run(follower._fetch(target, SimpleNamespace(version=2))) is None

@@ -85,7 +85,8 @@ def test_a_straddling_generation_carries_each_versions_tokens_and_logprobs(tiny_
                     if per_token[i] == version:
                         assert behaviour == pytest.approx(float(logp[i, token]), abs=1e-4)
                 if seed is not None:  # the seeded sampler's own choice under the version that drew it
-                    picked = choose(logp * TEMPERATURE, TEMPERATURE, seed, samples_N=torch.full((len(c.token_ids),), sample),
+                    picked = choose(logp * TEMPERATURE, TEMPERATURE, seed,
+                                    samples_N=torch.full((len(c.token_ids),), sample),
                                     positions_N=torch.arange(len(c.token_ids)))
                     assert all(int(picked[i]) == t for i, t in enumerate(c.token_ids) if per_token[i] == version)
     assert straddling >= 4  # most rows ran past the boundary (an untrained model rarely stops early)
@@ -110,7 +111,8 @@ def reference_loss(model, groups: list[TrainGroup], step: int, S: int, cfg: GRPO
             row = torch.tensor([group.prompt_ids + c.token_ids])
             logp = torch.log_softmax(model(input_ids=row).logits[0].float() / TEMPERATURE, dim=-1)
             start = len(group.prompt_ids)
-            for j, (token, behav, v) in enumerate(zip(c.token_ids, c.logprobs, expand(c.token_versions, len(c.token_ids), group.version), strict=True)):
+            token_versions = expand(c.token_versions, len(c.token_ids), group.version)
+            for j, (token, behav, v) in enumerate(zip(c.token_ids, c.logprobs, token_versions, strict=True)):
                 if step - v > S:
                     continue
                 lp = logp[start + j - 1, token]
@@ -136,7 +138,8 @@ def test_the_loss_on_a_mixed_version_group_equals_the_token_by_token_reference(t
     for hook in hooks:
         hook.remove()
     old = sum(min(SEGMENT, len(c.token_ids)) for g in groups for c in g)
-    assert stats["tokens_masked_stale"] == old and stats["tokens"] == sum(len(c.token_ids) for g in groups for c in g) - old
+    assert (stats["tokens_masked_stale"] == old
+            and stats["tokens"] == sum(len(c.token_ids) for g in groups for c in g) - old)
     assert stats["token_staleness_hist"] == {"1": stats["tokens"]} and stats["staleness_hist"] == {"2": 2}
     assert stats["groups_straddling"] == 2
     assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-6)
@@ -162,7 +165,8 @@ def test_the_audit_checks_each_segment_under_its_version_and_catches_old_tokens_
     engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
     old = engine.generate([GenRequest(p, 4, TEMPERATURE, MAX_NEW, seed=11) for p in prompts])
     relabel = lambda c: [(0, SEGMENT), (1, len(c.token_ids) - SEGMENT)] if len(c.token_ids) > SEGMENT else []  # noqa: E731
-    liar = [group_of(g, p, token_versions=relabel, lease_id=f"liar{i}") for i, (g, p) in enumerate(zip(old, prompts, strict=True))]
+    liar = [group_of(g, p, token_versions=relabel, lease_id=f"liar{i}")
+            for i, (g, p) in enumerate(zip(old, prompts, strict=True))]
     verdicts = auditor.check_before_step(model, honest + liar, step=1, grpo=GRPOConfig(), temperature=TEMPERATURE,
                                          pad_id=0, precision=CPU_FP32)
     by_lease = {v.lease_id: v for v in verdicts}

@@ -91,7 +91,8 @@ def test_a_lease_deadline_follows_measured_generation_time(tmp_path, tiny_model_
     clock.now += 2.0
     state.intake.submit(submission(state, "quick", task.lease_id, 0))
     task = lease(state, "quick", 0).tasks[0]
-    assert state.leases_book.leases[task.lease_id].expires_at == clock.now + DEADLINE_FLOOR_S  # 4 x 2 s is under the floor
+    # 4 x 2 s is under the floor
+    assert state.leases_book.leases[task.lease_id].expires_at == clock.now + DEADLINE_FLOOR_S
     clock.now += DEADLINE_FLOOR_S + 1
     state.worker_desk.heartbeat(Heartbeat(worker_id="quick", version=0))  # alive, but far past its own pace
     state.fleet_desk.sweep()
@@ -128,7 +129,8 @@ def test_no_worker_fills_more_than_its_share_of_a_batch_while_others_deliver(tmp
     lease(state, "slow", 1)
     assert state.learner_desk.take_batch(1) is None
     clock.now += 1.5
-    assert [g.worker_id for g in state.learner_desk.take_batch(1)] == ["fast"] * 4  # filled from the fast worker's groups
+    # filled from the fast worker's groups
+    assert [g.worker_id for g in state.learner_desk.take_batch(1)] == ["fast"] * 4
 
 
 def test_a_one_worker_run_still_forms_batches(tmp_path, tiny_model_dir, clock):
@@ -148,7 +150,8 @@ def test_the_share_cap_on_plain_data():
     for worker in "aaaab":
         plane.add((0, worker))
     plane.advance(0)
-    assert plane.take_batch(0, now_s=0.0) == [(0, "a")] * 3 + [(0, "b")]  # b's first, then a's oldest: nobody else is coming
+    # b's first, then a's oldest: nobody else is coming
+    assert plane.take_batch(0, now_s=0.0) == [(0, "a")] * 3 + [(0, "b")]
     assert batch_share_cap(0.5, 4) == 2 and batch_share_cap(0.1, 4) == 1 and batch_share_cap(1.0, 4) == 4
     # new ids are never waited for: a fresh id holding a lease cannot hold batches back
     for worker in "aaaa":
@@ -172,7 +175,8 @@ def test_the_run_summary_shows_the_largest_share_of_a_batch():
     records = synthetic_run(steps=3)
     t = records[-1]["time"]
     for share in (0.5, 0.75):
-        records.append({"time": t, "role": "coordinator", "kind": "batch_assigned", "step": 0, "max_worker_share": share,
+        records.append({"time": t, "role": "coordinator", "kind": "batch_assigned", "step": 0,
+                        "max_worker_share": share,
                         "staleness_hist": {"0": 4}, "max_staleness_seen": 0, "lease_window_steps": 1, "buffered": 0,
                         "leased": 0})
     summary = summarize(records)

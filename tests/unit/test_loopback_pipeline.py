@@ -42,7 +42,8 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
         runner, url = await _serve(state, max_request_bytes=1 << 20)
         io = LearnerIO(cfg, url, LEARNER_TOKEN, TOKEN)
         await asyncio.to_thread(io.start)
-        workers = [Worker(WorkerConfig(worker_id=w, tasks_per_lease=1), url, TOKEN, MetricsWriter(metrics_path, "worker"))
+        workers = [Worker(WorkerConfig(worker_id=w, tasks_per_lease=1), url, TOKEN,
+                          MetricsWriter(metrics_path, "worker"))
                    for w in ("w1", "w2")]
         stop = asyncio.Event()
         try:

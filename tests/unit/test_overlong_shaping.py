@@ -45,7 +45,8 @@ def test_shaped_rewards_add_the_penalty_to_each_completion():
 def test_a_buffer_not_below_max_new_tokens_is_refused_naming_both_fields(buffer):
     with pytest.raises(ValueError, match=r"grpo.overlong_buffer_tokens=\d+ must be below sampling.max_new_tokens=8"):
         load_run_config(None, [f"grpo.overlong_buffer_tokens={buffer}", "sampling.max_new_tokens=8"])
-    assert load_run_config(None, ["grpo.overlong_buffer_tokens=7", "sampling.max_new_tokens=8"]).grpo.overlong_penalty == 1.0
+    cfg = load_run_config(None, ["grpo.overlong_buffer_tokens=7", "sampling.max_new_tokens=8"])
+    assert cfg.grpo.overlong_penalty == 1.0
 
 
 def test_uninformative_means_exactly_equal():

@@ -257,7 +257,8 @@ def test_a_run_with_a_catalog_chooses_among_registered_workers_by_the_planner(tm
                        config={"activation": {"catalog": str(path)}})
     publish(state, 0)
     for worker_id, cls, price in (("c1", "cheap", 0.3), ("c2", "cheap", 0.3), ("d1", "dear", 0.9)):
-        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price, worker_class=cls))
+        state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price,
+                                                   worker_class=cls))
     with pytest.raises(RequestError, match="not a class of the run's activation catalog"):
         state.worker_desk.register(RegisterRequest(worker_id="x", engine="hf", worker_class="h100"))
     clock.now += 1.0

@@ -72,7 +72,8 @@ def test_sample_completions_are_bounded_in_count_and_length():
     cfg = ReportConfig(samples_per_step=3, sample_chars=20)
     long_prompt, long_completion = "question " * 100 + "what is 2+2?", "4" + " and more" * 100
     groups = [TrainGroup(lease_id=f"g{i}", prompt_index=i, prompt_ids=[i], version=7, worker_id=f"w{i}",
-                         rewards=[1.0, 0.0], completions=[RolloutCompletion(token_ids=[i, 1], logprobs=[-1.0, -1.0])] * 2)
+                         rewards=[1.0, 0.0],
+                         completions=[RolloutCompletion(token_ids=[i, 1], logprobs=[-1.0, -1.0])] * 2)
               for i in range(10)]
     decode = {(i,): long_prompt for i in range(10)} | {(i, 1): long_completion for i in range(10)}
     rows = sample_rows(groups, lambda ids: decode[tuple(ids)], cfg)

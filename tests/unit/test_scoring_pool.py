@@ -188,7 +188,8 @@ def test_a_worker_whose_completions_keep_running_over_budget_is_refused_for_a_wh
     cut = OverBudget(reason="over budget", pid=4321)
 
     def submit(task, outcomes):
-        return asyncio.run(state.intake.submit_scored(submission(state, "a", task.lease_id, 0), StandInScoring(outcomes)))
+        return asyncio.run(state.intake.submit_scored(submission(state, "a", task.lease_id, 0),
+                                                      StandInScoring(outcomes)))
 
     assert submit(tasks[0], [cut, 1.0]).rewards == [0.0, 1.0]
     assert submit(tasks[1], [cut, cut]).rewards == [0.0, 0.0]

@@ -44,7 +44,8 @@ def test_the_mixer_is_lowbias32_without_overflow_and_the_noise_is_keyed():
 def test_a_seeded_draw_is_a_sample_of_the_softmax():
     logits = torch.tensor([1.0, 0.0, -1.0, 2.0])
     n = 100_000
-    drawn = choose(logits.expand(n, 4), 0.7, 11, samples_N=torch.zeros(n, dtype=torch.long), positions_N=torch.arange(n))
+    drawn = choose(logits.expand(n, 4), 0.7, 11, samples_N=torch.zeros(n, dtype=torch.long),
+                   positions_N=torch.arange(n))
     freq = torch.bincount(drawn, minlength=4).double() / n
     expected = torch.softmax(logits.double() / 0.7, dim=0)
     assert torch.all((freq - expected).abs() < 4 * torch.sqrt(expected * (1 - expected) / n)), (freq, expected)

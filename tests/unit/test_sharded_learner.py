@@ -48,7 +48,8 @@ def _two_ranks(model_dir: Path, *jobs: tuple[Path, int, Path]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"2 ranks still running after {RUN_TIMEOUT_S} s:\n{stdout[-3000:]}{stderr[-5000:]}") from None
+        raise AssertionError(f"2 ranks still running after {RUN_TIMEOUT_S} s:\n"
+                             f"{stdout[-3000:]}{stderr[-5000:]}") from None
     assert proc.returncode == 0, stdout[-3000:] + stderr[-5000:]
 
 

@@ -199,7 +199,8 @@ def test_the_probe_answers_alike_for_a_closed_port_an_ssh_server_and_any_other_s
             return [await _probe(session, url, address) for address in addresses]
 
     replies = run_with_server(state, scenario)
-    assert replies == [(200, {"protocol": PROTOCOL_VERSION, "kind": "probe_result", "reachable": False, "detail": NOT_REACHED})] * 6
+    assert replies == [(200, {"protocol": PROTOCOL_VERSION, "kind": "probe_result", "reachable": False,
+                              "detail": NOT_REACHED})] * 6
 
 
 def test_the_probe_reaches_a_relay_at_the_callers_own_address_with_no_credential(state):

@@ -68,7 +68,8 @@ def test_a_worker_of_another_protocol_version_is_refused_naming_both(state, tmp_
     monkeypatch.setattr(http_base, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)  # a coordinator of a newer echo2 release
     message, elapsed_s = _join_fails(state, TOKEN, tmp_path)
     assert f"incompatible echo2 versions: this coordinator speaks protocol {PROTOCOL_VERSION + 1}" in message
-    assert f"the request speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0)" in message and "same echo2 release" in message
+    assert (f"the request speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0)" in message
+            and "same echo2 release" in message)
     assert elapsed_s < 5
     assert state.registry.workers == {}
 
@@ -84,7 +85,8 @@ def test_a_registration_from_a_newer_release_gets_426_naming_both(state):
     assert status == 426
     # the error says what this protocol changed, so an operator knows what the other side lacks
     assert (f"this coordinator speaks protocol {PROTOCOL_VERSION} (echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
-            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the request speaks protocol {newer} (echo2 9.9.9)") in reply["error"]
+            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the request speaks protocol {newer} (echo2 9.9.9)"
+            in reply["error"])
 
 
 def test_a_wrong_url_is_reported_within_seconds_and_the_worker_gives_up(tmp_path):
@@ -154,8 +156,8 @@ def test_check_names_a_wrong_token_a_wrong_url_and_another_version(state, monkey
     assert {nobody[name][0] for name in ("protocol", "auth", "relay")} == {"skipped"}
     monkeypatch.setattr(server, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
     other = _checks(state, WorkerConfig())
-    assert other["protocol"] == ("failed", f"incompatible echo2 versions: this worker speaks protocol {PROTOCOL_VERSION} "
-                                           f"(echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
+    assert other["protocol"] == ("failed", f"incompatible echo2 versions: this worker speaks protocol "
+                                           f"{PROTOCOL_VERSION} (echo2 0.1.0) (protocol {PROTOCOL_VERSION}: "
                                            f"{PROTOCOL_CHANGES[PROTOCOL_VERSION]}), the coordinator speaks protocol "
                                            f"{PROTOCOL_VERSION + 1} (echo2 0.1.0). Run the same echo2 "
                                            "release on the coordinator, the learner and every worker")
@@ -221,7 +223,8 @@ def test_a_worker_joins_again_when_a_restarted_coordinator_no_longer_knows_it(st
             first = state.registry.workers["w7"].credential_digest
             state.registry.workers.clear()  # what a restart leaves: accepted work kept, the registry gone
             state.registry.credentials.clear()
-            await _until(lambda: "w7" in state.registry.workers and state.registry.workers["w7"].credential_digest != first)
+            await _until(lambda: "w7" in state.registry.workers
+                         and state.registry.workers["w7"].credential_digest != first)
         finally:
             stop.set()
             await asyncio.wait_for(task, 20)

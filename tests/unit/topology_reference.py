@@ -77,7 +77,8 @@ def _check_ids(origin: OriginInfo, peers: list[PeerInfo]) -> None:
         if peer.peer_id in seen or peer.peer_id == origin.peer_id:
             raise ValueError(f"peer_id {peer.peer_id!r} appears twice (or is the origin's id); ids must be unique")
         if peer.reachable and not peer.url:
-            raise ValueError(f"peer {peer.peer_id!r} is reachable but has no url; give its relay URL or reachable=False")
+            raise ValueError(f"peer {peer.peer_id!r} is reachable but has no url; "
+                             "give its relay URL or reachable=False")
         seen.add(peer.peer_id)
 
 

@@ -46,7 +46,8 @@ def test_behaviour_logprobs_are_the_learners(engine, model_dir, temperature):
     groups = engine.generate([GenRequest(p, n=4, temperature=temperature, max_new_tokens=8) for p in prompts])
     assert [len(g) for g in groups] == [4] * len(prompts)
     rows = [(p, c) for p, g in zip(prompts, groups, strict=True) for c in g]
-    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], list(range(len(rows))), tokenizer.pad_token_id)
+    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], list(range(len(rows))),
+                    tokenizer.pad_token_id)
     with torch.no_grad():
         learner, _ = token_logprobs(model, batch, temperature, chunk_tokens=64)
     behaviour = torch.tensor([x for _, c in rows for x in c.logprobs])

@@ -75,7 +75,8 @@ def test_adapter_versions_give_the_learners_completions_and_logprobs(engine, mod
     # sampled tokens' behaviour log-probs are the learner's under base + adapter
     groups = engine.generate([GenRequest(p, n=4, temperature=1.0, max_new_tokens=8) for p in prompts])
     rows = [(p, c) for p, g in zip(prompts, groups, strict=True) for c in g]
-    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], list(range(len(rows))), tokenizer.pad_token_id)
+    batch = collate([p for p, _ in rows], [c.token_ids for _, c in rows], list(range(len(rows))),
+                    tokenizer.pad_token_id)
     with torch.no_grad():
         learner, _ = token_logprobs(model, batch, 1.0, chunk_tokens=64)
         without = {name: torch.zeros_like(p) for name, p in lora_parameters(model).items() if ".lora_B." in name}

@@ -1,6 +1,7 @@
 """`echo2 run` with vLLM workers (`make test-vllm`): real processes, the policy improves (its
-batch reward rises; held-out accuracy does not collapse), every trained group respects the staleness bound, the workers loaded the
-versions the learner published through the broadcast, and they draw with the seeded sampler:
+batch reward rises; held-out accuracy does not collapse), every trained group respects the
+staleness bound, the workers loaded the versions the learner published through the broadcast,
+and they draw with the seeded sampler:
 the run requires it (audit.require_seeded_sampler's default) and the audit finds every checked
 token to be the sampler's choice, so no honest vLLM worker is quarantined."""
 
@@ -103,5 +104,6 @@ def test_lora_run_with_vllm_workers_applies_each_adapter_version(tmp_path):
     assert max(r["version"] for r in loaded) >= 50
     # versions are the adapters only: a small fraction of the base model's weights
     base_bytes = sum(f.stat().st_size for f in Path(cfg.base_model_path).glob("*.safetensors"))
-    assert {r["bytes"] for r in loaded} == {summary["bytes_per_version"]} and 5 * summary["bytes_per_version"] < base_bytes
+    assert ({r["bytes"] for r in loaded} == {summary["bytes_per_version"]}
+            and 5 * summary["bytes_per_version"] < base_bytes)
     _assert_sampler_checks_pass(cfg)

@@ -37,7 +37,8 @@ class ServedForm:
         return "full" if self.base_version is None else "delta"
 
 
-def retained(keys: Iterable[tuple[int, Form]], keep_versions: int, *, since_anchor: bool = True) -> set[tuple[int, Form]]:
+def retained(keys: Iterable[tuple[int, Form]], keep_versions: int, *,
+             since_anchor: bool = True) -> set[tuple[int, Form]]:
     """The (version, form) pairs a relay keeps serving: the newest `keep_versions` versions,
     and (`since_anchor`: the learner's origin) every version since the newest full one (the
     anchor a late joiner starts from, and the deltas it needs after it). With full versions

@@ -9,7 +9,7 @@ zeros. Two exact schemes, measured side by side by `benchmarks/delta_bytes.py`:
 - "sub-zstd" (default): the element-wise difference of the raw integers (a bf16 as its uint16
   bit pattern, modulo 2^16), zigzag-mapped so one step up or down is a small number. A change
   that carries into the exponent (0x3F7F -> 0x3F80) stays one small number, where XOR sets
-  eight bits; measured 7-10% smaller than "xor-zstd" on bf16.
+  eight bits, so it compresses smaller than "xor-zstd" on bf16.
 - "xor-zstd": the XOR of the bit patterns.
 
 Either way the elements are split into byte planes (all low bytes, then all high bytes): the
@@ -174,8 +174,8 @@ def _planes(values: np.ndarray, itemsize: int) -> bytes:
 
 
 def _unplanes(raw: bytes, itemsize: int) -> np.ndarray:
-    # shift and OR the planes together (contiguous passes): 7x faster than copying the
-    # transposed planes back into elements, which was all of a rebuild's time
+    # shift and OR the planes together (contiguous passes): copying the transposed planes back
+    # into elements is several times slower and would be most of a rebuild's time
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, -1)
     values = planes[itemsize - 1].astype(_dtype(itemsize))
     for plane in planes[itemsize - 2 :: -1] if itemsize > 1 else ():
@@ -206,7 +206,8 @@ def _parse_header(delta: memoryview, codec: str, base_bytes: int, data_start: in
         if len(block) != 4:
             raise ValueError(f"delta block {index} has {len(block)} fields, expected 4")
         start, end, itemsize, frame_bytes = block
-        if start != position or end <= start or itemsize not in (1, 2, 4, 8) or (end - start) % itemsize or frame_bytes < 0:
+        if (start != position or end <= start or itemsize not in (1, 2, 4, 8) or (end - start) % itemsize
+                or frame_bytes < 0):
             raise ValueError(f"delta block {index} {block} does not continue the data section at {position}")
         position, frames = end, frames + frame_bytes
     if position != total or 8 + length + frames != len(delta):

@@ -70,7 +70,8 @@ async def fetch_version(
     network traffic; BroadcastFailed when every source failed (the relay keeps serving the
     previous version); FetchAborted when a newer version superseded this one on `relay`.
     """
-    manifest = verify_manifest(signed, public_key, held_version=held_version, max_payload_bytes=config.max_payload_bytes)
+    manifest = verify_manifest(signed, public_key, held_version=held_version,
+                               max_payload_bytes=config.max_payload_bytes)
     if assignment.version != manifest.version:
         raise ValueError(f"assignment is for version {assignment.version}, manifest for {manifest.version}")
     for source in assignment.sources:
@@ -116,7 +117,8 @@ def slow_sender_floor(config: BroadcastConfig, planned_rate_bytes_per_s: float,
     """The slowest a source may send before it is cut off: config.min_rate_bytes_per_s, lowered
     to a quarter of the rate this worker measured on earlier versions (else of the plan's rate,
     which comes from declared link speeds) when that is slower, never below
-    config.rate_floor_bytes_per_s (a relay declaring 100 B/s once held a child for hours)."""
+    config.rate_floor_bytes_per_s (a relay declaring a few bytes per second could otherwise hold
+    a child for hours)."""
     basis = measured_rate_bytes_per_s or planned_rate_bytes_per_s
     return max(config.rate_floor_bytes_per_s, min(config.min_rate_bytes_per_s, basis / 4))
 

@@ -4,24 +4,17 @@ planner's, `echo2.planner.dissemination`, in the same units (bytes, bytes per se
 this module evaluates that model edge by edge on the tree the coordinator actually planned.
 
 Symbols (ECHO2.md section 5): M payload bytes, c chunk bytes, L per-hop latency (connection
-setup plus one-way delay). Any plan (what `predict_plan_s` computes from a `BroadcastPlan`): worker w at depth k with edge
-rates r_1..r_k from the learner down,
+setup plus one-way delay). Any plan (what `predict_plan_s` computes from a `BroadcastPlan`):
+worker w at depth k with edge rates r_1..r_k from the learner down,
     T_w = M / min(r_1..r_k) + sum(c / r_i for i = 2..k) + k * L,   T = max over workers.
 On the plans `plan_broadcast` makes this reduces to the planner's chain, tree and one-to-many
 forms (tests/unit/broadcast/test_broadcast_latency.py checks it).
 
-Measured (benchmarks/broadcast.py: real processes in network namespaces, every link tbf-shaped
-to 100 Mbit/s both ways, c = 1 MiB, 2 vCPUs; full JSON in benchmarks/results/):
-    M = 64 MiB   N = 2 / 4 / 8 / 16   pipelined 5.72 / 5.89 / 6.34 / 7.19 s  model 5.45 / 5.62 / 5.96 / 6.63 s
-                                      one-to-many 11.2 / 22.5 / 44.9 / 89.9 s  model 10.7 / 21.5 / 43.0 / 85.9 s
-    M = 256 MiB  N = 2 / 4 / 8 / 16   pipelined 22.8 / 23.3 / 23.8 / 25.5 s  model 21.6 / 21.7 / 22.1 / 22.7 s
-                                      one-to-many 45.0 / 89.9 / 180 / 359 s   model 42.9 / 85.9 / 172 / 344 s
-    d-ary (worker uplinks 4 x 100 Mbit/s, N = 16, depth 3, M = 64 MiB): 6.21 s, model 5.54 s
-Measurements sit 5-12% above the model: TCP goodput through tbf is ~95% of the shaped rate (the
-acks of a relay's upload share its shaped downlink), and each hop adds ~40-60 ms beyond c/b
-(store-and-forward of the last chunk, scheduling on a shared 2-core box). One-to-many is linear
-in N (R^2 = 1.000, slope 1.046 x M/b_L per worker); at N = 16 it is 12.5x (64 MiB) and 14.1x
-(256 MiB) slower than the pipelined chain. ("model" is `predict_plan_s` on the plan run.)
+benchmarks/broadcast.py measures real broadcasts against this model (`predict_plan_s` on the
+plan run; the table is in docs/broadcast.md, the JSON in benchmarks/results/). Measurements sit a
+little above it: TCP goodput through a tbf-shaped link is below the shaped rate (the acks of a
+relay's upload share its shaped downlink), and each hop adds more than c/b (store-and-forward of
+the last chunk, scheduling on a shared box). One-to-many grows linearly in N.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ verified chunks to its children.
 
 It holds the newest completed version (what the worker serves and has loaded) and at most one
 incoming version (being received). Versions are served by form (`full` or `delta`, see
-`catchup`): the learner's origin serves an anchor's delta and its full snapshot side by side. A child's stream of the incoming version is fed chunk by
-chunk as the worker verifies them, so chunk j goes out while chunk j+1 is still arriving. The
-completed version keeps being served until the incoming one completes; a failed or superseded
-incoming version ends its children's streams with an error frame so they fail over at once.
+`catchup`): the learner's origin serves an anchor's delta and its full snapshot side by side. A
+child's stream of the incoming version is fed chunk by chunk as the worker verifies them, so
+chunk j goes out while chunk j+1 is still arriving. The completed version keeps being served
+until the incoming one completes; a failed or superseded incoming version ends its children's
+streams with an error frame so they fail over at once.
 """
 
 from __future__ import annotations
@@ -236,8 +237,8 @@ class RelayServer:
             if self._newest_known() > version or self._other_form_only(version, form):
                 # this relay skipped `version` (a newer one came first): the child should move on
                 # to its next source now, not wait out announce_wait_s
-                await self._write(response, wire.error_frame(f"version {version} skipped here (newest {self._newest_known()})",
-                                                                gone=True))
+                reason = f"version {version} skipped here (newest {self._newest_known()})"
+                await self._write(response, wire.error_frame(reason, gone=True))
                 return None
             if loop.time() >= deadline:
                 await self._write(response, wire.error_frame(f"version {version} was never announced here"))

@@ -127,8 +127,8 @@ def verify_manifest(
         )
     if max_payload_bytes is not None and max(manifest.total_bytes, manifest.loaded_bytes) > max_payload_bytes:
         raise ManifestRejected(
-            f"version {manifest.version} has {max(manifest.total_bytes, manifest.loaded_bytes)} bytes, above max_payload_bytes "
-            f"{max_payload_bytes}; raise broadcast.max_payload_bytes if this model is expected"
+            f"version {manifest.version} has {max(manifest.total_bytes, manifest.loaded_bytes)} bytes, "
+            f"above max_payload_bytes {max_payload_bytes}; raise broadcast.max_payload_bytes if this model is expected"
         )
     return manifest
 

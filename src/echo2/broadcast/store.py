@@ -7,8 +7,9 @@ worker forwards chunk j while it is still receiving chunk j+1.
 
 Received versions live in an anonymous memory map: the kernel zero-fills pages lazily, so
 memory is touched chunk by chunk while the network is the bottleneck (a zero-filled bytearray
-touched all of it up front, ~1 s per 64 MiB on a loaded 2-core box), and the finished payload is
-a read-only view of the same pages: no final copy, one payload's worth of memory per version.
+would touch all of it up front: seconds for a large version on a loaded box), and the finished
+payload is a read-only view of the same pages: no final copy, one payload's worth of memory per
+version.
 """
 
 from __future__ import annotations

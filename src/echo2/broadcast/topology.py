@@ -98,7 +98,8 @@ def _check_ids(origin: OriginInfo, peers: list[PeerInfo]) -> None:
         if peer.peer_id in seen or peer.peer_id == origin.peer_id:
             raise ValueError(f"peer_id {peer.peer_id!r} appears twice (or is the origin's id); ids must be unique")
         if peer.reachable and not peer.url:
-            raise ValueError(f"peer {peer.peer_id!r} is reachable but has no url; give its relay URL or reachable=False")
+            raise ValueError(f"peer {peer.peer_id!r} is reachable but has no url; "
+                             "give its relay URL or reachable=False")
         seen.add(peer.peer_id)
 
 
@@ -175,7 +176,8 @@ class _Tree:
     stale entry ranks a relay at least as well as it now deserves, and an entry found stale at
     the top is refreshed and pushed back until the top is current (a few per placement). The
     subtree counts cost O(depth) per worker; a linear scan over the relays per worker placed
-    past the free slots took 2 s for 10,000 workers, 6 s in chains (benchmarks/policy_scale.py).
+    past the free slots would make a plan quadratic, seconds at 10,000 workers
+    (benchmarks/policy_scale.py measures planning at scale).
     """
 
     def __init__(self, origin: OriginInfo, rate: float, config: BroadcastConfig) -> None:

@@ -1,7 +1,8 @@
 """Relay wire format and the errors a stream can end with.
 
 A child asks a source for `GET /v1/broadcast/chunks?version=V&start=K&form=F` (F: "full", the
-default, or "delta") and receives a stream of frames, each a 9-byte header (kind, chunk index, length; little-endian) and a body:
+default, or "delta") and receives a stream of frames, each a 9-byte header (kind, chunk index,
+length; little-endian) and a body:
 
 - `D` data: chunk `index`, `length` bytes (must equal the manifest's size for that chunk);
 - `K` keepalive: the sender is alive but has nothing new; `index` is how many chunks it holds;

@@ -16,7 +16,8 @@ FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 def add_log_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=LEVELS, default="info",
                         help="console log level (default info: one line per registration, version, step, ...)")
-    parser.add_argument("--quiet", action="store_true", help="log warnings and errors only (same as --log-level warning)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="log warnings and errors only (same as --log-level warning)")
 
 
 def setup_logging(args: argparse.Namespace) -> None:

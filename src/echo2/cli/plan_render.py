@@ -99,7 +99,8 @@ def _summary(plan: Plan) -> Table:
         ("predicted learner utilization", f"{plan.utilization:.1%}"),
         (
             "$/h: learner + fleet = total",
-            f"{_money(plan.learner_price_per_hour)} + {_money(plan.fleet_price_per_hour)} = {_money(plan.total_price_per_hour)}",
+            f"{_money(plan.learner_price_per_hour)} + {_money(plan.fleet_price_per_hour)} "
+            f"= {_money(plan.total_price_per_hour)}",
         ),
         ("$/step  ($/accepted rollout)", f"{_money(plan.cost_per_step)}  ({_money(plan.cost_per_rollout)})"),
     ]

@@ -9,7 +9,8 @@ from echo2.config.run_dir import write_resolved
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("prepare", help="build the tiny model or dequantize a GGUF file, and run the warm start (cached)")
+    parser = subparsers.add_parser(
+        "prepare", help="build the tiny model or dequantize a GGUF file, and run the warm start (cached)")
     add_config_args(parser)
     parser.set_defaults(handler=run)
 

@@ -34,10 +34,10 @@ class ActivationConfig(Frozen):
     until then it is on probation and counts for nothing toward covering demand."""
     probation_slots: int = Field(4, ge=0)
     """Unmeasured workers active at once beside a measured set that covers demand, so they can
-    prove themselves; those that have spent the least time on probation go first. Unbounded
-    probation kept a hundred workers active and billed in a simulated 144-worker fleet, since a
-    full lease window left most of them no work to be measured by. When the measured workers
-    fall short, every worker runs."""
+    prove themselves; those that have spent the least time on probation go first. Unbounded,
+    probation would keep most of a large fleet active and billed while a full lease window left
+    most of them no work to be measured by. When the measured workers fall short, every worker
+    runs."""
     probation_timeout_s: float = Field(120.0, gt=0)
     """A worker keeps its probation slot this long (time active, unmeasured) before it goes to
     the back of the queue: long enough to load the current version and generate min_samples

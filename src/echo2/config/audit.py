@@ -14,11 +14,10 @@ class AuditConfig(Frozen):
     worker was sent; off: trust workers' log-probs as they come (only for fleets you control)."""
     max_mean_abs_logprob_diff: float = Field(0.15, gt=0)
     """A group fails the audit when its tokens' mean |log-prob under the version its worker was
-    sent - behaviour log-prob| exceeds this (nats). Honest differences measured on SmolLM2-135M
-    (benchmarks/results/audit_honest_diff.json, fp32 and bf16 wires, 8 and 32 new tokens): at
-    most 1.0e-5 with the HF engine in fp32 and 1.2e-5 with vLLM on the CPU; an engine computing
-    in bf16 (as GPU engines do) reaches 0.050. The default is 3x that, so no honest bf16 worker
-    is flagged; fabricated log-probs or tokens from another model land far above (tens of nats
+    sent - behaviour log-prob| exceeds this (nats). An honest engine differs by its numerics
+    only: about 1e-5 computing in fp32, up to about 0.05 computing in bf16 (as GPU engines do;
+    benchmarks/audit_honest_diff.py). The default is 3x that, so no honest bf16 worker is
+    flagged; fabricated log-probs or tokens from another model land far above (tens of nats
     is typical). Tighten it on a uniform fleet: the summary reports the largest honest
     difference seen per worker."""
     recompute_fraction: float = Field(0.5, ge=0.0, le=1.0)
@@ -42,11 +41,10 @@ class AuditConfig(Frozen):
     sampler_margin: float = Field(1.0, gt=0)
     """How far (in perturbed-score units: logits / T plus Gumbel noise) a token may fall short of
     the seeded sampler's choice and still count as its choice: an honest engine differs from the
-    learner's logits only by numerics, so only near-ties fall short, by about those numerics.
-    Measured on SmolLM2-135M over 1,000 honest groups each (benchmarks/results/sampler_audit.json):
-    0 with the HF engine in fp32, up to 0.51 for an engine computing in bf16 (1 group in 1,000
-    over 0.5, none over 1.0); a token chosen by the worker instead falls short by the Gumbel gap,
-    and every greedy group was flagged at 1.0."""
+    learner's logits only by numerics, so only near-ties fall short, by about those numerics:
+    nothing in fp32, about half a unit at most computing in bf16 (benchmarks/sampler_audit.py).
+    A token chosen by the worker instead falls short by the Gumbel gap, which 1.0 catches in
+    every greedy group."""
     max_sampler_violations: int = Field(0, ge=0)
     """Tokens of a recomputed group allowed to fall short by more than sampler_margin before the
     group fails the audit."""

@@ -73,8 +73,8 @@ class BroadcastConfig(Frozen):
     when the coordinator planned a slower edge (one-to-many to many workers)."""
     rate_floor_bytes_per_s: float = Field(32_000.0, gt=0)
     """The lowest the slow-sender cutoff ever goes (256 kbit/s), whatever a plan says. Plans are
-    built from the link speeds workers declare; a relay declaring 100 B/s once lowered its
-    child's cutoff so far that it could hold the child for hours."""
+    built from the link speeds workers declare; without a floor, a relay declaring a few bytes
+    per second would lower its child's cutoff so far that it could hold the child for hours."""
     announce_wait_s: float = Field(30.0, gt=0)
     """A relay asked for a version it has not been told about yet keeps the child waiting (with
     keepalives) this long: the coordinator sends a version to parents and children at about the

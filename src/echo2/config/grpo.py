@@ -49,8 +49,8 @@ class GRPOConfig(Frozen):
     weight times log pi, gradient through log pi only. "clip": PPO-clipped token ratio against
     the worker's behaviour log-probs, dual-clipped at tis_cap for negative advantages; on stale
     groups the tokens the policy already learned fall outside the clip range and carry no
-    gradient, which made it 1.1-3.3x slower (1.7x summed over four seed pairs) to 0.95 held-out
-    on SmolLM2 at S = 1-2 (benchmarks/results/real_model_learning.json)."""
+    gradient, so it learns more slowly than "tis" from stale groups
+    (benchmarks/real_model_learning.py compares the two)."""
     advantage_scaling: Literal["auto", "group", "batch", "none"] = "auto"
     """How advantages r - mean(group) are scaled: "group" by the group's reward std (GRPO),
     "batch" by the std of the step's rewards (TRL's scale_rewards="batch"), "none" not at all
@@ -77,8 +77,8 @@ class GRPOConfig(Frozen):
     share_prompts: bool = True
     """Compute each group's prompt once and its G completions on top of the prompt's key/value
     cache (gradients equal to the unshared computation). With a chat template the prompt is
-    most of every sequence: 3.5x less learner compute per step on SmolLM2-135M with 45-token
-    prompts and 8-token answers. Models that cannot (sliding-window attention, activation
+    most of every sequence, so the learner computes several times fewer tokens per step.
+    Models that cannot (sliding-window attention, activation
     checkpointing, a sharded learner) take packed rows instead, without padding."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (`{r, alpha, target_modules}`); None: full

@@ -80,8 +80,8 @@ class WarmStartConfig(Frozen):
     stop_at_accuracy: float | None = Field(None, gt=0, le=1)
     """Stop early once greedy accuracy on `check_problems` training problems (never the held-out
     ones) reaches this, checked every `check_every` steps. Where a tiny model lands after a fixed
-    number of steps depends a lot on its initial weights (0.16 to 0.98 held-out accuracy across
-    seeds for the demo's 800 steps); this makes the base "sometimes right" whatever the draw.
+    number of steps depends a lot on its initial weights (from rarely to almost always right,
+    seed to seed); this makes the base "sometimes right" whatever the draw.
     Multi-turn tasks measure the share of training episodes played without an illegal action.
     None: always run `steps`."""
     check_every: int = Field(50, ge=1)
@@ -117,21 +117,21 @@ class TrainConfig(Frozen):
     (policy/window.py: the lease window starts at S steps, shrinks a step after a run of batches
     that were ready when asked for, 3 at first and twice as many after each wait, never below the
     measured S_min, and grows a step at once whenever the learner waited), so groups train at the
-    lowest staleness the fleet allows: on SmolLM2 at S = 2, 1.1 steps old on average at 98%
-    learner utilization (configs/smollm2_*.toml turn it on). Off by default because it fights
-    cost-aware activation: on the demo (4 priced workers) it cost 9-21 points of steady learner
-    utilization (85/73/84% against 94/94%), and none with [activation] enabled = false (93 vs
-    95%). False keeps the whole window of S steps leased or buffered ahead (with fast workers,
-    most groups train S versions old)."""
+    lowest staleness the fleet allows (configs/smollm2_*.toml turn it on). Off by default because
+    it fights cost-aware activation: the smaller window leaves unmeasured workers few of the
+    leases that would measure them, which the activation rule does not allow for, and priced
+    runs lose steady learner utilization (runs with [activation] enabled = false do not). False
+    keeps the whole window of S steps leased or buffered ahead (with fast workers, most groups
+    train S versions old)."""
     checkpoint_every: int = Field(25, ge=1)
     eval_every: int = Field(25, ge=1)
     """Versions due for held-out evaluation: 0, every eval_every-th and the last (see
     [evaluation] for where it runs)."""
     torch_threads: int | Literal["auto"] = "auto"
     """Learner threads. "auto": the machine's cores less the threads of the local workers
-    `echo2 run` starts beside it (workers.count x their torch_threads), at least 1. Measured on
-    2 cores with two 1-thread workers: a SmolLM2-135M step takes 15 s on 1 thread and 28 s on 2
-    (threads that outnumber free cores wait on each other); alone on the box, every core."""
+    `echo2 run` starts beside it (workers.count x their torch_threads), at least 1: threads that
+    outnumber free cores wait on each other, so a learner given the workers' cores too steps
+    slower, not faster. Alone on the box, every core."""
     batch_wait_s: float = Field(20.0, gt=0)
     """Long-poll window for one batch request; the learner re-asks until the batch is ready."""
     max_consecutive_skips: int = Field(8, ge=1)
@@ -165,14 +165,15 @@ class CoordinatorConfig(Frozen):
     """Requests larger than this are refused with 413."""
     forget_workers_after_s: float = Field(300.0, gt=0)
     """A departed or timed-out worker that never had a rollout accepted and costs nothing is
-    forgotten this long after it was last seen (5,000 registrations once left 5,000 records
-    and a 1.3 MB /v1/state); workers that did work stay, for the run's accounting."""
+    forgotten this long after it was last seen, so a flood of registrations does not leave a
+    record each (and a /v1/state that grows with them); workers that did work stay, for the
+    run's accounting."""
     registrations_per_minute: float = Field(60.0, gt=0)
     """Registrations accepted per source address per minute (a burst of as many is allowed):
     a fleet behind one NAT joins at once, a registration flood does not."""
     registrations_per_s: float = Field(100.0, gt=0)
     """Registrations the whole run admits per second, from every address (as large a burst):
-    10,000 workers joining at once are admitted over a minute and a half, each told when to come back,
+    10,000 workers joining at once are admitted over about 100 s, each told when to come back,
     while rollouts and the learner's batches keep their pace."""
     max_leases_per_worker: int = Field(0, ge=0)
     """Most prompts one worker may hold leased at once; 0: one learner step's worth
@@ -293,7 +294,8 @@ class RunConfig(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _task_defaults_to_addition(cls, data: Any) -> Any:
-        """A [task] table without `name` is the embedded addition task, as before tasks had names."""
+        """A [task] table without `name` is the embedded addition task, the default (the tagged
+        union needs a name to pick the task's schema)."""
         if isinstance(data, dict) and isinstance(data.get("task"), dict) and "name" not in data["task"]:
             data = {**data, "task": {"name": "addition", **data["task"]}}
         return data

@@ -62,11 +62,10 @@ class SimSettings(Frozen):
     """Every random draw (noise, churn, heartbeat phases) derives from it: same seed, same run."""
     fresh_leases: bool = False
     """The coordinator's train.fresh_leases (policy/window.py): lease only as far ahead as keeps
-    the learner from waiting. Off by default, as in `echo2 run`: on the shipped WAN scenarios it
-    costs the online controller 1-2 points of steady utilization (qwen3_8b, S = 4 and 6: 97.6% and
-    98.3% against 98.9% and 100%) and, with a fuller window, keeps unmeasured workers from the
-    leases that would measure them, which the activation rule does not yet allow for (the demo
-    lost 9-21 points to it in real runs)."""
+    the learner from waiting. Off by default, as in `echo2 run`: it costs the online controller
+    steady utilization, in the simulator and in real runs, since the smaller window keeps
+    unmeasured workers from the leases that would measure them, which the activation rule does
+    not yet allow for."""
     slow_start: bool = True
     """Workers lease under the coordinator's slow start (policy/trust.py), as in `echo2 run`: one
     lease until a group is accepted, then twice as many per accepted group, new workers sharing

@@ -139,7 +139,8 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     _write_pids(cfg, children)
     activation = cfg.activation
     if activation.provider == "local":
-        provider: FleetProvider = LocalFleet(workers, start_worker, MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
+        provider: FleetProvider = LocalFleet(workers, start_worker,
+                                             MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
                                              not_started=on_demand)
     else:
         provider = StaticFleet(set(workers))
@@ -159,9 +160,9 @@ def _write_pids(cfg: RunConfig, children: list[Child]) -> None:
 def _spawn(children: list[Child], name: str, args: list[str], *, logs: Path, env: dict[str, str],
            ranks: int = 1) -> Child:
     """Start a child and record it before a stop request (SIGTERM, Ctrl-C) is acted on: one
-    arriving after the fork but before the child was on the list once left an orphan behind.
-    (Not by blocking the signals: a blocked mask is inherited through exec, and the children
-    then ignored SIGTERM.)"""
+    arriving after the fork but before the child is on the list would leave an orphan behind.
+    (Not by blocking the signals: a blocked mask is inherited through exec, so the children
+    would ignore SIGTERM.)"""
     _SPAWNING["depth"] += 1
     try:
         child = start_child(name, args, logs, env=env, ranks=ranks)

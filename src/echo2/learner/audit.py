@@ -8,18 +8,18 @@ current version are checked for free. Every other group is compared with the wir
 itself: a share of them (`audit.recompute_fraction`, chosen by a keyed hash the worker cannot
 predict) is recomputed under its version's published payload, kept in a small CPU cache of
 recent versions. With a bf16 wire and fp32 masters, comparing with the masters instead would
-charge honest workers the bf16 rounding: 0.05-0.10 nats per token on SmolLM2-135M, against
-1e-5 under the wire version. A group whose
-mean |difference| per token exceeds `audit.max_mean_abs_logprob_diff` fails: fabricated
-log-probs, tokens from another model or version, or tokens edited after sampling all show up
-there. A worker that draws with the seeded sampler (every HF or vLLM worker) has the chosen
-groups' tokens checked too (`sampler_audit.py`): each must be the token its lease's seed picks
-under the claimed version, so choosing tokens and reporting their true log-probs fails (in a
-multi-turn episode, each of the model's actions; the environment's answers are replayed by the
-coordinator instead). What the audit cannot see: a worker that samples honestly from the right
-version and then chooses which groups to return (it still never chooses the rewards, which the
-coordinator computes), and tokens of free-sampling workers (a run with
-audit.require_seeded_sampler off) beyond their log-probs.
+charge honest workers the bf16 rounding, orders of magnitude more than the engine numerics that
+remain under the wire version. A group whose mean |difference| per token exceeds
+`audit.max_mean_abs_logprob_diff` fails: fabricated log-probs, tokens from another model or
+version, or tokens edited after sampling all show up there. A worker that draws with the seeded
+sampler (every HF or vLLM worker) has the chosen groups' tokens checked too
+(`sampler_audit.py`): each must be the token its lease's seed picks under the claimed version,
+so choosing tokens and reporting their true log-probs fails (in a multi-turn episode, each of
+the model's actions; the environment's answers are replayed by the coordinator instead). What
+the audit cannot see: a worker that samples honestly from the right version and then chooses
+which groups to return (it still never chooses the rewards, which the coordinator computes), and
+tokens of free-sampling workers (a run with audit.require_seeded_sampler off) beyond their
+log-probs.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ class Auditor:
                 entry = totals.setdefault(group.lease_id, [group, 0.0, 0])
                 entry[1] += diff_sum
                 entry[2] += count
-        return [self._verdict(g, total / count if count else 0.0, recomputed=True) for g, total, count in totals.values()]
+        return [self._verdict(g, total / count if count else 0.0, recomputed=True)
+                for g, total, count in totals.values()]
 
     def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
                        *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,

@@ -92,7 +92,8 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     def training_accuracy() -> float:
         if multi_turn:  # the share of training episodes played without an illegal action
             seeds = [task.train_seed(CHECK_OFFSET + i) for i in range(ws.check_problems)]
-            summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()], seeds=seeds)
+            summary = evaluate_episodes(model, tokenizer, task, max_new, opponents=[task.training_opponent()],
+                                        seeds=seeds)
             reached = 1.0 - next(iter(summary["opponents"].values()))["illegal_rate"]
         else:
             check = [task.train_problem(CHECK_OFFSET + i) for i in range(ws.check_problems)]

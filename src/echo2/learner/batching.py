@@ -70,7 +70,8 @@ def flatten(groups: list[TrainGroup], *, step: int | None = None, max_staleness:
             per_token = expand(completion.token_versions, len(completion.token_ids), group.version)
             mask = loss_mask(completion)
             if step is not None and max_staleness is not None:
-                trained = [m if is_admissible(step, v, max_staleness) else 0.0 for m, v in zip(mask, per_token, strict=True)]
+                trained = [m if is_admissible(step, v, max_staleness) else 0.0
+                           for m, v in zip(mask, per_token, strict=True)]
                 masked += int(sum(mask) - sum(trained))
                 mask = trained
             masks.append(mask)

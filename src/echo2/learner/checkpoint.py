@@ -80,7 +80,8 @@ def checkpoint_at(root: Path, step: int | None) -> Path:
     """The complete checkpoint of `step` (None: the newest); ValueError naming what exists."""
     path = latest_checkpoint(root) if step is None else root / _name(step)
     if path is None or not (path / "meta.json").is_file():
-        have = sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "meta.json").is_file()) if root.is_dir() else []
+        have = (sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "meta.json").is_file())
+                if root.is_dir() else [])
         raise ValueError(f"no checkpoint {'at all' if step is None else f'for step {step}'} in {root} "
                          f"(complete checkpoints: {have or 'none'})")
     return path

@@ -108,8 +108,8 @@ def init_ranks(device: torch.device, shard_one: bool = False) -> tuple[Ranks, to
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:
-            raise ValueError("a sharded learner runs under torchrun (`torchrun --nproc-per-node K -m echo2 learner ...`);"
-                             " MASTER_ADDR is not set")
+            raise ValueError("a sharded learner runs under torchrun "
+                             "(`torchrun --nproc-per-node K -m echo2 learner ...`); MASTER_ADDR is not set")
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return Ranks(rank=rank, world=world, local_rank=local_rank, sharded=True), device

@@ -97,7 +97,8 @@ def token_logprobs(model, mb, temperature: float, chunk_tokens: int) -> tuple[to
                              temperature=temperature, chunk_tokens=chunk_tokens)
     if lean_head_supported(model):
         sharded = getattr(model, SHARDED_LEAN_METHOD, None)
-        return sharded(mb, temperature, chunk_tokens) if sharded else lean_logprobs(model, mb, temperature, chunk_tokens)
+        return (sharded(mb, temperature, chunk_tokens) if sharded
+                else lean_logprobs(model, mb, temperature, chunk_tokens))
     logits = model(**mb.model_inputs(), use_cache=False).logits
     return logits_logprobs(logits[mb.rows_N, mb.cols_N], mb.targets_N, temperature, chunk_tokens)
 

@@ -60,7 +60,8 @@ PER_COMPLETION = frozenset({"grpo", "gspo"})
 """Objectives that average each completion's tokens, then the completions."""
 
 
-def sequence_weights(objective: str, trained_tokens_S: torch.Tensor, *, max_new_tokens: int | None = None) -> torch.Tensor:
+def sequence_weights(objective: str, trained_tokens_S: torch.Tensor, *,
+                     max_new_tokens: int | None = None) -> torch.Tensor:
     """The weight of each token of completion s in the step's loss (a sum over tokens): 1 / (sum
     of |o_i|) for token-level objectives, 1 / (B |o_s|) for per-completion ones, 1 / (B L_max)
     for "dr_grpo" (L_max: `max_new_tokens`, or the longest completion if that is longer or not

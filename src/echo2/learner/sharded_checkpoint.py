@@ -107,7 +107,8 @@ def _load_plain_into_sharded(path: Path, model: torch.nn.Module, optimizer: torc
     # the optimizer was built from); the full format keys it by parameter name
     names = [name for name, _ in model.named_parameters()]
     full = {"state": {names[index]: state for index, state in plain["state"].items()},
-            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in plain["param_groups"]]}
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                             for group in plain["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, full, options=FULL)
 
 

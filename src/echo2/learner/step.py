@@ -78,7 +78,8 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves no gradient behind either
     return {**_step_metrics(groups, samples, step=step, passes=passes, total_tokens=total_tokens,
                             micro_batches=len(plan), layout=layout),
-            "uninformative_groups": uninformative, "updated": not passes.problem and learns, "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
+            "uninformative_groups": uninformative, "updated": not passes.problem and learns,
+            "group_abs_diff": group_abs_diff, "grad_norm": grad_norm, "train_s": time.perf_counter() - started,
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
 
 

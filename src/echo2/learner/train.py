@@ -247,7 +247,8 @@ class Learner:
         """Every report.samples_every_steps steps, a few of the batch's completions as text."""
         every = self.cfg.report.samples_every_steps
         if self.leader and every and step % every == 0:
-            self.metrics.write("samples", step=step, samples=sample_rows(groups, self.tokenizer.decode, self.cfg.report))
+            self.metrics.write("samples", step=step,
+                               samples=sample_rows(groups, self.tokenizer.decode, self.cfg.report))
 
     def _publish(self, version: int) -> float:
         started = time.perf_counter()

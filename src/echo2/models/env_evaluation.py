@@ -62,7 +62,8 @@ def summarise(episodes: list[Episode]) -> dict:
             "mean_turns": sum(e.turns for e in episodes) / n}
 
 
-def evaluate_episodes(model, tokenizer, task: EnvTask, max_action_tokens: int, *, opponents: Sequence[str] | None = None,
+def evaluate_episodes(model, tokenizer, task: EnvTask, max_action_tokens: int, *,
+                      opponents: Sequence[str] | None = None,
                       episodes: int | None = None, temperature: float = 0.0, batch_size: int = 64,
                       seeds: Sequence[int] | None = None) -> dict:
     """{"opponents": {name: summary}, ...} over the task's held-out seeds (the same seeds for

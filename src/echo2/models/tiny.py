@@ -74,9 +74,9 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int):
     torch.manual_seed(seed)
     # Rows for the tokens added after the first 99 (the newline, the chat tokens) are appended
     # after initialising a 99-row model, so every other weight is drawn exactly as before they
-    # existed: what the warm start reaches depends a lot on the initial draw (held-out accuracy
-    # after the demo's warm start ranged from 0.16 to 0.98 across seeds), and the demo's seed is
-    # chosen for a base that is sometimes right and has much to learn.
+    # existed: what the warm start reaches depends a lot on the initial draw (from rarely to
+    # almost always right, seed to seed), and the demo's seed is chosen for a base that is
+    # sometimes right and has much to learn.
     model = Qwen3ForCausalLM(config)
     if vocab_size > BASE_VOCAB:
         model.resize_token_embeddings(vocab_size, mean_resizing=False)

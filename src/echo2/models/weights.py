@@ -69,7 +69,8 @@ def plan_layout(tensors: dict[str, torch.Tensor], float_dtype: torch.dtype | Non
     for name, tensor in tensors.items():
         dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
         if dtype not in _ST_NAMES:
-            raise ValueError(f"tensor {name}: dtype {dtype} cannot be published (allowed: {sorted(map(str, _ST_NAMES))})")
+            raise ValueError(f"tensor {name}: dtype {dtype} cannot be published "
+                             f"(allowed: {sorted(map(str, _ST_NAMES))})")
         typed.append((name, tensor, dtype))
     # widest elements first, as safetensors does: every tensor starts aligned to its element size
     typed.sort(key=lambda item: -item[2].itemsize)
@@ -200,4 +201,5 @@ class NonFiniteError(RuntimeError):
 def require_finite(named: dict[str, torch.Tensor], what: str) -> None:
     bad = nonfinite_tensors(named)
     if bad:
-        raise NonFiniteError(f"{what}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}); refusing to write it")
+        raise NonFiniteError(f"{what}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}); "
+                             "refusing to write it")

@@ -31,7 +31,7 @@ from echo2.planner.greedy import activate_greedy
 
 EXACT_MAX_ENTRIES = 400
 """Above this many entries `activate` switches to the greedy (HiGHS stays well under a second
-up to here on one core; see benchmarks/planner_activation.py)."""
+up to here on one core; benchmarks/planner.py times both)."""
 
 
 def activate_exact(

@@ -113,8 +113,9 @@ def swap_ahead_steps(generation_s: float, step_time_s: float, *, segment_s: floa
     leased under version v trained by step v + S; trained at v + S + k instead, its tokens older
     than S are those sampled before version v + k went in, at most k*T_train + T_seg of its
     T_gen seconds, a share below f. Without this the window of S steps caps the groups in
-    flight at S*B, so by Little's law S*T_train must still cover T_gen (the simulator measured
-    82% steady utilization at S = 4 with T_gen = 300 s, T_train = 80 s; 94% with it). 0 without swaps."""
+    flight at S*B, so by Little's law S*T_train must still cover T_gen, and a fleet whose
+    generations outlast S steps leaves the learner waiting even though swaps keep its tokens
+    fresh enough. 0 without swaps."""
     if segment_s is None or generation_s == 0:
         return 0
     _check_positive("step_time_s", step_time_s)

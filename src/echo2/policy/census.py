@@ -4,8 +4,9 @@ and which of those on probation get its slots.
 
 The activation controller (`policy.controller`) decides every control period (2 s) and at once
 when a worker is lost, over every worker it knows: 10,000 of them at scale, a handful measured.
-One pass in registration order, and a bounded heap for the few probation slots, replace a pass
-per question and a sort of every unmeasured worker (benchmarks/policy_scale.py).
+So it makes one pass in registration order, and keeps a bounded heap for the few probation
+slots, rather than a pass per question and a sort of every unmeasured worker
+(benchmarks/policy_scale.py times decisions at that scale).
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class ActivationController:
         """d: share of scored groups dropped as uninformative, the catalog's until measured."""
 
     # ---- observations ----
-    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None, *, active: bool = True) -> None:
+    def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None, *,
+             active: bool = True) -> None:
         old = self.workers.get(worker_id)  # `active` False: it idles until a decision (one offered and chosen runs)
         alpha, active = self.cfg.ewma_alpha, active or (old is not None and old.active)
         view = WorkerView(price_per_hour, True, active, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
@@ -117,7 +118,8 @@ class ActivationController:
 
     def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
         """Running totals: groups scored, and those of them dropped as uninformative."""
-        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups, prior=self.uninformative_share)
+        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups,
+                                                                prior=self.uninformative_share)
 
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
                      stale_s_total: float = 0.0) -> None:
@@ -239,8 +241,9 @@ class ActivationController:
         """Measured workers compete on price for the demand; workers not yet measured are on
         probation: up to `probation_slots` of them run beside the measured set so they can prove
         themselves, and they never count toward covering demand. A worker's price and speed are
-        its claims until the coordinator has measured it: a stream of fresh $0 registrations that
-        never lease once displaced every honest worker (benchmarks/chaos.py)."""
+        its claims until the coordinator has measured it: otherwise a stream of fresh $0
+        registrations that never lease would displace every honest worker (benchmarks/chaos.py's
+        request flood sends such registrations)."""
         self.account(now)
         if self._planning():
             return self._apply(self._decide_planned(now), now)
@@ -252,7 +255,8 @@ class ActivationController:
         if not everyone:
             decision = ControlDecision(set(), required, "no live workers", False)
         elif not self.cfg.enabled or not math.isfinite(required) or not offers:
-            decision = ControlDecision(everyone, required, "controller off, demand not yet known or no rate measured: run all", False)
+            decision = ControlDecision(everyone, required,
+                                       "controller off, demand not yet known or no rate measured: run all", False)
         else:
             decision, slots = self._cover(offers, current, required, now)
             if probation:
@@ -287,7 +291,8 @@ class ActivationController:
         step_s = self.step_time_s.value if self.step_time_s.samples else None
         swap_s = self.swap_s.value if self.swap_s.samples else None
         decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
-                                       last_change_s=self.last_change, measured=self._measured, uninformative_share=self.uninformative_share)
+                                       last_change_s=self.last_change, measured=self._measured,
+                                       uninformative_share=self.uninformative_share)
         probation = [w for w, v in self.workers.items()
                      if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)]
         if probation:
@@ -310,8 +315,8 @@ class ActivationController:
         proposal = activate(offers, target)
         if not proposal.feasible:
             # short: every measured worker, and enough unmeasured ones to cover the rest if
-            # they are as fast as the measured average (all of them once was: a fleet of 144
-            # billed for over an hour while a full window let few of them be measured)
+            # they are as fast as the measured average (not all of them: a large fleet would
+            # bill while a full window lets few of them be measured)
             # (those credited next to nothing aside: a worker too stale to ever lease, or failed
             # by the audit, adds only its bill)
             useful = delivering(offers)
@@ -352,7 +357,8 @@ class ActivationController:
 
     def _admissible(self, rate: float, view: WorkerView) -> float:
         """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
-        admitted = (view.admitted.value if view.admitted.samples else 1.0) * audit_credit(view.audited, view.audit_failed)
+        admitted = ((view.admitted.value if view.admitted.samples else 1.0)
+                    * audit_credit(view.audited, view.audit_failed))
         if math.isnan(rate) or self.step_time_s.samples == 0:
             return rate * admitted
         # workers swap in every version, so each step costs them one swap of generation time

@@ -3,9 +3,9 @@ demand while others could share it. The controller (`policy.controller`) prices 
 its measured admissible rate; these rules discount and bound that rate before the planner's
 covering rule sees it.
 
-An attack on the first version (issue 24) returned groups without generating them: measured at
-780 rollouts/s, the worker alone covered the demand, and 7 s later every honest worker was
-told "inactive". Two rules answer it:
+A worker that returns groups without generating them is measured at whatever rate it likes:
+credited with that rate, it alone covers the demand, and every honest worker is told
+"inactive" at the next decision. Two rules answer it:
 
 - audit credit: the rollout audit (the learner recomputes log-probs and reports verdicts to
   `record_audit`) scales a worker's rate by passed / (passed + `FAILED_AUDIT_WEIGHT` x failed):

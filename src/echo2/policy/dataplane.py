@@ -147,12 +147,16 @@ class DataPlane(Generic[G]):
         refused = self.refusal(worker_version)
         if refused is not None:
             return refused
-        cap = self.max_leases_per_worker if worker_id is None else self.trust.allowance(worker_id, self.max_leases_per_worker)
+        cap = (self.max_leases_per_worker if worker_id is None
+               else self.trust.allowance(worker_id, self.max_leases_per_worker))
         own_room = cap - held_by_worker
         if own_room <= 0:
-            earned = "" if cap == self.max_leases_per_worker else f" (allowed {cap} until more of its groups are accepted)"
-            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first", "own_cap")
-        room = lease_capacity(max_staleness=self.window.steps + self.ahead_steps(), groups_per_step=self.groups_per_step,
+            earned = ("" if cap == self.max_leases_per_worker
+                      else f" (allowed {cap} until more of its groups are accepted)")
+            return LeaseGrant(0, OWN_CAP_RETRY_S, f"holding {held_by_worker} leases{earned}: return some first",
+                              "own_cap")
+        room = lease_capacity(max_staleness=self.window.steps + self.ahead_steps(),
+                              groups_per_step=self.groups_per_step,
                               worker_version=worker_version, steps_taken=self.steps_taken,
                               outstanding_groups=leased + len(self.buffer))
         if worker_id is not None and room > 0 and self.trust.is_new(worker_id):

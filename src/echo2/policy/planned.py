@@ -2,9 +2,9 @@
 
 Pricing each worker by its own measured rate misses what a slow link does to everyone else: a
 broadcast round ends when its slowest worker has the version, so one cheap worker on a slow
-link makes every other worker receive versions late and seldom. On the 8B scenario's 144
-offered workers the per-worker controller ran mostly RTX 4090s on 0.5-1 Gbit/s links and saved
-11% where the planner's fleet of A100s and an H100 saves 49% (docs/sim.md).
+link makes every other worker receive versions late and seldom, so a per-worker controller
+picks cheap workers on slow links and saves far less than the planner's fleet does (docs/sim.md
+compares the two on the 8B scenario).
 
 So when the run has an activation catalog (`echo2 plan`'s schema) and workers declare their
 class in it, each decision is `echo2 plan`'s search (`planner.fleet.cheapest_fleet`: the
@@ -146,7 +146,8 @@ class PlannedCover:
             out[name] = MeasuredOnTime(share, min(slowest_bps, self.catalog.workers[name].bandwidth_bps))
         return out
 
-    def _measured_uptime(self, members: dict[str, list[str]], workers: dict[str, WorkerView]) -> dict[str, float | None]:
+    def _measured_uptime(self, members: dict[str, list[str]],
+                         workers: dict[str, WorkerView]) -> dict[str, float | None]:
         """Per class: mean time to loss, the catalog's uptime counting as one loss of prior
         evidence (a class never lost in the catalog keeps None until the run loses one)."""
         out: dict[str, float | None] = {}
@@ -219,8 +220,8 @@ class PlannedCover:
         return current, "current set covers demand in the planner's model"
 
     @staticmethod
-    def _top_up(plan_cfg: PlanConfig, current: dict[str, int], counts: dict[str, int], *, on_time: dict[str, MeasuredOnTime],
-                target_rps: float) -> dict[str, int] | None:
+    def _top_up(plan_cfg: PlanConfig, current: dict[str, int], counts: dict[str, int], *,
+                on_time: dict[str, MeasuredOnTime], target_rps: float) -> dict[str, int] | None:
         """`current` plus, one at a time, the candidate adding the most admissible rollouts/s
         per dollar (at the fleet's new size and slowest link), until it covers `target_rps`."""
         chosen = dict(current)

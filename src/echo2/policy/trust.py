@@ -3,10 +3,9 @@ stay out, and how much of a batch its groups may fill. The data plane (`policy.d
 applies these rules for the coordinator and the simulator alike; the activation controller's
 credit rules are in `policy.credit`.
 
-An attack on the first version (issue 24) showed why: four fresh worker ids took 59 of a
-64-group lease window and returned nothing, so for 20 s no batch formed and honest workers were
-told "window full" (a lease lived 120 s); and a worker returning groups without generating
-them filled whole batches.
+Without these rules a few fresh worker ids can lease almost the whole window and return
+nothing: no batch forms until their leases expire, and honest workers are told "window full"
+meanwhile; and a worker returning groups without generating them fills whole batches.
 
 - slow start: a worker with no accepted group (a group admitted at submission) may hold
   `NEW_WORKER_LEASES` lease; each accepted group doubles its allowance, up to the per-worker cap

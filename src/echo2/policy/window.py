@@ -1,19 +1,20 @@
-"""How far ahead workers may generate: S bounds staleness, it is not a target. With workers
-faster than the learner, a window of S steps fills with groups that wait S steps to train (152
-of 168 trained groups sat at S = 2 on SmolLM2 before this rule). The lease window is the fewest
-steps of outstanding groups that keep the learner from waiting: `steps` of P groups may be
-leased or buffered ahead of the batch in training (`admission.lease_capacity` with it in place
-of S), so groups train at the lowest staleness the fleet allows.
+"""How far ahead workers may generate: S bounds staleness, it is not a target. With workers faster
+than the learner, a window of S steps fills with groups that wait S steps to train (most trained
+groups are then S versions old). The lease window is the fewest steps of outstanding groups that
+keep the learner from waiting: `steps` of P groups may be leased or buffered ahead of the batch
+in training (`admission.lease_capacity` with it in place of S), so groups train at the lowest
+staleness the fleet allows.
 
 The capacity model gives its floor: below S_min = ceil((T_dis + T_gen) / T_train) the freshest
-groups land too late whatever the fleet (ECHO2.md section 4), so the window never goes below
-the S_min measured from the fleet's latencies (S until they are measured). Above the floor it is
+groups land too late whatever the fleet (ECHO2.md section 4), so the window never goes below the
+S_min measured from the fleet's latencies (S until they are measured). Above the floor it is
 measured, not predicted: it starts at S, grows by a step at once whenever the learner waited for
 a batch, and shrinks by a step after a run of batches in a row that were ready when asked for:
-`CALM_STEPS` at first, twice as many after each wait (up to `MAX_CALM_STEPS`), so a window
-that is one step too small is tried ever more rarely instead of costing a wait every few steps
-(the demo's tiny model lost 10 points of utilization to that). The coordinator and the simulator both feed it: the learner's waits through
-`DataPlane.take_batch`, the floor from the activation controller's `s_min` at each decision.
+`CALM_STEPS` at first, twice as many after each wait (up to `MAX_CALM_STEPS`), so a window that
+is one step too small is tried ever more rarely instead of costing a wait (and learner
+utilization) every few steps. The coordinator and the simulator both feed it: the learner's
+waits through `DataPlane.take_batch`, the floor from the activation controller's `s_min` at each
+decision.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class BroadcastPlan(_Model):
 
     def for_worker(self, worker_id: str) -> Assignment:
         """The worker's assignment (the first one naming it), in O(1): the coordinator asks once
-        per worker, and a scan per call cost O(workers^2) per version at 10,000 workers."""
+        per worker, and a scan per call would cost O(workers^2) per version."""
         assignment = self._by_worker().get(worker_id)
         if assignment is None:
             raise ValueError(f"worker {worker_id!r} is not in the plan for version {self.version}")
@@ -97,8 +97,8 @@ class BadPeerReport(_Model):
 
     kind: Literal["bad_peer"] = "bad_peer"
     version: int = Field(ge=0)
-    # bounded: reports come from untrusted workers and land in the metrics (3 uncapped reports
-    # once added 22 MB to metrics.jsonl)
+    # bounded: reports come from untrusted workers and land in the metrics (uncapped, each
+    # report could put megabytes into metrics.jsonl)
     reporter_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     peer_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str = Field("", max_length=512)

@@ -25,7 +25,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 CA_CERT, CA_KEY = "ca.pem", "ca.key"
 # a little slack for peers whose clocks run behind the CA machine's
 BACKDATE = datetime.timedelta(hours=1)
-_DNS_NAME = re.compile(r"^(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_DNS_NAME = re.compile(r"^(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 

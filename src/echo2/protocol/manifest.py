@@ -95,7 +95,8 @@ class Manifest(BaseModel):
         self._consistent_form()
         for entry in self.tensors:
             if not entry.start <= entry.end <= self.loaded_bytes:
-                raise ValueError(f"tensor {entry.name!r} byte range [{entry.start}, {entry.end}) is outside the payload")
+                raise ValueError(f"tensor {entry.name!r} byte range [{entry.start}, {entry.end}) "
+                                 "is outside the payload")
         return self
 
     def _consistent_form(self) -> None:

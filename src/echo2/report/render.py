@@ -66,9 +66,10 @@ def _metrics_table(summary: dict[str, Any]) -> Table:
                       "problems each; the learner never waits for it")
     tokens = summary.get("learner_tokens_per_s")
     if tokens:
-        table.add_row("learner tokens/s (prompt / completion)", f"{tokens['prompt']:,.0f} / {tokens['completion']:,.0f} "
-                      f"({tokens['layout']} passes)")
-    table.add_row("learner utilization (steady)", f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
+        table.add_row("learner tokens/s (prompt / completion)",
+                      f"{tokens['prompt']:,.0f} / {tokens['completion']:,.0f} ({tokens['layout']} passes)")
+    table.add_row("learner utilization (steady)",
+                  f"{summary['learner_utilization']:.1%} ({summary['learner_utilization_steady']:.1%})")
     window = summary.get("lease_window_steps_mean")
     table.add_row("staleness of trained groups", _fmt(summary["staleness_hist"]) + (
         f"; leased {window:.2f} steps ahead on average" if window is not None else ""))

@@ -162,7 +162,8 @@ def _token_staleness(steps: list[dict]) -> dict[str, Any]:
     trained = sum(hist.values())
     return {"token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
             "token_staleness_p50": _percentile(hist, 0.50), "token_staleness_p95": _percentile(hist, 0.95),
-            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None,
+            "tokens_masked_stale": masked,
+            "masked_token_share": masked / (masked + trained) if masked + trained else None,
             "groups_straddling": sum(s.get("groups_straddling", 0) for s in steps)}
 
 
@@ -177,7 +178,8 @@ def _percentile(hist: Counter[int], q: float) -> int | None:
 
 
 def _mean_window(records: list[dict]) -> float | None:
-    windows = [r["lease_window_steps"] for r in _of(records, "batch_assigned", "coordinator") if "lease_window_steps" in r]
+    windows = [r["lease_window_steps"] for r in _of(records, "batch_assigned", "coordinator")
+               if "lease_window_steps" in r]
     return round(sum(windows) / len(windows), 2) if windows else None
 
 

@@ -167,8 +167,8 @@ class HFEngine(Engine):
     def _sample(self, requests: list[GenRequest], temperature: float, max_new: int, *, seeded: bool,
                 stop: _SegmentStop | None = None) -> list[tuple[list[int], list[float]]]:
         """The n completions of each request, as (token ids, log-probs), each prompt computed
-        once when the model allows it (its cache expanded to its n rows: 4x faster on
-        SmolLM2-135M with 45-token prompts). `stop`: end every row at a segment boundary where a
+        once when the model allows it (its cache expanded to its n rows: a long prompt is
+        computed once, not n times). `stop`: end every row at a segment boundary where a
         newer version waits (`stop.fired`); rows cut there keep every token they have."""
         prompts = [req.prompt_ids for req in requests]
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id

@@ -65,6 +65,7 @@ class CoordinatorLink:
         silent_s, limit_s = time.monotonic() - self.last_contact_s, self.cfg.coordinator_unreachable_s
         if silent_s > limit_s:
             raise WorkerFailed(f"no answer from the coordinator at {self.url} for {silent_s:.0f} s "
-                               f"(coordinator_unreachable_s={limit_s:g}; last error: {exc}): {unreachable_fix(self.url)}")
+                               f"(coordinator_unreachable_s={limit_s:g}; last error: {exc}): "
+                               f"{unreachable_fix(self.url)}")
         log.warning("cannot reach the coordinator: %s; next try in %.1f s (giving up after %.0f s without an "
                     "answer)", exc, next_try_s, limit_s)

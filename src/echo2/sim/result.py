@@ -119,7 +119,8 @@ def token_staleness(hist: Counter[int], masked: int) -> dict:
     trained = sum(hist.values())
     return {"token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
             "token_staleness_p50": _percentile(hist, 0.50), "token_staleness_p95": _percentile(hist, 0.95),
-            "tokens_masked_stale": masked, "masked_token_share": masked / (masked + trained) if masked + trained else None}
+            "tokens_masked_stale": masked,
+            "masked_token_share": masked / (masked + trained) if masked + trained else None}
 
 
 def _percentile(hist: Counter[int], q: float) -> int | None:

@@ -1,12 +1,13 @@
 """Broadcast rounds: which version travels to which workers, and when.
 
 A shared network (one-to-many, chain, tree) carries one version at a time; in the ideal network
-each worker's downlink is its own and only a worker still receiving sits a round out. A round starts when a version is published and the
-network is free (or when it frees up, with the newest version then: intermediate versions are
-skipped, as a real worker fetches the newest it has heard of). It goes to every rented, live
-worker that does not already hold or expect that version, over the scenario's topology
-(`broadcast.simulate_round`). Newcomers with no version get the next round; if the network is
-idle they start one. Rounds over the same set of bandwidths are computed once.
+each worker's downlink is its own and only a worker still receiving sits a round out. A round
+starts when a version is published and the network is free (or when it frees up, with the newest
+version then: intermediate versions are skipped, as a real worker fetches the newest it has
+heard of). It goes to every rented, live worker that does not already hold or expect that
+version, over the scenario's topology (`broadcast.simulate_round`). Newcomers with no version
+get the next round; if the network is idle they start one. Rounds over the same set of
+bandwidths are computed once.
 
 A round carries what its furthest-behind member needs (`Workload.catch_up_bytes`): M per
 missed version, or join_bytes for a worker with no version (a full version when versions are

@@ -138,7 +138,8 @@ def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
                     price_per_hour=cls.price_per_hour,
                     slots=default_slots(cls, rate, work.group_size, work.generation_time_s),
                     tasks_per_lease=cls.tasks_per_lease,
-                    mean_uptime_s=None if cls.mean_uptime_s is None else cls.mean_uptime_s / scenario.sim.preemption_scale,
+                    mean_uptime_s=(None if cls.mean_uptime_s is None
+                                   else cls.mean_uptime_s / scenario.sim.preemption_scale),
                     mean_downtime_s=cls.mean_downtime_s,
                     rng=rng,
                     load_s=work.load_time_s if cls.load_time_s is None else cls.load_time_s,

@@ -105,4 +105,5 @@ def _create(name: str, config: dict[str, Any], seed: int, size: int):
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
     except Exception as exc:  # noqa: BLE001  unknown dataset or setting: the user's config is wrong
-        raise ValueError(f"task.dataset={name!r} with task.config={config!r}: reasoning-gym refused it: {exc}") from None
+        raise ValueError(f"task.dataset={name!r} with task.config={config!r}: "
+                         f"reasoning-gym refused it: {exc}") from None

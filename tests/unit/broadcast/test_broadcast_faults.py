@@ -99,7 +99,8 @@ def test_forged_manifest_is_refused_before_any_traffic() -> None:
             await cluster.fetch_all(good, cluster.plan(1))
             evil = payload(seed=99)
             forged_key = sign_manifest(build_manifest(2, evil, CHUNK), generate_private_key())
-            tampered = good.model_copy(update={"manifest_json": good.manifest_json.replace('"version":1', '"version":2')})
+            tampered = good.model_copy(
+                update={"manifest_json": good.manifest_json.replace('"version":1', '"version":2')})
             for forged in (forged_key, tampered):
                 results = await cluster.fetch_all(forged, cluster.plan(2), held_version=1)
                 assert all(isinstance(r, ManifestRejected) for r in results.values())

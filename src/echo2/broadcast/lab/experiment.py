@@ -143,7 +143,8 @@ async def _run(spec: LabSpec, network: LabNetwork | None, processes: list[LabPro
                      plan.for_worker(worker.name).model_dump(), "public_key": ready[0]["public_key"],
                      "held_version": None})
     killer = asyncio.create_task(_kill_later(spec, workers))
-    deadline_s = 60 + 3 * spec.total_bytes * spec.n_workers / (min(spec.origin_up_mbit, spec.worker_down_mbit) * MBIT / 8)
+    slowest_bytes_per_s = min(spec.origin_up_mbit, spec.worker_down_mbit) * MBIT / 8
+    deadline_s = 60 + 3 * spec.total_bytes * spec.n_workers / slowest_bytes_per_s
     outcomes = await asyncio.gather(*(_outcome(w, deadline_s) for w in workers))
     await killer
     origin.send({"cmd": "stats", "version": 1})

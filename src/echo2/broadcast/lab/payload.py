@@ -19,7 +19,8 @@ def synthetic_payload(total_bytes: int, *, seed: int | None = None, tensors: int
     header_bytes = 64 + _HEADER_BYTES_PER_TENSOR * tensors
     body_bytes = total_bytes - 8 - header_bytes
     if body_bytes < tensors:
-        raise ValueError(f"total_bytes {total_bytes} too small for {tensors} tensors; use >= {8 + header_bytes + tensors}")
+        raise ValueError(f"total_bytes {total_bytes} too small for {tensors} tensors; "
+                         f"use >= {8 + header_bytes + tensors}")
     header, offset = {}, 0
     for i, size in enumerate(_split(body_bytes, tensors)):
         header[f"layer{i}.weight"] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
