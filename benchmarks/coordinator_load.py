@@ -153,7 +153,8 @@ def _finish(result: dict, reference: int) -> None:
 
 
 def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
-    return {"config": str(Path(args.config).resolve().relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT)
+    config = Path(args.config).resolve()
+    return {"config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT)
             else args.config, "overrides": list(settings.overrides), "benchmark_overrides": list(BENCH_OVERRIDES),
             "duration_s": args.duration_s, "warmup_s": args.warmup_s, "ramp_s": args.ramp_s,
             "train_s": args.train_s, "simulated_worker": settings.sim, "workers_per_client": args.workers_per_client,
@@ -192,9 +193,12 @@ def _row(c: dict) -> dict:
             "leases_expired": c["coordinator"]["leases_expired"],
             "version_news_p99_ms": lat.get("version_news", {}).get("p99_ms"),
             "evictions": c["coordinator"]["evictions"], "stalls": c["coordinator"]["stalls"]["count"],
-            "stall_max_s": c["coordinator"]["stalls"]["max_s"], "coordinator_cpu_s_per_s": c["coordinator"]["cpu_s_per_s"],
-            "steps_per_min": c["learner"]["steps_per_min"], "ratio_vs_reference": c["learner"].get("ratio_vs_reference"),
-            "client_cpu_s_per_s": c["clients"]["cpu_s_per_s"], "client_lag_p99_ms": c["clients"]["loop_lag_ms"]["p99_ms"],
+            "stall_max_s": c["coordinator"]["stalls"]["max_s"],
+            "coordinator_cpu_s_per_s": c["coordinator"]["cpu_s_per_s"],
+            "steps_per_min": c["learner"]["steps_per_min"],
+            "ratio_vs_reference": c["learner"].get("ratio_vs_reference"),
+            "client_cpu_s_per_s": c["clients"]["cpu_s_per_s"],
+            "client_lag_p99_ms": c["clients"]["loop_lag_ms"]["p99_ms"],
             "client_lag_max_ms": c["clients"]["loop_lag_ms"]["max_ms"],
             "others_on_coordinator_cores_s_per_s": c.get("others_on_coordinator_cores_s_per_s"),
             "others_on_client_cores_s_per_s": c.get("others_on_client_cores_s_per_s"),

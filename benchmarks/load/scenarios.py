@@ -162,7 +162,8 @@ def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, *, url: str
 def _start_clients(settings: CaseSettings, run_dir: Path, url: str, *, tokens: dict,
                    plan: Plan) -> list[procs.Started]:
     per = settings.workers_per_client
-    everyone = [[i, f"sim{i:05d}", source_ip(i // settings.workers_per_address), at] for i, at in enumerate(plan.join_at)]
+    everyone = [[i, f"sim{i:05d}", source_ip(i // settings.workers_per_address), at]
+                for i, at in enumerate(plan.join_at)]
     out = []
     for k in range(0, len(everyone), per):
         client_cfg = {"url": url, "join_token": tokens["ECHO2_AUTH_TOKEN"], "phases": plan.phases,

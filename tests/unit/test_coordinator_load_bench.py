@@ -14,8 +14,8 @@ from pathlib import Path
 from aiohttp import web
 from tests.unit.coordinator_helpers import make_state
 
-from echo2.coordinator.parts.credentials import Secrets
 from echo2.coordinator.http.server import build_app
+from echo2.coordinator.parts.credentials import Secrets
 from echo2.report.metrics import MetricsWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -15,6 +15,7 @@ from tests.unit.test_coordinator_http import LEARNER_TOKEN, TOKEN, _serve
 from echo2.broadcast.signing import generate_private_key, sign_manifest
 from echo2.config.run import RunConfig
 from echo2.config.worker import WorkerConfig
+from echo2.coordinator.http.base import NEWS_KEY
 from echo2.coordinator.records.errors import RequestError
 from echo2.learner.io import LearnerIO
 from echo2.models.loading import load_model
@@ -59,6 +60,7 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
             loaded = [{k: v.clone() for k, v in w.engine.model.state_dict().items()} for w in workers]
             batch1 = await asyncio.to_thread(io.fetch_batch, 1, wait_s=20.0)
             forge(state, io)  # version 2, signed by a key that is not the learner's
+            runner.app[NEWS_KEY].announce(version=True)  # and told to every worker's news line
             await asyncio.sleep(1.5)
             after_forgery = [w.version for w in workers]
             stop.set()
@@ -90,8 +92,8 @@ def test_publish_broadcast_generate_batch(tmp_path, tiny_model_dir):
 
 
 def forge(state, io: LearnerIO) -> None:
-    """A version 2 signed by another key. The coordinator refuses it; announced anyway (as a
-    compromised coordinator would), the workers refuse it too."""
+    """A version 2 signed by another key. The coordinator refuses it; planted and announced
+    anyway (as a compromised coordinator would), the workers refuse it too."""
     payload = b"\0" * 64
     content = [TensorEntry(name="x", dtype="BF16", shape=[1], start=62, end=64, sha256="0" * 64)]
     manifest = build_manifest(2, payload, 16, base_version=1, codec="sub-zstd", content=content, content_bytes=64,

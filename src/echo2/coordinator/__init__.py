@@ -1,19 +1,21 @@
 """The coordinator: the data plane and control plane between one learner and many workers.
 
-The path of a prompt, with the gate at each arrow:
+The path of a prompt, with the gate at each arrow (and the code that keeps it):
 
-    lease ---------> submit ---------> score ---------> admit ---------> buffer ---------> batch ---------> publish
-      |                 |                 |                |                                  |                 |
-      the lease window: the lease is    in the scoring   t - v <= S at the                    B groups, at      signed by the
-      (S steps, room    still held,     pool, within     learner's step (per                  most a share      pinned learner
-      for new workers,  version and     its CPU budget;  token: the stale share               from one          key, the next
-      what the worker   sizes checked   a reward is      under max_masked_fraction);          worker            version; news
-      has earned)                       never the        uninformative groups                                   to every worker
-                                        worker's word    dropped                                                on its line
-
-      desks.workers      desks.rollouts   scoring.pool     policy.admission via               desks.learner     parts.versions,
-      parts.leases       scoring.         scoring.limits   parts.groups                       parts.groups      http.news
-                         validation
+    lease --> submit --> score --> admit --> buffer --> batch --> publish
+      |         |          |         |                    |          |
+      |         |          |         |                    |          +- signed by the pinned learner key, the next
+      |         |          |         |                    |             version; news to every worker on its line
+      |         |          |         |                    |             (parts.versions, http.news)
+      |         |          |         |                    +- B groups, at most a share from one worker
+      |         |          |         |                       (desks.learner, parts.groups)
+      |         |          |         +- t - v <= S at the learner's step (per token: the stale share under
+      |         |          |            train.max_masked_fraction); uninformative groups dropped (policy.admission)
+      |         |          +- in the scoring pool, within its budget of CPU; a reward is never the worker's
+      |         |             word (scoring.pool, scoring.limits)
+      |         +- the lease still held, its version and every size checked (desks.rollouts, scoring.validation)
+      +- the lease window: S steps, room for new workers, what the worker has earned
+         (desks.workers, parts.leases, policy.trust)
 
 Rooms, by what each part is:
 - `parts/`: the state each part owns, built from its own config section (`Parts`): registry,

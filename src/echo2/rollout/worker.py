@@ -118,7 +118,8 @@ class Worker:
     async def _join_and_work(self, stop: asyncio.Event) -> None:
         reg = await self._register()
         # beat while the model loads: a slow load must not look like a dead worker
-        background = [asyncio.create_task(ControlLine(self).run(stop)), asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
+        background = [asyncio.create_task(ControlLine(self).run(stop)),
+                      asyncio.create_task(self.activity.run(stop, lambda: self.follower.version, lambda: self.active))]
         try:
             source = self.cfg.model_source or reg.model_source
             self.engine = await self._load_engine(source, reg.lora)

@@ -25,7 +25,8 @@ class EvaluationDesk:
         self.registry, self.clock = state.registry, state.clock
         saved = self.store.get_meta(STORE_KEY, {})
         self.board = Evaluations(eval_every=cfg.train.eval_every, final_version=cfg.train.steps,
-                                 problems=len(scorer.eval_problems), problems_per_lease=cfg.evaluation.problems_per_lease,
+                                 problems=len(scorer.eval_problems),
+                                 problems_per_lease=cfg.evaluation.problems_per_lease,
                                  max_new_tokens=cfg.sampling.max_new_tokens, pending=saved.get("pending"),
                                  done={int(k): v for k, v in saved.get("done", {}).items()})
         self.vocab_size = scorer.vocab_size

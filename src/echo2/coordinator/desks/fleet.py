@@ -90,7 +90,8 @@ class FleetDesk:
             self.control(trigger=f"lost {', '.join(lost)}")
         if self.evaluation is not None:
             self.evaluation.sweep(self.registry.alive_versions(), self.cfg.coordinator.lease_timeout_s, now)
-        for worker_id in self.registry.forget(now, self.cfg.coordinator.forget_workers_after_s, self.controller.costless):
+        horizon_s = self.cfg.coordinator.forget_workers_after_s
+        for worker_id in self.registry.forget(now, horizon_s, self.controller.costless):
             self.controller.forget(worker_id)
             self.groups.trust.forget(worker_id)
             self.versions.dissemination.forget(worker_id)

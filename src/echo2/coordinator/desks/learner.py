@@ -62,7 +62,8 @@ class LearnerDesk:
         for group in stale:
             self.controller.observe_outcome(group.worker_id, admitted=False)
         if stale:
-            self.events.append(ev.GroupsDropped(reason="stale", step=step, prompt_indices=[g.prompt_index for g in stale],
+            self.events.append(ev.GroupsDropped(reason="stale", step=step,
+                                                prompt_indices=[g.prompt_index for g in stale],
                                                 straddling=sum(any(c.token_versions for c in g.completions)
                                                                for g in stale)))
         batch = self.groups.take(step, now_s=self.clock(), producing=self.leases_book.holders())
@@ -90,7 +91,8 @@ class LearnerDesk:
         redone = {g.lease_id for g in outcome.redo}
         self.events.append(ev.BatchRejected(
             step=step, groups=len(outcome.retired), requeued=len(outcome.kept), prompts_redone=len(outcome.redo),
-            reason=reason[:500], retired_prompt_indices=[g.prompt_index for g in outcome.retired if g.lease_id not in redone],
+            reason=reason[:500],
+            retired_prompt_indices=[g.prompt_index for g in outcome.retired if g.lease_id not in redone],
         ))
         return len(outcome.retired)
 

@@ -30,7 +30,8 @@ class RolloutIntake:
         """Checks against the run's [sampling], rewards shaped by [grpo] (`RewardRules`)."""
         self.registry, self.leases, self.groups, self.versions = (state.registry, state.leases_book, state.groups,
                                                                   state.versions)
-        self.controller, self.scorer, self.store, self.limits = state.controller, state.scorer, state.store, state.limits
+        self.controller, self.scorer = state.controller, state.scorer
+        self.store, self.limits = state.store, state.limits
         self.events, self.clock = state.events, state.clock
         self.sampling = SamplingParams.of(state.cfg.sampling)
         self.rules = RewardRules.from_config(state.cfg.grpo, state.cfg.audit)
@@ -105,7 +106,8 @@ class RolloutIntake:
         uninformative = fresh and self._drops(rewards, req.worker_id)
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
-            if fresh and not uninformative:  # an uninformative one is counted only: its closed lease marks the prompt done
+            # an uninformative one is counted only: its closed lease marks the prompt done
+            if fresh and not uninformative:
                 self.groups.add(group)
             elif not fresh:
                 self.groups.count_stale_submission()
@@ -156,7 +158,8 @@ class RolloutIntake:
         step = self.groups.learner_step
         if uninformative:
             self.events.append(ev.GroupsDropped(reason="uninformative", step=step, prompt_indices=[lease.prompt_index]))
-            return SubmitResponse(accepted=True, rewards=rewards, reason="uninformative: every reward equal, not trained")
+            return SubmitResponse(accepted=True, rewards=rewards,
+                                  reason="uninformative: every reward equal, not trained")
         if fresh:
             return SubmitResponse(accepted=True, rewards=rewards)
         straddled = any(c.token_versions for c in req.completions)

@@ -163,7 +163,8 @@ class WorkerDesk:
         if fetch is not None:
             record.fetching = max(record.fetching, fetch[0].version)
         interval_s = self.beat_interval_s() * random.uniform(1.0 - BEAT_JITTER, 1.0 + BEAT_JITTER)
-        record.silent_after_s = self.cfg.coordinator.worker_timeout_s * interval_s / self.cfg.coordinator.heartbeat_interval_s
+        cfg = self.cfg.coordinator
+        record.silent_after_s = cfg.worker_timeout_s * interval_s / cfg.heartbeat_interval_s
         return WorkerNews(self.versions.announced, fetch[0] if fetch else None, fetch[1] if fetch else None,
                           self.controller.is_active(record.worker_id), self.versions.public_key_hex, interval_s)
 

@@ -6,7 +6,7 @@ through proxies and tells the worker its coordinator is there.
 
 Each line is a `HeartbeatResponse`, the reply a heartbeat gets too, composed from JSON made once
 per version and once per assignment (`JsonPieces`): a publish costs one small write per worker,
-where a held heartbeat cost every worker a reply and a new request. Writes never wait on a slow
+where a held heartbeat would cost every worker a reply and a new request. Writes never wait on a slow
 reader: a line whose unsent bytes pass STUCK_BUFFER_BYTES is closed, and its worker opens a new
 one and is told afresh."""
 

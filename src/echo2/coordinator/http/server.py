@@ -143,7 +143,8 @@ async def error_middleware(request: web.Request, handler):
 
 
 async def handle_register(request: web.Request) -> web.Response:
-    return typed_reply(request.app[STATE_KEY].worker_desk.register(await parse_body(request, RegisterRequest), source=request.remote or ""))
+    req = await parse_body(request, RegisterRequest)
+    return typed_reply(request.app[STATE_KEY].worker_desk.register(req, source=request.remote or ""))
 
 
 async def handle_leave(request: web.Request) -> web.Response:

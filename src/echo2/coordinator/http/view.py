@@ -69,7 +69,8 @@ def stats_event(state: CoordinatorState) -> CoordinatorStats:
     workers = state.registry.workers.values()
     return CoordinatorStats(
         learner_step=state.groups.learner_step, version=state.versions.current, queued=len(state.leases_book.queue),
-        leased=len(state.leases_book.leases), buffered=len(state.groups.buffer), workers_alive=sum(1 for w in workers if w.alive),
+        leased=len(state.leases_book.leases), buffered=len(state.groups.buffer),
+        workers_alive=sum(1 for w in workers if w.alive),
         workers_active=sum(1 for w in workers if state.controller.is_active(w.worker_id)),
         cost_total=state.controller.total_cost(), price_per_hour=state.controller.price_per_hour_now(),
     )

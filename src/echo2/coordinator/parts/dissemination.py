@@ -278,5 +278,6 @@ class Dissemination:
     def _info(self, peer: PeerLike) -> PeerInfo:
         reachable = bool(peer.relay_address) and not self._suspected(peer.worker_id)
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
-                        upload_bytes_per_s=bytes_per_s(peer.upload_bps), download_bytes_per_s=bytes_per_s(peer.download_bps),
+                        upload_bytes_per_s=bytes_per_s(peer.upload_bps),
+                        download_bytes_per_s=bytes_per_s(peer.download_bps),
                         reachable=reachable)

@@ -143,7 +143,8 @@ class Evaluations:
         right = sum(running.correct)
         result = Finished(version=running.version, due=running.due, accuracy=right / self.problems,
                           problems=self.problems, correct=right, worker_id=running.worker_id, gen_s=running.gen_s,
-                          wall_s=now - running.started_at, correct_mask="".join("1" if c else "0" for c in running.correct))
+                          wall_s=now - running.started_at,
+                          correct_mask="".join("1" if c else "0" for c in running.correct))
         for due in running.due:
             self.done[due] = result.__dict__
         return result

@@ -244,7 +244,8 @@ class GroupBook:
                                     f"{self.plane.steps_taken - 1}")
         groups = self.store.batch(step) or []
         wanted = set(requeue_lease_ids)
-        kept = [g for g in groups if g.lease_id in wanted and g.worker_id not in quarantined and g.lease_id not in failed]
+        kept = [g for g in groups
+                if g.lease_id in wanted and g.worker_id not in quarantined and g.lease_id not in failed]
         kept_ids = {g.lease_id for g in kept}
         retired = [g for g in groups if g.lease_id not in kept_ids]
         redo = [g for g in retired if g.lease_id in failed or g.worker_id in quarantined]

@@ -76,7 +76,8 @@ async def own_address(address: str, remote: str) -> str:
         "machine whose relay it is, with relay_advertise_host set to the address it reaches the coordinator from"))
 
 
-async def probe_relay(address: str, tls_config: TLSConfig | None = None, *, dial: str | None = None) -> tuple[bool, str]:
+async def probe_relay(address: str, tls_config: TLSConfig | None = None, *,
+                      dial: str | None = None) -> tuple[bool, str]:
     """(reachable, detail): whether an echo2 relay answered its status route at `address`,
     `detail` REACHED or NOT_REACHED. `dial`: the IP address to connect to for the address's host
     (`own_address`; None: resolve it). An https:// relay must present a certificate that chains
@@ -126,7 +127,8 @@ class _Pinned(AbstractResolver):
     def __init__(self, ip: str) -> None:
         self.ip = ip
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         family = socket.AF_INET6 if ipaddress.ip_address(self.ip).version == 6 else socket.AF_INET
         return [ResolveResult(hostname=host, host=self.ip, port=port, family=family, proto=0,
                               flags=socket.AI_NUMERICHOST)]

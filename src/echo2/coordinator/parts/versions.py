@@ -33,7 +33,8 @@ class VersionDesk:
             self.dissemination.published(self.latest, restarted=True)
             self.dissemination.restore([VersionInfo.model_validate_json(info) for info in store.offers()])
         # broadcast.learner_public_key, when set, pins the learner key from the start
-        configured = public_key_hex(load_public_key(broadcast.learner_public_key)) if broadcast.learner_public_key else ""
+        pinned_key = broadcast.learner_public_key
+        configured = public_key_hex(load_public_key(pinned_key)) if pinned_key else ""
         stored = store.get_meta("learner_public_key", "")
         if stored and configured and stored != configured:
             raise ValueError(f"broadcast.learner_public_key ({configured[:16]}...) is not the key this run's versions "
@@ -65,7 +66,8 @@ class VersionDesk:
         pinned = self.public_key_hex or public_key_hex
         if public_key_hex != pinned:
             raise RequestError(409, f"publish signed by key {public_key_hex[:16]}...; this run's learner key is "
-                                    f"{pinned[:16]}... (pinned at the first publish or by broadcast.learner_public_key)")
+                                    f"{pinned[:16]}... (pinned at the first publish or by "
+                                    "broadcast.learner_public_key)")
         try:
             manifest = verify_manifest(info.signed, public_key_from_hex(pinned), held_version=None, check_base=False)
         except (ManifestRejected, ValueError) as exc:

@@ -8,8 +8,7 @@ killed by pid, reaped, and a fresh one started in its place. `stop` kills and re
 process the pool started.
 
 Why processes and not threads: a thread stuck in sympy cannot be stopped, and holds the GIL the
-event loop needs (8 completions of \\boxed{9^{9^{9}}} once froze the coordinator for 16 s and
-an honest worker was evicted for it). Why not concurrent.futures: it cannot kill one task."""
+event loop needs. Why not concurrent.futures: it cannot kill one task."""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ class Scorer:
 
     def eval_correct(self, index: int, token_ids: list[int]) -> bool:
         """The check `echo2 eval` makes (task.is_correct on the decoded completion)."""
-        return self.task.is_correct(self.eval_problems[index], self.tokenizer.decode(token_ids, skip_special_tokens=True))
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.task.is_correct(self.eval_problems[index], text)
 
 
 def model_eos_ids(model_source: str, tokenizer) -> frozenset[int]:

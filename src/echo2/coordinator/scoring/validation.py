@@ -1,8 +1,9 @@
 """Semantic checks of a rollout submission beyond its schema: the right number of completions,
 token ids inside the vocabulary, one finite non-positive log-prob per token, lengths within the
 sampling budget, versions per token that a worker could have sampled with (runs of increasing
-versions from the generation's own, none unpublished), and for multi-turn episodes well-formed segments (the replay then checks what
-they contain). Returns the first problem found, phrased for the worker's operator."""
+versions from the generation's own, none unpublished), and for multi-turn episodes well-formed
+segments (the replay then checks what they contain). Returns the first problem found, phrased
+for the worker's operator."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from echo2.protocol.messages import RolloutCompletion, RolloutSubmission, Sampli
 # log-probs are <= 0; allow float round-off from the engine's softmax
 _LOGPROB_SLACK = 1e-4
 # no sampler draws a token it gives probability e^-50 (2e-22): over 10^12 sampled tokens that
-# happens with probability 2e-10. A lower behaviour log-prob is fabricated (-100 once turned the
-# learner's weights into NaN).
+# happens with probability 2e-10. A lower behaviour log-prob is fabricated (and one of -100 would
+# turn the learner's weights into NaN).
 MIN_PLAUSIBLE_LOGPROB = -50.0
 
 
@@ -80,5 +81,6 @@ def _check_tokens(token_ids: list[int], logprobs: list[float], vocab: int) -> st
         return f"token id {bad_ids[0]} outside the vocabulary [0, {vocab})"
     bad_lp = [x for x in logprobs if not math.isfinite(x) or not MIN_PLAUSIBLE_LOGPROB <= x <= _LOGPROB_SLACK]
     if bad_lp:
-        return f"logprob {bad_lp[0]!r} is not a finite value in [{MIN_PLAUSIBLE_LOGPROB}, 0] (no sampler draws such a token)"
+        return (f"logprob {bad_lp[0]!r} is not a finite value in [{MIN_PLAUSIBLE_LOGPROB}, 0] (no sampler draws "
+                "such a token)")
     return None
