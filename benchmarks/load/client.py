@@ -13,6 +13,7 @@ source address, join at (wall time)]], out."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -22,9 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from echo2.protocol.messages import PROTOCOL_VERSION  # noqa: E402
+from echo2.rollout.waits import wait_either  # noqa: E402
 from load.answers import AnswerBook  # noqa: E402
 from load.processes import raise_open_files_limit  # noqa: E402
-from load.sim_worker import SPEAKS_PROTOCOL, SimSettings, SimWorker  # noqa: E402
+from load.sim_worker import SPEAKS_PROTOCOL, SimSettings, SimWorker, watch_news_lines  # noqa: E402
 from load.stats import Recorder, lag_ticker  # noqa: E402
 
 
@@ -49,6 +51,27 @@ async def run_workers(cfg: dict, recorder: Recorder, stop: asyncio.Event) -> lis
     return [r for r in results if isinstance(r, BaseException)]
 
 
+async def freeze_survivors(stop: asyncio.Event) -> None:
+    """What survives each full garbage collection is frozen (as the coordinator does,
+    coordinator/http/upkeep.py): thousands of simulated workers keep a million objects alive,
+    and a full pass over them would stall this client for a second."""
+    full_passes: list[int] = []
+
+    def passed(phase: str, info: dict) -> None:
+        if phase == "stop" and info.get("generation") == 2:
+            full_passes.append(1)
+
+    gc.callbacks.append(passed)
+    try:
+        while not stop.is_set():
+            await wait_either(stop, stop, timeout_s=1.0)
+            if full_passes:
+                full_passes.clear()
+                gc.freeze()
+    finally:
+        gc.callbacks.remove(passed)
+
+
 async def _main(cfg: dict) -> dict:
     if PROTOCOL_VERSION != SPEAKS_PROTOCOL:
         raise SystemExit(f"the coordinator speaks protocol {PROTOCOL_VERSION}, the simulated worker {SPEAKS_PROTOCOL}: "
@@ -59,8 +82,10 @@ async def _main(cfg: dict) -> dict:
         loop.add_signal_handler(sig, stop.set)
     recorder = Recorder([(name, at) for name, at in cfg["phases"]])
     ticker = asyncio.create_task(lag_ticker(recorder, stop))
+    watch = asyncio.create_task(watch_news_lines(stop))
+    freezer = asyncio.create_task(freeze_survivors(stop))
     errors = await run_workers(cfg, recorder, stop)
-    await ticker
+    await asyncio.gather(ticker, watch, freezer)
     return {"recorder": recorder.to_dict(), "workers": len(cfg["workers"]),
             "bugs": [f"{type(e).__name__}: {e}"[:500] for e in errors[:20]], "bug_count": len(errors)}
 

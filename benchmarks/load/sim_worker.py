@@ -40,6 +40,7 @@ from pydantic import BaseModel
 
 from echo2.policy import too_stale
 from echo2.protocol import messages as m
+from echo2.protocol.tls import KEEPALIVE_S
 from echo2.rollout.waits import unless_set, wait_either
 from load.answers import AnswerBook
 from load.stats import Recorder
@@ -126,7 +127,7 @@ class SimWorker:
         """Join, work until `stop`, leave. Never raises for the coordinator's doing: failures
         are recorded (the harness counts them)."""
         self.stop = stop
-        connector = aiohttp.TCPConnector(local_addr=(self.source_ip, 0), limit=0)
+        connector = aiohttp.TCPConnector(local_addr=(self.source_ip, 0), limit=0, keepalive_timeout=KEEPALIVE_S)
         async with aiohttp.ClientSession(connector=connector) as self.session:
             _, joined = await unless_set(stop, self._join())
             if not joined:
@@ -230,12 +231,16 @@ class SimWorker:
                 self.recorder.outcome("news_line", "disconnected", time.time(), reason=type(exc).__name__)
             except (ValueError, KeyError, TypeError):
                 self.recorder.count("bad_reply")
+            finally:
+                LINES.pop(self, None)
             await wait_either(self.stop, self.stop, timeout_s=pause_s)
             pause_s = min(2 * pause_s, NEWS_RETRY_S[1])
 
     async def _read_news(self) -> None:
         headers = {"Authorization": f"Bearer {self.credential}"}
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=NEWS_SILENCE_S)
+        # silence is watched for all of a client's lines at once (`watch_news_lines`): aiohttp's
+        # sock_read re-arms a timer on every chunk, most of a client's time at 10,000 lines
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
         started_at, started = time.time(), time.perf_counter()
         async with self.session.get(self.settings.url + "/v1/news", headers=headers, timeout=timeout) as resp:
             if resp.status >= 400:
@@ -245,7 +250,9 @@ class SimWorker:
             self.recorder.took("news_line", started_at, (time.perf_counter() - started) * 1000.0)
             self.recorder.outcome("news_line", "ok", started_at)
             pending = bytearray()
+            LINES[self] = (resp, time.monotonic())
             async for data in resp.content.iter_any():
+                LINES[self] = (resp, time.monotonic())
                 pending += data
                 *lines, rest = pending.split(b"\n")
                 pending = bytearray(rest)
@@ -417,6 +424,22 @@ class SimWorker:
             raise Refused(resp.status, message)
         self.recorder.outcome(kind, "ok", started_at)
         return text
+
+
+LINES: dict[SimWorker, tuple[aiohttp.ClientResponse, float]] = {}
+"""Each simulated worker's open news line and when it last heard from it."""
+
+
+async def watch_news_lines(stop: asyncio.Event) -> None:
+    """Close every line silent past NEWS_SILENCE_S (its worker opens it again), as each real
+    worker's sock_read timeout does for its one line."""
+    while not stop.is_set():
+        await wait_either(stop, stop, timeout_s=NEWS_SILENCE_S / 4)
+        now = time.monotonic()
+        for worker, (resp, heard_at) in list(LINES.items()):
+            if now - heard_at > NEWS_SILENCE_S:
+                LINES.pop(worker, None)
+                resp.close()
 
 
 def _reply(text: str | bytes) -> dict:

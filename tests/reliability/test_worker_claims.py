@@ -12,7 +12,8 @@ from tests.unit.coordinator_helpers import FakeClock, lease, make_state, publish
 
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.http.view import snapshot
-from echo2.coordinator.parts.dissemination import Dissemination, Peer
+from echo2.coordinator.parts.dissemination import Dissemination
+from echo2.coordinator.parts.peers import Peer
 from echo2.protocol.broadcast import BadPeerReport
 from echo2.protocol.messages import BadPeerRequest, Heartbeat, RegisterRequest
 

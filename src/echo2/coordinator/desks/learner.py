@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from echo2.coordinator.parts import Parts
 from echo2.coordinator.records import events as ev
 from echo2.policy import staleness
+from echo2.protocol.broadcast import BroadcastPlan
 from echo2.protocol.learner_api import AuditReport
 from echo2.protocol.messages import TrainGroup, VersionInfo
 
@@ -28,16 +29,30 @@ class LearnerDesk:
         self.leases_book, self.audit, self.registry = state.leases_book, state.audit, state.registry
         self.fleet, self.store, self.events, self.clock = fleet, state.store, state.events, state.clock
 
-    def publish(self, info: VersionInfo, public_key_hex: str) -> bool:
-        """Accept a version from the learner (`VersionDesk.publish` says which). Returns whether
-        the learner should make its next version an anchor."""
-        event, anchor_wanted = self.versions.publish(info, public_key_hex, self.registry.peers())
-        if isinstance(event, ev.VersionPublished):
-            self.groups.published(info.version)
-            if self.evaluation is not None:
-                self.evaluation.published(info.version)
-        self.events.append(event)
+    def publish(self, info: VersionInfo, public_key_hex: str, *, plan: bool = True) -> bool:
+        """Accept a version from the learner (`VersionDesk.accept` says which) and, unless `plan`
+        is False (the server plans it on a thread, then calls `adopt_plan`), plan its relay tree.
+        Returns whether the learner should make its next version an anchor."""
+        replayed, anchor_wanted = self.versions.accept(info, public_key_hex)
+        if replayed is not None:
+            self.events.append(replayed)
+            return anchor_wanted
+        self.groups.published(info.version)
+        if self.evaluation is not None:
+            self.evaluation.published(info.version)
+        if plan:
+            self.adopt_plan(self.versions.dissemination.plan_version(info.version, info.origin_url,
+                                                                     self.registry.peers()))
         return anchor_wanted
+
+    def unplanned(self) -> VersionInfo | None:
+        """The newest version while its relay tree is still to be planned."""
+        return self.versions.latest if self.versions.unplanned is not None else None
+
+    def adopt_plan(self, plan: BroadcastPlan) -> None:
+        """The newest version's tree, planned: from now on workers are sent to their places in it."""
+        if self.versions.unplanned is not None and self.versions.current == plan.version:
+            self.events.append(self.versions.planned(plan))
 
     def observe_step_time(self, step_time_s: float) -> None:
         """The learner's busy time per step (train + publish), reported with its batch requests."""

@@ -48,6 +48,17 @@ class JsonPieces:
     def __init__(self, kept: int = PIECES_KEPT) -> None:
         self.kept = kept
         self._made: dict[int, tuple[object, bytes]] = {}
+        self._texts: dict[str, bytes] = {}
+
+    def clear(self) -> None:
+        self._made.clear()
+
+    def text(self, value: str) -> bytes:
+        """A string's JSON (the learner's key: the same on every line)."""
+        made = self._texts.get(value)
+        if made is None:
+            made = self._texts[value] = json.dumps(value).encode()
+        return made
 
     def of(self, obj: BaseModel | None) -> bytes:
         if obj is None:
@@ -70,9 +81,9 @@ def reply_bytes(pieces: JsonPieces, news: WorkerNews) -> bytes:
     gives, field for field), from the pieces made once."""
     return b"".join((
         _HEAD, pieces.of(news.latest), b',"assignment":', pieces.of(news.assignment), b',"fetch":',
-        pieces.of(news.fetch), b',"learner_public_key":', json.dumps(news.learner_public_key).encode(),
+        pieces.of(news.fetch), b',"learner_public_key":', pieces.text(news.learner_public_key),
         b',"active":', b"true" if news.active else b"false", b',"heartbeat_interval_s":',
-        json.dumps(news.heartbeat_interval_s).encode(), b"}",
+        repr(float(news.heartbeat_interval_s)).encode(), b"}",  # finite (MAX_HEARTBEAT_INTERVAL_S): valid JSON
     ))
 
 

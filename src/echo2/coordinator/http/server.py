@@ -170,8 +170,9 @@ async def handle_rollout(request: web.Request) -> web.Response:
 
 async def handle_publish(request: web.Request) -> web.Response:
     req = await parse_body(request, PublishRequest)
-    anchor_wanted = request.app[STATE_KEY].learner_desk.publish(req.info, req.public_key_hex)
-    request.app[NEWS_KEY].announce(version=True)  # told to every worker by the crier, not before this reply
+    # accepted and answered at once: the crier plans its relay tree on a thread, then tells every worker
+    anchor_wanted = request.app[STATE_KEY].learner_desk.publish(req.info, req.public_key_hex, plan=False)
+    request.app[NEWS_KEY].announce(version=True)
     return typed_reply(PublishResponse(version=req.info.version, anchor_wanted=anchor_wanted))
 
 

@@ -8,7 +8,9 @@ it is behind, so that rollouts and the learner's batches keep their pace."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import time
 
 from aiohttp import web
 
@@ -22,6 +24,8 @@ SWEEP_INTERVAL_S = 0.25
 """How often overdue leases are looked for (silent workers once a second: WorkerDesk.sweep)."""
 STALL_S = 0.5
 """A sweep woken this much later than asked means the event loop was blocked (by us)."""
+LONG_GC_PASS_S = 0.1
+"""A full garbage collection longer than this is logged."""
 LOAD_TICK_S = 0.05
 """The load watch's clock: how late this tick runs is the loop's lag."""
 LAG_DECAY = 0.9
@@ -52,6 +56,7 @@ async def housekeeping(app: web.Application) -> None:
             next_control = loop.time() + state.cfg.activation.control_period_s
             decided = True
         write_events(app)
+        app[COLLECTIONS_KEY].freeze_survivors()
         if decided:
             app[NEWS_KEY].announce(activity=True)
 
@@ -65,9 +70,26 @@ async def cry_news(app: web.Application) -> None:
         version, activity = await lines.next_round()
         desk = state.worker_desk
         if version:
+            await plan_newest(app)
+            lines.pieces.clear()  # the JSON of the last plan's objects: let them go
             await lines.tell((w, desk.news_of(w)) for w in lines.open_for())
         elif activity:
             await lines.tell_changed_activity(state.controller.is_active, desk.news_of)
+
+
+async def plan_newest(app: web.Application) -> None:
+    """The newest version's relay tree, planned on a thread over the workers live now: the
+    event loop keeps answering meanwhile (the plan is pure; the interpreter switches between
+    the two every few milliseconds), and the learner's publish was answered before it."""
+    state = app[STATE_KEY]
+    info = state.learner_desk.unplanned()
+    if info is None:
+        return
+    dissemination = state.versions.dissemination
+    peers, suspects = list(state.registry.peers()), dissemination.suspects_for(info.version)
+    plan = await asyncio.to_thread(dissemination.make_plan, info.version, info.origin_url, peers, suspects)
+    state.learner_desk.adopt_plan(plan)
+    write_events(app)
 
 
 async def keep_lines_alive(app: web.Application) -> None:
@@ -92,8 +114,46 @@ async def watch_load(app: web.Application) -> None:
             desk.load_stretch = stretch
 
 
+class FullCollections:
+    """The garbage collector's full passes, timed (a gc callback), and what survives each one
+    frozen (`gc.freeze`, from the housekeeping loop): with tens of thousands of open connections
+    the coordinator tracks over a million objects, almost all of them as long-lived as their
+    connections, and a full pass over them holds the event loop a second or more. Frozen, they
+    are never scanned again, and a full pass covers only what came since the last one. The
+    price: a reference cycle among frozen objects that later becomes garbage is not reclaimed
+    (asyncio and aiohttp break the cycles of a closed connection themselves, so little is).
+    A pass over LONG_GC_PASS_S is logged, so a stall has a named cause."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.count, self.total_s, self.longest_s = 0, 0.0, 0.0
+        self.freeze_due = False
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        took_s = time.perf_counter() - self.started
+        self.count, self.total_s, self.longest_s = self.count + 1, self.total_s + took_s, max(self.longest_s, took_s)
+        self.freeze_due = True
+        if took_s > LONG_GC_PASS_S:
+            log.info("a full garbage collection held the event loop %.2f s", took_s)
+
+    def freeze_survivors(self) -> None:
+        if self.freeze_due:
+            self.freeze_due = False
+            gc.freeze()
+
+
+COLLECTIONS_KEY = web.AppKey("full_collections", FullCollections)
+
+
 async def run_upkeep(app: web.Application):
     """Start the loops with the app; on shutdown stop them and write the final state."""
+    collections = app[COLLECTIONS_KEY] = FullCollections()
+    gc.callbacks.append(collections)
     tasks = [asyncio.create_task(loop(app)) for loop in (housekeeping, cry_news, keep_lines_alive, watch_load)]
     stop_history = asyncio.Event()
     history = asyncio.create_task(app[HISTORY_KEY].follow(stop_history))
@@ -103,4 +163,5 @@ async def run_upkeep(app: web.Application):
     await asyncio.gather(*tasks, return_exceptions=True)
     stop_history.set()
     await history  # its file read in a thread: let it finish before the files close
+    gc.callbacks.remove(collections)
     app[METRICS_KEY].write("coordinator_final", **snapshot(app[STATE_KEY]))

@@ -17,78 +17,17 @@ dropped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from itertools import islice
-from typing import Protocol
 
 from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retained
 from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
+from echo2.coordinator.parts.peers import LivePeers, PeerLike, live_peers
 from echo2.planner.dissemination import bytes_per_s
 from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
 from echo2.protocol.manifest import Form
 from echo2.protocol.messages import VersionInfo
-
-
-@dataclass(frozen=True)
-class Peer:
-    """What the coordinator knows of one live worker, for the broadcast."""
-
-    worker_id: str
-    relay_address: str
-    upload_bps: float
-    download_bps: float
-    version: int
-    """Version the worker holds (from its heartbeats)."""
-
-
-class PeerLike(Protocol):
-    """What the broadcast reads of a worker: a `Peer`, or the registry's record itself."""
-
-    @property
-    def worker_id(self) -> str: ...
-    @property
-    def relay_address(self) -> str: ...
-    @property
-    def upload_bps(self) -> float: ...
-    @property
-    def download_bps(self) -> float: ...
-    @property
-    def version(self) -> int: ...
-
-
-class LivePeers:
-    """The live workers as the broadcast sees them at one moment: every one for a version's
-    plan, one by id, and each version's holders fastest uplink first (for late joiners), sorted
-    at most once per version however many workers join."""
-
-    def __init__(self, peers: Iterable[PeerLike]) -> None:
-        self.by_id = {p.worker_id: p for p in peers}
-        self._holders: dict[int, list[PeerLike]] = {}
-
-    def __iter__(self) -> Iterator[PeerLike]:
-        return iter(self.by_id.values())
-
-    def __len__(self) -> int:
-        return len(self.by_id)
-
-    def get(self, worker_id: str) -> PeerLike | None:
-        return self.by_id.get(worker_id)
-
-    def holders(self, version: int) -> list[PeerLike]:
-        """Workers holding `version` or newer, fastest uplink first (ties by id), the order
-        `late_joiner_assignment` picks sources in."""
-        made = self._holders.get(version)
-        if made is None:
-            made = sorted((p for p in self.by_id.values() if p.version >= version),
-                          key=lambda p: (-p.upload_bps, p.worker_id))
-            self._holders[version] = made
-        return made
-
-
-def live_peers(peers: LivePeers | Iterable[PeerLike]) -> LivePeers:
-    return peers if isinstance(peers, LivePeers) else LivePeers(peers)
 
 
 class Dissemination:
@@ -100,7 +39,7 @@ class Dissemination:
         """The newest version planned or published: what reports and assignments expire against."""
         self.reporters: dict[str, dict[str, int]] = {}
         """peer id -> the workers whose report of it counts, each with the version it was for."""
-        self.assigned: dict[str, dict[int, set[str]]] = {}
+        self.assigned: dict[str, dict[int, tuple[str, ...]]] = {}
         """worker id -> version -> the peer ids it was given as sources: whom it can report."""
         self.offers: dict[tuple[int, Form], tuple[VersionInfo, ServedForm]] = {}
         """The forms the learner's origin serves (the same rule as its relay: catchup.retained)."""
@@ -111,6 +50,9 @@ class Dissemination:
         self.anchor_wanted = False
         """A live worker's way to the newest version costs more than anchor_when_behind full
         versions (or there is none): the next publish reply asks the learner for an anchor."""
+        self._late: dict[tuple[str, int], Assignment] = {}
+        """Sources given to workers outside the newest plan, by worker and version (made anew
+        with each plan)."""
         self._steps: dict[tuple[int, int], tuple[ServedForm | None, bool]] = {}
         """(held, newest) -> the first step of the way and whether it wants an anchor; made anew
         whenever the forms served change."""
@@ -179,9 +121,26 @@ class Dissemination:
 
     def plan_version(self, version: int, origin_url: str, peers: Iterable[PeerLike]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
+        return self.adopt(self.make_plan(version, origin_url, list(peers), self.suspects_for(version)))
+
+    def suspects_for(self, version: int) -> set[str]:
+        """The peers no one is sent to for `version` (reports too old for it dropped first)."""
         self._advance(version)
-        self.plan = plan_broadcast(version, self._origin(origin_url), [self._info(p) for p in peers], self.config)
-        return self.plan
+        return self.suspects
+
+    def make_plan(self, version: int, origin_url: str, peers: list[PeerLike], suspects: set[str]) -> BroadcastPlan:
+        """The tree for `version` over `peers`, `suspects` relaying for no one. It reads nothing
+        of this object that changes, so it may run on a thread while the event loop serves (a
+        plan over 10,000 workers takes a few hundred milliseconds)."""
+        infos = [self._peer_info(p, reachable=bool(p.relay_address) and p.worker_id not in suspects) for p in peers]
+        return plan_broadcast(version, self._origin(origin_url), infos, self.config)
+
+    def adopt(self, plan: BroadcastPlan) -> BroadcastPlan:
+        """`plan` is the newest version's tree from now on."""
+        self._advance(plan.version)
+        self._late.clear()
+        self.plan = plan
+        return plan
 
     def assignment(self, worker_id: str, version: int, origin_url: str, peers: LivePeers | Iterable[PeerLike], *,
                    in_plan: bool = True, joiner: PeerLike | None = None) -> Assignment:
@@ -190,8 +149,14 @@ class Dissemination:
         False), any holder of the version (the learner last)."""
         assignment = self._placed(worker_id, version, origin_url, live_peers(peers), in_plan=in_plan, joiner=joiner)
         if self._live(version):  # whom it may report; kept only while a report for it can count
-            given = self.assigned.setdefault(worker_id, {}).setdefault(version, set())
-            given.update(s.peer_id for s in assignment.sources)  # bounded by the live workers
+            # tuples of strings: the collector stops tracking them (thousands of workers, each
+            # with an entry per live version, would otherwise lengthen every full collection)
+            given = self.assigned.setdefault(worker_id, {})
+            sources = tuple(s.peer_id for s in assignment.sources)
+            if version not in given:
+                given[version] = sources
+            elif not set(sources) <= set(given[version]):
+                given[version] = tuple(dict.fromkeys(given[version] + sources))  # bounded by the live workers
         return assignment
 
     def _placed(self, worker_id: str, version: int, origin_url: str, peers: LivePeers, *,
@@ -201,6 +166,9 @@ class Dissemination:
                 return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
             except ValueError:
                 pass  # not in the plan: a late joiner
+        made = self._late.get((worker_id, version))
+        if made is not None:  # one per worker and version: its JSON is made once too
+            return self._without_suspects(made, origin_url, worker_id)
         joiner = joiner or peers.get(worker_id)
         if joiner is None:
             raise ValueError(f"worker {worker_id!r} is not live")
@@ -208,8 +176,9 @@ class Dissemination:
         usable = (self._info(p) for p in peers.holders(version)
                   if p.worker_id != worker_id and p.relay_address and not self._avoided(p.worker_id, worker_id))
         holders = list(islice(usable, max(0, self.config.max_sources - 1)))
-        return late_joiner_assignment(version, self._info(joiner), holders, origin=self._origin(origin_url),
-                                      config=self.config)
+        made = self._late[worker_id, version] = late_joiner_assignment(
+            version, self._info(joiner), holders, origin=self._origin(origin_url), config=self.config)
+        return made
 
     def report(self, peer_id: str, reporter_id: str, version: int) -> str:
         """`reporter_id` caught `peer_id` sending bad bytes of `version`. It counts only when the
@@ -276,7 +245,9 @@ class Dissemination:
         return OriginInfo(url=url, upload_bytes_per_s=bytes_per_s(self.learner_upload_bps))
 
     def _info(self, peer: PeerLike) -> PeerInfo:
-        reachable = bool(peer.relay_address) and not self._suspected(peer.worker_id)
+        return self._peer_info(peer, reachable=bool(peer.relay_address) and not self._suspected(peer.worker_id))
+
+    def _peer_info(self, peer: PeerLike, *, reachable: bool) -> PeerInfo:
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",
                         upload_bytes_per_s=bytes_per_s(peer.upload_bps),
                         download_bytes_per_s=bytes_per_s(peer.download_bps),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from echo2.config.run import CoordinatorConfig
 from echo2.coordinator.parts.credentials import credential_digest, new_worker_credential
-from echo2.coordinator.parts.dissemination import LivePeers
+from echo2.coordinator.parts.peers import LivePeers
 from echo2.coordinator.parts.probe import check_relay_address
 from echo2.coordinator.records.errors import RequestError
 from echo2.protocol.messages import RegisterRequest
@@ -97,6 +97,8 @@ class Registry:
         """Live workers: counted at every sweep, and each registration adds one meanwhile."""
         self.admitted = (cfg.registrations_per_s, clock())
         """The whole run's registration bucket: (tokens, as of)."""
+        self.next_slot_at = 0.0
+        """When the next refused registration is told to come back (each gets its own slot)."""
         self._peers: LivePeers | None = None
         self._peers_at = 0.0
 
@@ -115,14 +117,17 @@ class Registry:
     def take_admission(self, refuse_for_s: float = 0.0) -> None:
         """The run's own registration pace, whatever address they come from: at most
         coordinator.registrations_per_s (as large a burst); a fleet joining at once is admitted
-        over a few seconds instead of stalling the coordinator, each refused worker told when to
-        come back (503, Retry-After, spread so they do not return together). `refuse_for_s`: the
-        coordinator is overloaded and admits none now."""
+        at that pace instead of stalling the coordinator. Each refused worker is given its own
+        slot to come back in (503, Retry-After): the slots follow each other at the admission
+        pace, so a fleet that joined at once returns one by one, as fast as it can be admitted.
+        `refuse_for_s`: the coordinator is overloaded and admits none now."""
         rate, now = self.cfg.registrations_per_s, self.clock()
         tokens, as_of = self.admitted
         tokens = min(rate, tokens + (now - as_of) * rate)
         if tokens < 1.0 or refuse_for_s > 0:
-            wait_s = max(refuse_for_s, (1.0 - tokens) / rate) + random.uniform(0.0, max(1.0, self.live_count / rate))
+            slot_at = max(now + refuse_for_s + (1.0 - tokens) / rate, self.next_slot_at)
+            self.next_slot_at = slot_at + 1.0 / rate
+            wait_s = slot_at - now + random.uniform(0.0, 1.0 / rate)
             self.admitted = (tokens, now)
             raise RequestError(503, f"the coordinator admits {rate:g} registrations a second and is busy: retry in "
                                     f"{wait_s:.1f} s", retry_after_s=wait_s)

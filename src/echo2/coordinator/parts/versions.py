@@ -13,10 +13,12 @@ from echo2.broadcast.signing import (
     verify_manifest,
 )
 from echo2.config.broadcast import BroadcastConfig
-from echo2.coordinator.parts.dissemination import Dissemination, LivePeers, PeerLike
+from echo2.coordinator.parts.dissemination import Dissemination
+from echo2.coordinator.parts.peers import LivePeers, PeerLike
 from echo2.coordinator.records.errors import RequestError
 from echo2.coordinator.records.events import Event, PublishReplayed, VersionPublished
 from echo2.coordinator.records.store import Store
+from echo2.protocol.broadcast import BroadcastPlan
 from echo2.protocol.messages import VersionInfo
 
 
@@ -29,6 +31,8 @@ class VersionDesk:
         self.announced: VersionInfo | None = self.latest.model_copy(update={"full": None}) if self.latest else None
         """The newest version as workers are told of it (its anchor's full form left out): made
         once per version, so its JSON is made once too."""
+        self.unplanned: tuple[str, bool] | None = None
+        """The newest version's form and whether it is an anchor, until its tree is planned."""
         if self.latest is not None:  # with the earlier forms the origin serves: workers behind get deltas
             self.dissemination.published(self.latest, restarted=True)
             self.dissemination.restore([VersionInfo.model_validate_json(info) for info in store.offers()])
@@ -59,10 +63,20 @@ class VersionDesk:
         return self.dissemination.next_fetch(worker_id, held, self.latest, peers, joiner=joiner)
 
     def publish(self, info: VersionInfo, public_key_hex: str, peers: LivePeers) -> tuple[Event, bool]:
+        """Accept a version (`accept`) and plan its relay tree over `peers` at once. Returns its
+        event and whether the learner should make its next version an anchor; a
+        `PublishReplayed` event means nothing changed (an older version)."""
+        replayed, wanted = self.accept(info, public_key_hex)
+        if replayed is not None:
+            return replayed, wanted
+        return self.planned(self.dissemination.plan_version(info.version, info.origin_url, peers)), wanted
+
+    def accept(self, info: VersionInfo, public_key_hex: str) -> tuple[PublishReplayed | None, bool]:
         """Accept a version from the learner: signed by the pinned learner key (broadcast.
         learner_public_key, or the key of the run's first publish), and the next version or the
-        newest again. Returns its event and whether the learner should make its next version an
-        anchor; a `PublishReplayed` event means nothing changed (an older version)."""
+        newest again; its relay tree is planned next (`planned`, or on a thread by the server).
+        Returns a `PublishReplayed` event when nothing changed (an older version), and whether
+        the learner should make its next version an anchor."""
         pinned = self.public_key_hex or public_key_hex
         if public_key_hex != pinned:
             raise RequestError(409, f"publish signed by key {public_key_hex[:16]}...; this run's learner key is "
@@ -83,7 +97,6 @@ class VersionDesk:
         if self.latest is not None and info.version not in (newest, newest + 1):
             raise RequestError(422, f"publish of version {info.version} skips ahead: the newest is {newest}, so the "
                                     f"next is {newest + 1}")
-        plan = self.dissemination.plan_version(info.version, info.origin_url, peers)
         # the newest version again, or a new origin: a restarted learner, serving none of the forms before
         restarted = self.latest is None or info.version == newest or info.origin_url != self.latest.origin_url
         self.dissemination.published(info, restarted=restarted)
@@ -93,13 +106,18 @@ class VersionDesk:
             self.store.keep_offers(self.dissemination.stored_offers(), replace=restarted)
         self.public_key_hex, self.latest = pinned, info
         self.announced = info.model_copy(update={"full": None})
-        event = VersionPublished(
-            version=info.version, broadcast_mode=plan.mode, first_hop=plan.origin_children,
-            max_depth=max((a.depth for a in plan.assignments), default=0), form=manifest.form,
-            anchor=info.full is not None or manifest.form == "full",
-        )
+        self.unplanned = (manifest.form, info.full is not None or manifest.form == "full")
         wanted, self.dissemination.anchor_wanted = self.dissemination.anchor_wanted, False
-        return event, wanted
+        return None, wanted
+
+    def planned(self, plan: BroadcastPlan) -> VersionPublished:
+        """The newest version's tree is `plan` (made for it): its event."""
+        form, anchor = self.unplanned or ("full", False)
+        self.unplanned = None
+        self.dissemination.adopt(plan)
+        return VersionPublished(version=plan.version, broadcast_mode=plan.mode, first_hop=plan.origin_children,
+                                max_depth=max((a.depth for a in plan.assignments), default=0), form=form,
+                                anchor=anchor)
 
     def _check_full_form(self, info: VersionInfo, manifest, pinned: str) -> None:
         """An anchor's full manifest rides next to its delta: the same version, signed alike."""
