@@ -40,9 +40,9 @@ from pydantic import BaseModel
 
 from echo2.policy import too_stale
 from echo2.protocol import messages as m
-from echo2.protocol.tls import KEEPALIVE_S
 from echo2.rollout.waits import unless_set, wait_either
 from load.answers import AnswerBook
+from load.news_reader import NewsLine, NewsRefused, open_line
 from load.stats import Recorder
 
 SPEAKS_PROTOCOL = 8
@@ -127,7 +127,7 @@ class SimWorker:
         """Join, work until `stop`, leave. Never raises for the coordinator's doing: failures
         are recorded (the harness counts them)."""
         self.stop = stop
-        connector = aiohttp.TCPConnector(local_addr=(self.source_ip, 0), limit=0, keepalive_timeout=KEEPALIVE_S)
+        connector = aiohttp.TCPConnector(local_addr=(self.source_ip, 0), limit=0)
         async with aiohttp.ClientSession(connector=connector) as self.session:
             _, joined = await unless_set(stop, self._join())
             if not joined:
@@ -237,28 +237,29 @@ class SimWorker:
             pause_s = min(2 * pause_s, NEWS_RETRY_S[1])
 
     async def _read_news(self) -> None:
-        headers = {"Authorization": f"Bearer {self.credential}"}
-        # silence is watched for all of a client's lines at once (`watch_news_lines`): aiohttp's
-        # sock_read re-arms a timer on every chunk, most of a client's time at 10,000 lines
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+        """One line, open until it ends (`news_reader`: the real worker's request, read without
+        a task woken per line)."""
         started_at, started = time.time(), time.perf_counter()
-        async with self.session.get(self.settings.url + "/v1/news", headers=headers, timeout=timeout) as resp:
-            if resp.status >= 400:
-                message = _error_text(await resp.text())
-                self.recorder.outcome("news_line", f"http_{resp.status}", started_at, reason=message)
-                raise Refused(resp.status, message)
-            self.recorder.took("news_line", started_at, (time.perf_counter() - started) * 1000.0)
-            self.recorder.outcome("news_line", "ok", started_at)
-            pending = bytearray()
-            LINES[self] = (resp, time.monotonic())
-            async for data in resp.content.iter_any():
-                LINES[self] = (resp, time.monotonic())
-                pending += data
-                *lines, rest = pending.split(b"\n")
-                pending = bytearray(rest)
-                for line in lines:
-                    if line.strip():
-                        self._heard(_reply(line), news=True)
+        try:
+            line = await open_line(self.settings.url, self.credential, self.source_ip, self._news_line,
+                                   connect_timeout_s=10.0)
+        except NewsRefused as exc:
+            message = _error_text(exc.body)
+            self.recorder.outcome("news_line", f"http_{exc.status}", started_at, reason=message)
+            raise Refused(exc.status, message) from None
+        self.recorder.took("news_line", started_at, (time.perf_counter() - started) * 1000.0)
+        self.recorder.outcome("news_line", "ok", started_at)
+        LINES[self] = line
+        try:
+            await line.ended
+        finally:
+            line.close()
+
+    def _news_line(self, raw: bytes) -> None:
+        try:
+            self._heard(_reply(raw), news=True)
+        except (ValueError, KeyError, TypeError):
+            self.recorder.count("bad_reply")
 
     def _heard(self, reply: dict, *, news: bool = False) -> None:
         """A reply or a news line (control.py: `heard`); a newer version told on the line is
@@ -426,8 +427,8 @@ class SimWorker:
         return text
 
 
-LINES: dict[SimWorker, tuple[aiohttp.ClientResponse, float]] = {}
-"""Each simulated worker's open news line and when it last heard from it."""
+LINES: dict[SimWorker, NewsLine] = {}
+"""Each simulated worker's open news line."""
 
 
 async def watch_news_lines(stop: asyncio.Event) -> None:
@@ -436,10 +437,10 @@ async def watch_news_lines(stop: asyncio.Event) -> None:
     while not stop.is_set():
         await wait_either(stop, stop, timeout_s=NEWS_SILENCE_S / 4)
         now = time.monotonic()
-        for worker, (resp, heard_at) in list(LINES.items()):
-            if now - heard_at > NEWS_SILENCE_S:
+        for worker, line in list(LINES.items()):
+            if now - line.heard_at > NEWS_SILENCE_S:
                 LINES.pop(worker, None)
-                resp.close()
+                line.close()
 
 
 def _reply(text: str | bytes) -> dict:

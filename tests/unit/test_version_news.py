@@ -94,7 +94,7 @@ def test_the_news_line_tells_a_version_as_it_is_published_and_heartbeats_are_ans
 
     heard, beat_s, beat, news_s = _with_server(state, scenario)
     assert heard[0][0] < 0.5 and heard[0][1]["latest"]["version"] == 0 and heard[0][1]["kind"] == "heartbeat_ack"
-    assert heard[1][1]["latest"]["version"] == 1 and heard[1][1]["fetch"]["version"] == 1
+    assert heard[1][1]["latest"]["version"] == 1 and heard[1][1]["fetch"] is None  # fetch the newest: not sent twice
     assert heard[1][1]["assignment"]["version"] == 1  # where to pull it from, with the news
     assert news_s < 0.5, news_s
     assert beat_s < 0.5 and beat["latest"]["version"] == 0 and 0.9 <= beat["heartbeat_interval_s"] <= 1.1

@@ -26,6 +26,9 @@ from echo2.tasks import make_task
 
 log = logging.getLogger("echo2.coordinator")
 
+LIMIT_LOG_S = 10.0
+"""How often being at the open-files limit is logged (with the count since)."""
+
 
 def auth_token(configured: str) -> str:
     token = configured or os.environ.get("ECHO2_AUTH_TOKEN", "")
@@ -46,8 +49,30 @@ def open_files_for_a_fleet() -> int:
     return hard
 
 
+class OpenFilesLimit:
+    """The event loop's handler for errors no task catches: at the open-files limit asyncio
+    pauses accepting for a moment and logs each refused connection with a traceback, thousands
+    a second under a large fleet, which costs more than the connections; this says it once
+    every LIMIT_LOG_S with a count and the fix, and passes anything else to the default."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.refused, self.logged_at = limit, 0, 0.0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            loop.default_exception_handler(context)
+            return
+        self.refused += 1
+        if loop.time() - self.logged_at >= LIMIT_LOG_S:
+            self.logged_at = loop.time()
+            log.warning("at the open-files limit (%d): %d connection attempts waited since the last warning; "
+                        "raise the limit (ulimit -n, or LimitNOFILE= for a service) by two per worker",
+                        self.limit, self.refused)
+            self.refused = 0
+
+
 async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
-    open_files_for_a_fleet()
+    asyncio.get_running_loop().set_exception_handler(OpenFilesLimit(open_files_for_a_fleet()))
     context = tls.server_context(cfg.tls)  # a bad certificate or key stops us before any state opens
     store = Store(cfg.run_path / "coordinator.db")
     task = make_task(cfg.task, cfg.seed)

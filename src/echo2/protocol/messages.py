@@ -177,8 +177,9 @@ class HeartbeatResponse(Message):
     assignment: Assignment | None = None
     """Where this worker pulls `fetch` from (its parent first, the learner last)."""
     fetch: VersionInfo | None = None
-    """What the worker pulls next on its way to `latest`: a delta against the version it
-    holds, an anchor, or `latest` itself (its `signed` is the form to fetch). None: nothing."""
+    """What the worker pulls next on its way to `latest`, when it is not `latest` itself: a
+    delta against the version it holds, or an anchor (its `signed` is the form to fetch).
+    None: `latest` (when the worker does not hold it already)."""
     learner_public_key: str = ""
     active: bool = True
     """False: the worker should idle (not lease) until told otherwise."""

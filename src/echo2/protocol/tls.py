@@ -66,15 +66,9 @@ def client_context(tls: TLSConfig) -> ssl.SSLContext:
     return context
 
 
-KEEPALIVE_S = 60.0
-"""How long a client keeps an idle connection for its next request: across a worker's heartbeat
-interval (5 s, tens of seconds for a large fleet), so a beat reuses its connection instead of
-opening one; under aiohttp servers' own 75 s, so the server never closes one first."""
-
-
 def connector(tls: TLSConfig) -> aiohttp.TCPConnector:
     """A client session's connector: https:// URLs verified as `client_context` says."""
-    return aiohttp.TCPConnector(ssl=client_context(tls), keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.TCPConnector(ssl=client_context(tls))
 
 
 def check_key_file(path: str) -> None:

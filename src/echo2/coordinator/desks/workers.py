@@ -165,7 +165,9 @@ class WorkerDesk:
         interval_s = self.beat_interval_s() * random.uniform(1.0 - BEAT_JITTER, 1.0 + BEAT_JITTER)
         cfg = self.cfg.coordinator
         record.silent_after_s = cfg.worker_timeout_s * interval_s / cfg.heartbeat_interval_s
-        return WorkerNews(self.versions.announced, fetch[0] if fetch else None, fetch[1] if fetch else None,
+        # the newest version itself is not sent twice: no `fetch` means "fetch `latest`"
+        to_fetch = fetch[0] if fetch is not None and fetch[0] is not self.versions.announced else None
+        return WorkerNews(self.versions.announced, to_fetch, fetch[1] if fetch else None,
                           self.controller.is_active(record.worker_id), self.versions.public_key_hex, interval_s)
 
     def news_of(self, worker_id: str) -> WorkerNews | None:

@@ -84,6 +84,13 @@ class Dissemination:
         """The forms served now as (version, form) -> VersionInfo JSON, for the store."""
         return {key: info.model_dump_json() for key, (info, _) in self.offers.items()}
 
+    def announced(self, info: VersionInfo) -> VersionInfo:
+        """`info` as workers are told of it: the form its relay tree carries, the very object
+        a worker's fetch of it is (so a reply can say "fetch the newest" instead of sending it
+        twice), else `info` without its anchor's full form."""
+        offered = self.offers.get((info.version, info.signed.unverified_manifest().form))
+        return offered[0] if offered is not None else info.model_copy(update={"full": None})
+
     def _offer(self, info: VersionInfo) -> None:
         """One form of a version (`info.signed` is its manifest, `info.full` None)."""
         manifest = info.signed.unverified_manifest()

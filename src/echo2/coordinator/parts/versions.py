@@ -28,7 +28,7 @@ class VersionDesk:
         self.dissemination = Dissemination(broadcast, learner_upload_bps)
         latest = store.get_meta("latest")
         self.latest: VersionInfo | None = VersionInfo.model_validate(latest) if latest else None
-        self.announced: VersionInfo | None = self.latest.model_copy(update={"full": None}) if self.latest else None
+        self.announced: VersionInfo | None = self.dissemination.announced(self.latest) if self.latest else None
         """The newest version as workers are told of it (its anchor's full form left out): made
         once per version, so its JSON is made once too."""
         self.unplanned: tuple[str, bool] | None = None
@@ -105,7 +105,7 @@ class VersionDesk:
             self.store.set_meta("latest", info.model_dump())
             self.store.keep_offers(self.dissemination.stored_offers(), replace=restarted)
         self.public_key_hex, self.latest = pinned, info
-        self.announced = info.model_copy(update={"full": None})
+        self.announced = self.dissemination.announced(info)
         self.unplanned = (manifest.form, info.full is not None or manifest.form == "full")
         wanted, self.dissemination.anchor_wanted = self.dissemination.anchor_wanted, False
         return None, wanted
