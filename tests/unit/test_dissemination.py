@@ -136,3 +136,20 @@ def test_bad_peer_reports_are_bounded():
                       detail="x" * 10_000)
     with pytest.raises(ValidationError):
         BadPeerReport(version=0, reporter_id="w1" * 200, peer_id="w0", url="", chunk_index=0, reason="corrupt_chunk")
+
+
+def test_a_plan_over_the_same_workers_is_the_last_tree_for_the_new_version():
+    """The tree is not made again per version when nothing it is made from changed: the result
+    equals a plan made from scratch, and a changed link or a new suspect plans anew."""
+    fresh = Dissemination(BroadcastConfig(max_fanout=2), learner_upload_bps=1e9)
+    diss = Dissemination(BroadcastConfig(max_fanout=2), learner_upload_bps=1e9)
+    fleet = peers(6)
+    first = diss.make_plan(3, ORIGIN, fleet, set())
+    again = diss.make_plan(4, ORIGIN, fleet, set())
+    assert again == fresh.make_plan(4, ORIGIN, fleet, set()) and again.for_worker("w3").version == 4
+    assert diss._planned_from[1] is first  # the tree was not made again
+    slower = [Peer(p.worker_id, p.relay_address, p.upload_bps / 10, p.download_bps, p.version) for p in fleet]
+    assert diss.make_plan(5, ORIGIN, slower, set()) == fresh.make_plan(5, ORIGIN, slower, set())
+    assert diss._planned_from[1] is not first
+    suspected = diss.make_plan(6, ORIGIN, slower, {"w0"})
+    assert suspected == fresh.make_plan(6, ORIGIN, slower, {"w0"}) and "w0" not in suspected.origin_children

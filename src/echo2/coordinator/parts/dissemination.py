@@ -50,6 +50,8 @@ class Dissemination:
         self.anchor_wanted = False
         """A live worker's way to the newest version costs more than anchor_when_behind full
         versions (or there is none): the next publish reply asks the learner for an anchor."""
+        self._planned_from: tuple[tuple, BroadcastPlan] | None = None
+        """The last plan made in full, with what it was made from."""
         self._late: dict[tuple[str, int], Assignment] = {}
         """Sources given to workers outside the newest plan, by worker and version (made anew
         with each plan)."""
@@ -138,9 +140,18 @@ class Dissemination:
     def make_plan(self, version: int, origin_url: str, peers: list[PeerLike], suspects: set[str]) -> BroadcastPlan:
         """The tree for `version` over `peers`, `suspects` relaying for no one. It reads nothing
         of this object that changes, so it may run on a thread while the event loop serves (a
-        plan over 10,000 workers takes a few hundred milliseconds)."""
+        plan over 10,000 workers takes a few hundred milliseconds). Over the same workers as the
+        last plan (same links, same suspects, same origin) the tree is the last one, for the new
+        version: made again, it would come out the same."""
+        inputs = (origin_url, tuple((p.worker_id, p.relay_address, p.upload_bps, p.download_bps,
+                                     p.worker_id in suspects) for p in peers))
+        last = self._planned_from
+        if last is not None and last[0] == inputs:
+            return _for_version(last[1], version)
         infos = [self._peer_info(p, reachable=bool(p.relay_address) and p.worker_id not in suspects) for p in peers]
-        return plan_broadcast(version, self._origin(origin_url), infos, self.config)
+        plan = plan_broadcast(version, self._origin(origin_url), infos, self.config)
+        self._planned_from = (inputs, plan)  # one reference swapped whole: safe to read from the loop
+        return plan
 
     def adopt(self, plan: BroadcastPlan) -> BroadcastPlan:
         """`plan` is the newest version's tree from now on."""
@@ -240,6 +251,8 @@ class Dissemination:
         return self._suspected(peer_id) or (mine is not None and self._live(mine))
 
     def _without_suspects(self, assignment: Assignment, origin_url: str, worker_id: str) -> Assignment:
+        if not self.reporters:  # no report counts now: nobody is avoided
+            return assignment
         sources = [s for s in assignment.sources if not self._avoided(s.peer_id, worker_id)]
         if len(sources) == len(assignment.sources):
             return assignment
@@ -259,3 +272,9 @@ class Dissemination:
                         upload_bytes_per_s=bytes_per_s(peer.upload_bps),
                         download_bytes_per_s=bytes_per_s(peer.download_bps),
                         reachable=reachable)
+
+
+def _for_version(plan: BroadcastPlan, version: int) -> BroadcastPlan:
+    """`plan`'s tree for another version (every field but the version is the tree's)."""
+    return plan.model_copy(update={"version": version, "assignments": [
+        a.model_copy(update={"version": version}) for a in plan.assignments]})
