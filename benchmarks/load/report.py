@@ -10,8 +10,8 @@ from pathlib import Path
 
 from load.stats import Histogram, Merged
 
-WORKER_KINDS = ("broadcast_config", "register", "heartbeat", "news_line", "version_news", "lease", "rollout",
-                "leave")
+WORKER_KINDS = ("broadcast_config", "register", "heartbeat", "news_line", "version_news", "lease", "lease_served",
+                "rollout", "leave")
 LEARNER_KINDS = ("batch", "publish")
 NOT_ERRORS = ("ok", "cut_short", "deferred")
 """Outcomes that are no failure: answered, given up by the worker itself, or a registration the

@@ -61,8 +61,13 @@ class Plan:
     notes: dict = field(default_factory=dict)
 
 
+JOINS_PER_S = 100.0
+"""The joins the default ramp spreads a fleet over: coordinator.registrations_per_s's default (a
+faster ramp is deferred by the coordinator, and the case would measure workers still joining)."""
+
+
 def ramp_s(settings: CaseSettings, n: int) -> float:
-    return settings.ramp_s if settings.ramp_s is not None else min(30.0, max(5.0, n / 100.0))
+    return settings.ramp_s if settings.ramp_s is not None else max(5.0, n / JOINS_PER_S)
 
 
 def plan_case(settings: CaseSettings, scenario: str, n: int, now: float) -> Plan:

@@ -50,7 +50,7 @@ _FIELDS = {
     "lease_timeout_s": "coordinator.lease_timeout_s", "max_leases_per_worker": "coordinator.max_leases_per_worker",
     "forget_workers_after_s": "coordinator.forget_workers_after_s",
     "registrations_per_minute": "coordinator.registrations_per_minute", "scoring": "coordinator.scoring",
-    "registrations_per_s": "coordinator.registrations_per_s",
+    "registrations_per_s": "coordinator.registrations_per_s", "heartbeats_per_s": "coordinator.heartbeats_per_s",
     "audit_flags_to_quarantine": "audit.flags_to_quarantine", "require_seeded_sampler": "audit.require_seeded_sampler",
     "eval_problems_per_lease": "evaluation.problems_per_lease", "learner_price_per_hour": "learner.price_per_hour",
     "learner_upload_bps": "learner.upload_bps", "activation": "activation", "broadcast": "broadcast",

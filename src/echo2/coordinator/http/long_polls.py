@@ -38,6 +38,9 @@ MAX_LEASE_WAIT_S = 10.0
 # a batch held back by the share cap (policy/trust.py) forms when its wait ends, which no
 # request announces: a held batch request looks again this often
 BATCH_RECHECK_S = 0.5
+HELD_HEADER = "X-Echo2-Held-S"
+"""How long a lease request was held waiting for room (seconds): its latency less that is the
+coordinator's own time (benchmarks/coordinator_load.py reports both)."""
 
 
 async def handle_heartbeat(request: web.Request) -> web.Response:
@@ -64,13 +67,17 @@ async def handle_lease(request: web.Request) -> web.Response:
     state, room = request.app[STATE_KEY], request.app[ROOM_KEY]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, MAX_LEASE_WAIT_S)
-    asked_at = state.versions.current
+    asked_at, held_s = state.versions.current, 0.0
     reply = state.worker_desk.lease(req)
     while (_waits_for_room(reply) and loop.time() < deadline and state.versions.current == asked_at
            and not room.closed):
+        waited_from = loop.time()
         await room.wait(deadline - loop.time())
+        held_s += loop.time() - waited_from
         reply = state.worker_desk.lease(req)
-    return typed_reply(reply)
+    answer = typed_reply(reply)
+    answer.headers[HELD_HEADER] = f"{held_s:.3f}"  # the time waiting for room, apart from the serving
+    return answer
 
 
 def _waits_for_room(reply: LeaseResponse) -> bool:

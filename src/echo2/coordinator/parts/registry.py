@@ -125,7 +125,7 @@ class Registry:
         tokens, as_of = self.admitted
         tokens = min(rate, tokens + (now - as_of) * rate)
         if tokens < 1.0 or refuse_for_s > 0:
-            slot_at = max(now + refuse_for_s + (1.0 - tokens) / rate, self.next_slot_at)
+            slot_at = max(now + refuse_for_s + max(0.0, 1.0 - tokens) / rate, self.next_slot_at)
             self.next_slot_at = slot_at + 1.0 / rate
             wait_s = slot_at - now + random.uniform(0.0, 1.0 / rate)
             self.admitted = (tokens, now)
