@@ -192,3 +192,15 @@ def test_a_real_worker_hears_of_a_version_at_once_and_stops_without_waiting_out_
     heard_s, stop_s = asyncio.run(asyncio.wait_for(main(), timeout=120))
     assert max(heard_s) < 0.6, heard_s  # the heartbeat interval is 1 s
     assert stop_s < 2.0 and not state.registry.workers["w0"].alive  # it left, well inside its 5 s poll
+
+
+def test_a_version_is_told_to_the_active_workers_first():
+    """The crier's order: the learner's next batches wait on the active workers' fetch, so their
+    lines are written before the thousands of idle ones (order kept within each kind)."""
+    from echo2.coordinator.http.news import NewsLines
+
+    lines = NewsLines()
+    for worker_id in ("idle0", "act0", "idle1", "act1", "idle2"):
+        lines.lines[worker_id] = object()  # only the keys matter to the order
+    assert lines.open_for() == ["idle0", "act0", "idle1", "act1", "idle2"]
+    assert lines.open_for(first=lambda w: w.startswith("act")) == ["act0", "act1", "idle0", "idle1", "idle2"]

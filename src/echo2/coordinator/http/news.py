@@ -145,8 +145,11 @@ class NewsLines:
                 self.told_active.pop(worker_id, None)
         return response
 
-    def open_for(self) -> list[str]:
-        return list(self.lines)
+    def open_for(self, *, first: Callable[[str], bool] | None = None) -> list[str]:
+        """The workers with an open line; those `first` picks ahead of the rest, in their order."""
+        if first is None:
+            return list(self.lines)
+        return sorted(self.lines, key=lambda worker_id: not first(worker_id))
 
     async def tell(self, news: Iterable[tuple[str, WorkerNews | None]]) -> int:
         """Write each worker its news (a slice at a time, yielding between slices); a worker with

@@ -64,7 +64,9 @@ async def housekeeping(app: web.Application) -> None:
 async def cry_news(app: web.Application) -> None:
     """Tell the open news lines what changed: every line a newly published version (with its
     fetch and sources), the workers whose activation changed theirs. What changes during a
-    round is told in the next (each round tells the news as of its start)."""
+    round is told in the next (each round tells the news as of its start). A version goes to the
+    active workers first: the learner's next batches wait on their fetch, and telling 10,000
+    lines takes the loop a good part of a second."""
     state, lines = app[STATE_KEY], app[NEWS_KEY]
     while True:
         version, activity = await lines.next_round()
@@ -72,7 +74,7 @@ async def cry_news(app: web.Application) -> None:
         if version:
             await plan_newest(app)
             lines.pieces.clear()  # the JSON of the last plan's objects: let them go
-            await lines.tell((w, desk.news_of(w)) for w in lines.open_for())
+            await lines.tell((w, desk.news_of(w)) for w in lines.open_for(first=state.controller.is_active))
         elif activity:
             await lines.tell_changed_activity(state.controller.is_active, desk.news_of)
 
