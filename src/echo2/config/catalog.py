@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from echo2.config.base import Frozen, apply_overrides, read_toml, validate
+from echo2.config.skypilot import SkyPilotClass
 
 
 class _Throughput(Frozen):
@@ -58,6 +59,9 @@ class WorkerClass(_Throughput):
     """Mean time to preemption (exponential); None: never preempted. The planner keeps
     uptime / (uptime + rejoin) of the class's throughput, rejoin being the time a replacement
     needs before it delivers (next round, transfer, swap, half a generation lost in flight)."""
+    skypilot: SkyPilotClass | None = None
+    """The machine SkyPilot rents for one worker of this class ([workers.NAME.skypilot]); None:
+    the class is not rented through SkyPilot (echo2.launch.skypilot)."""
 
     @model_validator(mode="after")
     def _one_rate(self) -> WorkerClass:
