@@ -12,7 +12,7 @@ def test_held_machines_are_those_acquired_and_not_released(tmp_path):
     ledger = FleetLedger(tmp_path)
     ledger.acquiring("a-0", provider="ssh", machine="a", worker_class="cheap", price_per_hour=1.0)
     ledger.started("a-0", pid=4242)
-    ledger.acquiring("b-0", provider="ssh", machine="b", worker_class="fast", price_per_hour=3.0)  # crashed before start
+    ledger.acquiring("b-0", provider="ssh", machine="b", worker_class="fast", price_per_hour=3.0)  # never started
     ledger.acquiring("c-0", provider="ssh", machine="c", worker_class="fast", price_per_hour=3.0)
     ledger.started("c-0", pid=7)
     ledger.released("c-0", reason="idle")
