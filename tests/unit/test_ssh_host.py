@@ -167,3 +167,24 @@ def test_a_bad_worker_setting_in_the_inventory_names_the_host(tmp_path):
     path.write_text('[[hosts]]\nname = "a"\naddress = "10.0.0.1"\n[hosts.worker]\nengine = "nope"\n')
     with pytest.raises(ValueError, match="inventory host 'a' worker settings"):
         load_inventory(path)
+
+
+def test_a_fresh_host_gets_this_echo2_once_in_a_venv_that_sees_its_python(sshd, tmp_path):
+    """ensure_installed on a host whose Python has echo2's dependencies (this interpreter's):
+    the wheel is shipped and installed, its `echo2` runs, and a second acquire reuses the venv."""
+    from echo2.launch.ssh_host import ensure_installed
+    from echo2.launch.wheel import coordinator_release
+
+    sshd.trust()
+    host = _host(sshd, work_dir=str(tmp_path / "work"), min_free_mb=1)
+    release = coordinator_release(tmp_path / "cache")
+    client = SshClient(host)
+    venv = ensure_installed(client, release)
+    made_at = (Path(venv) / ".installed").stat().st_mtime_ns
+    ran = client.run(f"{venv}/bin/echo2 --help", timeout_s=120)
+    assert ran.returncode == 0 and "worker" in ran.stdout
+    assert ensure_installed(client, release) == venv and (Path(venv) / ".installed").stat().st_mtime_ns == made_at
+    full = _host(sshd, work_dir=str(tmp_path / "work"), min_free_mb=10 ** 9)
+    with pytest.raises(SshFailure) as caught:
+        ensure_installed(SshClient(full), release)
+    assert caught.value.kind == "disk_full" and "free at least" in str(caught.value)
