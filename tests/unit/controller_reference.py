@@ -265,7 +265,7 @@ class ActivationController:
         if self._planning():
             return self._apply(self._decide_planned(now), now)
         offers = self._offers()
-        probation = {w for w, v in self.workers.items() if v.alive and not self._measured(v)}
+        probation = {w for w, v in self.workers.items() if (v.alive or v.released) and not self._measured(v)}
         measured_ids = {o.id for o in offers}
         current = {worker_id: 1 for worker_id, v in self.workers.items()
                    if candidate(v) and v.active and worker_id in measured_ids}
@@ -311,7 +311,7 @@ class ActivationController:
                                        last_change_s=self.last_change, measured=self._measured,
                                        uninformative_share=self.uninformative_share)
         probation = {w for w, v in self.workers.items()
-                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)}
+                     if (v.alive or v.released) and not self._measured(v) and not self.planned.knows(v.worker_class)}
         if probation:
             trial = self._probation_trial(probation, self.cfg.probation_slots)
             decision.active |= trial

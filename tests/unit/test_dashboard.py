@@ -218,3 +218,23 @@ def test_every_route_has_a_role(run):
                     max_request_bytes=1024)
     routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.method != "HEAD"}
     assert routes == set(ROUTE_ROLES)
+
+
+def test_the_fleet_ledger_bill_is_in_metrics_and_the_dashboard(run):
+    """A remote provider's machines: billed from acquire to release (its ledger), shown live."""
+    from echo2.report.fleet_ledger import FleetLedger
+
+    state, metrics_path = run
+    ledger = FleetLedger(metrics_path.parent)
+    ledger.acquiring("h-0", provider="ssh", machine="h", worker_class="", price_per_hour=3600.0)  # $1 a second
+    ledger.started("h-0", pid=1)
+
+    async def scenario(session, url):
+        metrics = await _settled(session, url, "/metrics", lambda t: "echo2_fleet_billed_dollars" in t)
+        async with session.get(url + "/dashboard/state.json", headers=OPERATOR) as resp:
+            return metrics, await resp.json()
+
+    metrics, view = serve(state, metrics_path, scenario)
+    one = {name: value for (name, labels), value in _samples(metrics).items() if not labels}
+    assert one["echo2_fleet_machines_held"] == 1 and one["echo2_fleet_billed_dollars_total"] > 0
+    assert view["fleet_bill"]["held_at_end"] == ["h-0"] and view["fleet_bill"]["billed_usd"] > 0

@@ -21,9 +21,9 @@ from tests.unit.seams import mismatches
 
 from echo2.config.catalog import WorkerClass
 from echo2.launch.fleet import FleetSync
-from echo2.launch.ledger import FleetLedger
 from echo2.launch.sky_api import ClusterGone, SkyApi, SkySdk, SkyTimeouts
 from echo2.launch.skypilot import SkyPilotFleet, WorkerLaunch, cluster_name
+from echo2.report.fleet_ledger import FleetLedger
 from echo2.report.metrics import MetricsWriter, read_metrics
 
 sky = pytest.importorskip("sky", reason="SkyPilot is not installed here: `make test-skypilot` runs these in "
@@ -188,7 +188,7 @@ def test_a_preempted_worker_is_replaced_by_one_of_its_class(run_dir):
                                      ("started", "w0", None)]
     assert ledger.held()["w0"].worker_class == "a10g_spot"
     now = time.time()
-    preempted, replacement = ledger._all_acquires()  # each acquire bills on its own, boot included
+    preempted, replacement = ledger.spans()  # each acquire bills on its own, boot included
     assert preempted.released_at is not None and replacement.released_at is None
     assert ledger.billed_usd(now) == pytest.approx((preempted.billed_s(now) + replacement.billed_s(now)) * 0.50 / 3600)
     assert ledger.holdings()["w0"].acquired_at == replacement.acquired_at
@@ -209,7 +209,7 @@ def test_a_failed_launch_falls_back_to_the_next_class(run_dir):
     failed = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "skypilot_launch_failed"]
     assert failed[0]["worker_class"] == "a10g_spot" and failed[0]["next_class"] == "l4_spot"
     assert "no a10g_spot capacity" in failed[0]["error"]
-    spans = ledger._all_acquires()
+    spans = ledger.spans()
     assert [s.worker_class for s in spans] == ["a10g_spot", "l4_spot"] and spans[0].billed_s(0) >= BOOT_S
     fleet.close()
 

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "certs": "echo2.cli.certs_cmd",
     "report": "echo2.cli.report_cmd",
     "models": "echo2.cli.models_cmd",
+    "fleet": "echo2.cli.fleet_cmd",
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from echo2.config.base import Frozen
 
@@ -42,13 +42,23 @@ class ActivationConfig(Frozen):
     """A worker keeps its probation slot this long (time active, unmeasured) before it goes to
     the back of the queue: long enough to load the current version and generate min_samples
     leases, so honest workers are measured, while one that never leases gives its slot up."""
-    provider: Literal["static", "local"] = "static"
+    provider: Literal["static", "local", "ssh", "skypilot"] = "static"
     """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
     ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the
     launcher stops a worker process idle for release_after_s (it bills nothing while released)
     and starts it again when the controller chooses it; its rejoin time is recorded. With a
     catalog, local workers that declare a class are not started until a decision chooses them
-    (RunConfig.workers_started_on_demand)."""
+    (RunConfig.workers_started_on_demand). "ssh": the hosts of `inventory`, each worker started
+    over SSH when chosen and stopped when released (launch/ssh_fleet.py). "skypilot": machines
+    SkyPilot rents for the catalog's classes that have a [workers.NAME.skypilot] table
+    (launch/skypilot.py). With "ssh" and "skypilot" every worker is offered to the controller
+    before any runs, and `echo2 run` starts no local workers."""
+    inventory: str = ""
+    """With provider "ssh": the inventory TOML of the hosts (echo2.config.inventory)."""
+    coordinator_url: str = Field("", pattern=r"^(https?://\S+)?$")
+    """With provider "ssh" or "skypilot": how the workers' machines reach the coordinator
+    (http://ADDRESS:PORT); an inventory host may set its own. Empty: the coordinator's own URL,
+    which only a worker on its machine can use unless coordinator.host is an outside address."""
     release_after_s: float = Field(10.0, ge=0.0)
     """With a releasable provider: how long a worker must stay inactive before it is released
     (a short idle spell is cheaper to ride out than a stop and a cold start)."""
@@ -63,6 +73,24 @@ class ActivationConfig(Frozen):
     """Most of a batch one worker's groups fill, and of the demand it is credited with while
     other measured workers are live (policy/trust.py, policy/credit.py; one worker alone is
     never capped). 1.0 turns both off."""
+
+    @field_validator("inventory")
+    @classmethod
+    def _inventory_exists(cls, path: str) -> str:
+        if path and not Path(path).is_file():
+            raise ValueError(f"no file at {path!r}: give the path of an SSH inventory TOML ([defaults] and "
+                             "[[hosts]]: see docs/operations.md, \"Bring your own machines\")")
+        return path
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> ActivationConfig:
+        if self.provider == "ssh" and not self.inventory:
+            raise ValueError("provider \"ssh\" needs inventory: the path of a TOML listing the hosts "
+                             "(echo2 run --provider ssh --inventory hosts.toml)")
+        if self.provider == "skypilot" and not self.catalog:
+            raise ValueError("provider \"skypilot\" needs catalog: an `echo2 plan` catalog whose classes have "
+                             "[workers.NAME.skypilot] tables (e.g. configs/catalog/skypilot_example.toml)")
+        return self
 
     @field_validator("catalog")
     @classmethod

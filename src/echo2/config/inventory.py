@@ -51,15 +51,19 @@ class SshHost(Frozen):
     price_per_hour: float = Field(0.0, ge=0)
     """What the host costs per hour, shared among its workers."""
     workers_per_host: int = Field(1, ge=1, le=64)
+    coordinator_url: str = Field("", pattern=r"^(https?://\S+)?$")
+    """How this host reaches the coordinator (http://ADDRESS:PORT); empty: the URL the fleet is
+    given (`echo2 fleet up --coordinator-url`, or the coordinator's own when `echo2 run` starts it)."""
     worker: dict[str, Any] = {}
     """Worker settings (fields of WorkerConfig: engine, device, bandwidth_bps...) for its workers."""
 
     def worker_ids(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.workers_per_host)]
 
-    def worker_config(self, worker_id: str) -> WorkerConfig:
-        """One of its workers' settings: relaying on every interface, announced at `address`."""
-        data = {"relay_host": "0.0.0.0", "relay_advertise_host": self.address, **self.worker,
+    def worker_config(self, worker_id: str, base: dict[str, Any] | None = None) -> WorkerConfig:
+        """One of its workers' settings: `base` (the run's shared worker settings), relaying on
+        every interface, announced at `address`, then the host's own `worker` table."""
+        data = {**(base or {}), "relay_host": "0.0.0.0", "relay_advertise_host": self.address, **self.worker,
                 "worker_id": worker_id, "worker_class": self.worker_class,
                 "price_per_hour": self.price_per_hour / self.workers_per_host}
         return validate(WorkerConfig, data, source=f"inventory host {self.name!r} worker settings")

@@ -8,7 +8,7 @@ they need (sampling, group size, S, model source) from the coordinator when they
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -26,6 +26,7 @@ from echo2.config.base import (
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.catalog import PlanConfig, load_plan_config
 from echo2.config.evaluation import EvaluationConfig
+from echo2.config.fleet_roster import OfferedWorker, remote_offers
 from echo2.config.grpo import GRPOConfig, LoraConfig
 from echo2.config.report import ReportConfig
 from echo2.config.scoring import ScoringConfig
@@ -246,14 +247,6 @@ class LocalWorkersConfig(Frozen):
         return validate(WorkerConfig, data, source=f"workers.per_worker[{index}]")
 
 
-class OfferedWorker(NamedTuple):
-    """A worker the run's provider starts only when the controller chooses it."""
-
-    worker_id: str
-    price_per_hour: float
-    worker_class: str
-
-
 class RunConfig(Frozen):
     run_dir: str = "runs/demo"
     """Everything a run writes: resolved config, metrics.jsonl, checkpoints, logs, the
@@ -311,6 +304,7 @@ class RunConfig(Frozen):
 
     @model_validator(mode="after")
     def _worker_classes_in_catalog(self) -> RunConfig:
+        self.offered_workers()  # an inventory's bad host or class, a catalog with nothing to rent: now
         if not self.activation.catalog:
             return self
         classes = load_plan_config(self.activation.catalog).workers
@@ -323,9 +317,14 @@ class RunConfig(Frozen):
         return self
 
     def offered_workers(self) -> tuple[OfferedWorker, ...]:
-        """The local workers started on demand (`workers_started_on_demand`), as the coordinator
-        offers them to its activation controller at start: its first decision picks among them
-        unstarted."""
+        """The workers a releasable provider starts on demand (config.fleet_roster), as the
+        coordinator offers them to its activation controller at start: its first decision picks
+        among them unstarted. "ssh" and "skypilot": their whole roster; "local": the local
+        workers of `workers_started_on_demand`."""
+        a = self.activation
+        if a.provider in ("ssh", "skypilot"):
+            catalog = load_plan_config(a.catalog) if a.catalog else None
+            return remote_offers(a.provider, inventory_path=a.inventory, catalog=catalog)
         on_demand = self.workers_started_on_demand()
         configs = (self.workers.worker_config(i) for i in range(self.workers.count))
         return tuple(OfferedWorker(w.worker_id, w.price_per_hour, w.worker_class) for w in configs

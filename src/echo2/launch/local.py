@@ -9,6 +9,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -20,6 +21,7 @@ from echo2.coordinator.parts.credentials import OPERATOR, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress
+from echo2.launch.remote_fleet import REMOTE_PROVIDERS, FleetLoop, make_remote_fleet
 from echo2.report.finish import finish_run
 from echo2.report.metrics import MetricsTail, MetricsWriter
 from echo2.report.render import render_summary
@@ -55,8 +57,9 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     sinks = SinkFeeder(make_sinks(cfg), warn=lambda line: console.print(f"[yellow]{line}[/]"))
     signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill launcher` stops the children too
     signal.signal(signal.SIGINT, _raise_interrupt)
+    fleet: FleetSync | None = None
     try:
-        fleet = _start_roles(cfg, tokens, children)
+        fleet = _start_roles(cfg, tokens, children, warn=lambda line: console.print(f"[yellow]{line}[/]"))
         console.print(_dashboard_line(cfg), soft_wrap=True)  # a URL and a path: never wrapped
         _watch(cfg, children, fleet=fleet, console=console, tail=tail, sinks=sinks)
     except KeyboardInterrupt:
@@ -70,6 +73,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     finally:
         # workers first (they return their leases), then the learner, then the coordinator,
         # which writes the final counters once everyone has left
+        _close_remote_fleet(fleet, console)
         for role in ("worker-", "learner", "coordinator"):
             stop_children([c for c in children if c.name.startswith(role)])
         sinks.feed(tail.read_new())  # what the roles wrote as they stopped (the final counters)
@@ -111,9 +115,12 @@ def _dashboard_line(cfg: RunConfig) -> str:
     return f"dashboard: {url}/ (log in with the operator token in {where}); Prometheus: {url}/metrics"
 
 
-def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) -> FleetSync:
+def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child], *,
+                 warn: Callable[[str], None]) -> FleetSync:
     """Each child gets the secrets of its role only: workers the join token, the learner its own
-    and the join token (workers present it at its origin), the coordinator all three."""
+    and the join token (workers present it at its origin), the coordinator all three. With a
+    remote provider ("ssh", "skypilot") no local worker starts: the provider starts the workers
+    on its machines as the controller chooses them."""
     run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
     started_wall_s = time.time()  # a resumed run's metrics hold the last run's decisions too
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
@@ -124,6 +131,7 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
     url = _wait_for_coordinator(cfg.run_path, coordinator)
     metrics = str(cfg.run_path / "metrics.jsonl")
     index_of = _worker_indices(cfg)
+    activation = cfg.activation
 
     def start_worker(worker_id: str) -> Child:
         index = index_of[worker_id]
@@ -133,18 +141,32 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child]) 
         return child
 
     on_demand = cfg.workers_started_on_demand()  # the coordinator's first decision acquires them
-    workers = {worker_id: start_worker(worker_id) for worker_id in index_of if worker_id not in on_demand}
+    remote = activation.provider in REMOTE_PROVIDERS
+    workers = {worker_id: start_worker(worker_id) for worker_id in index_of
+               if worker_id not in on_demand and not remote}
     _spawn(children, "learner", ["learner", "--run-dir", run_dir, "--coordinator", url], logs=logs,
            env=learner_env, ranks=cfg.learner.ranks)
     _write_pids(cfg, children)
-    activation = cfg.activation
-    if activation.provider == "local":
-        provider: FleetProvider = LocalFleet(workers, start_worker,
+    if remote:
+        provider: FleetProvider = make_remote_fleet(cfg, coordinator_url=url, auth_token=tokens["ECHO2_AUTH_TOKEN"],
+                                                    warn=warn)
+    elif activation.provider == "local":
+        provider = LocalFleet(workers, start_worker,
                                              MetricsWriter(cfg.run_path / "metrics.jsonl", "launcher"),
                                              not_started=on_demand)
     else:
         provider = StaticFleet(set(workers))
     return FleetSync(provider, activation.release_after_s, since=started_wall_s)
+
+
+def _close_remote_fleet(fleet: FleetSync | None, console: Console) -> None:
+    """Release every machine a remote provider holds (its ledger's); say which could not be."""
+    close = getattr(fleet.provider, "close", None) if fleet is not None else None
+    if close is None:
+        return
+    for line in close(reason="shutdown"):
+        console.print(f"[red]still held, may still bill: {line}; `echo2 fleet down --all --run-dir ...` tries "
+                      "again[/]")
 
 
 def _worker_indices(cfg: RunConfig) -> dict[str, int]:
@@ -213,16 +235,13 @@ def _watch(cfg: RunConfig, children: list[Child], *, fleet: FleetSync, console: 
     index_of = _worker_indices(cfg)
     by_name = {c.name: c for c in children}
     reported: set[str] = set()
+    loop = FleetLoop(fleet, tail)
     with RunProgress(cfg, console) as progress:
         while True:
             progress.refresh_from(cfg.run_path / "metrics.jsonl")
-            records = tail.read_new()
-            for record in records:
-                fleet.observe(record, time.monotonic())
-            sinks.feed(records)
-            fleet.step(time.monotonic())
+            sinks.feed(loop.tick())
             # the current process of each worker; one its provider released exited on purpose
-            released = {f"worker-{index_of[w]}" for w in fleet.provider.released()}
+            released = {f"worker-{index_of[w]}" for w in fleet.provider.released() if w in index_of}
             workers = [c for c in {c.name: c for c in children}.values()
                        if c.name.startswith("worker-") and c.name not in released]
             learner_code = by_name["learner"].exit_code()

@@ -11,7 +11,7 @@ Each worker has its own cluster (`cluster_name(run id, worker id)`) running one 
                   │ tried again after `retry_after_s`
                   up, cluster gone (poll) + worker lost (observe) ──> down, "preempted", relaunch
 
-The fleet ledger (echo2.launch.ledger) gets each `acquiring` before SkyPilot is asked for the
+The fleet ledger (echo2.report.fleet_ledger) gets each `acquiring` before SkyPilot is asked for the
 machine and its `released` only once SkyPilot confirms the cluster is down (or gone): a
 machine whose down failed stays held, is tried again at each poll and at close, and is never
 acquired again until then (the ledger follows one machine per worker).
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from echo2.config.catalog import WorkerClass
-from echo2.launch.ledger import FleetLedger
 from echo2.launch.sky_api import ClusterGone, SkyApi, SkyTimeouts, cluster_states
 from echo2.launch.sky_task import WorkerLaunch, check_classes, cluster_name, task_for
+from echo2.report.fleet_ledger import FleetLedger
 from echo2.report.metrics import MetricsWriter
 
 __all__ = ["SkyPilotFleet", "SkyTimeouts", "WorkerLaunch", "cluster_name", "task_for"]

@@ -62,11 +62,15 @@ mkdir -p "$RUN" && cd "$RUN" || exit 25
 umask 077
 cat > "$ID.toml" || exit 22
 setsid "$VENV/bin/echo2" worker --coordinator "$URL" --config "$RUN/$ID.toml" >> "$RUN/$ID.log" 2>&1 < /dev/null &
+echo $! > "$ID.pid"
 echo $!
 """
 
+# PID 0: the ledger lost it (the launcher died between the start and its record): the start's
+# pid file beside the worker's config says it
 _ALIVE = r"""
 PID=$1 MARK=$2
+[ "$PID" = 0 ] && PID=$(cat "${MARK%.toml}.pid" 2>/dev/null || echo 0)
 alive() { [ -r "/proc/$PID/cmdline" ] && tr '\000' ' ' < "/proc/$PID/cmdline" | grep -qF -- "$MARK"; }
 """
 

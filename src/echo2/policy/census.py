@@ -23,7 +23,8 @@ class Census:
     measured: list[tuple[str, WorkerView]] = field(default_factory=list)
     """Candidates (live or released) with enough rate samples, by id: one offer each."""
     probation: list[str] = field(default_factory=list)
-    """Live workers not yet measured, in registration order (the tie-break among them)."""
+    """Candidates (live, or released: offered by a provider before any ran) not yet measured, in
+    registration order (the tie-break among them)."""
     current: dict[str, int] = field(default_factory=dict)
     """Measured candidates active now, in registration order (the set hysteresis keeps)."""
 
@@ -37,7 +38,7 @@ def take_census(workers: dict[str, WorkerView], min_samples: int) -> Census:
             census.measured.append((worker_id, view))
             if view.active:
                 census.current[worker_id] = 1
-        elif view.alive and not measured:
+        elif view.alive or view.released:  # released: its provider starts it when given a slot
             census.probation.append(worker_id)
     census.measured.sort(key=itemgetter(0))
     return census

@@ -293,8 +293,8 @@ class ActivationController:
         decision = self.planned.decide(self.workers, step_time_s=step_s, swap_s=swap_s, now=now,
                                        last_change_s=self.last_change, measured=self._measured,
                                        uninformative_share=self.uninformative_share)
-        probation = [w for w, v in self.workers.items()
-                     if v.alive and not self._measured(v) and not self.planned.knows(v.worker_class)]
+        probation = [w for w, v in self.workers.items()  # released: offered, started when given a slot
+                     if (v.alive or v.released) and not self._measured(v) and not self.planned.knows(v.worker_class)]
         if probation:
             trial = self._probation_trial(probation, self.cfg.probation_slots)
             decision.active |= trial

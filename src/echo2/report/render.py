@@ -38,6 +38,12 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         rejoined = f"{rejoin['p50']:.1f}/{rejoin['max']:.1f} s" if rejoin["n"] else "-"
         console.print(f"fleet: released {', '.join(fleet['released']) or '-'}; acquired "
                       f"{', '.join(fleet['acquired']) or '-'}; rejoin p50/max {rejoined}")
+    if fleet.get("billed_usd") is not None:
+        per_step, per_group = fleet.get("billed_usd_per_step"), fleet.get("billed_usd_per_group")
+        console.print(f"fleet billed ${fleet['billed_usd']:.4f} over {fleet['billed_s']:.0f} machine-s, boot included "
+                      f"(${'-' if per_step is None else f'{per_step:.4g}'}/step, "
+                      f"${'-' if per_group is None else f'{per_group:.4g}'}/group)"
+                      + (f"; still held: {', '.join(fleet['held_at_end'])}" if fleet["held_at_end"] else ""))
 
 
 def _metrics_table(summary: dict[str, Any]) -> Table:

@@ -24,6 +24,7 @@ import math
 from collections import Counter, deque
 from pathlib import Path
 
+from echo2.report.fleet_ledger import CachedLedger
 from echo2.report.metrics import MetricsTail
 from echo2.report.summary import utilization
 
@@ -90,9 +91,14 @@ class RunHistory:
         self.step_busy_s: dict[int, float] = {}
         self.recent_steps: dict[int, dict] = {}
         """The last UTILIZATION_WINDOW_STEPS train_step records, by step."""
+        self.ledger = CachedLedger(metrics_path.parent) if metrics_path else None
+        self.fleet_bill: dict = {}
+        """What the machines a remote provider rented have billed (its ledger, read with the metrics)."""
 
     def refresh(self) -> list[dict]:
         """Read what the file gained (blocking I/O: call off the event loop); `apply` the result."""
+        if self.ledger is not None:
+            self.fleet_bill = self.ledger.bill()
         return self.tail.read_new() if self.tail is not None else []
 
     async def follow(self, stop: asyncio.Event) -> None:

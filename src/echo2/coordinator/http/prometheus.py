@@ -64,6 +64,12 @@ def _run_metrics(view: dict) -> Iterator[Metric]:
     yield from _gauge("echo2_cost_dollars_per_hour", "What the run bills now: the learner and every rented worker",
                       view["cost"]["per_hour"])
     yield CounterMetricFamily("echo2_cost_dollars", "Billed since the run started", value=view["cost"]["total"])
+    bill = view["fleet_bill"]
+    if bill:
+        yield CounterMetricFamily("echo2_fleet_billed_dollars", "What the machines a remote provider rented have "
+                                  "billed, from acquire to release, boot included (its ledger)",
+                                  value=bill["billed_usd"])
+        yield from _gauge("echo2_fleet_machines_held", "Machines the provider holds now", len(bill["held_at_end"]))
     yield from _gauge("echo2_uninformative_share_ratio", "Share of scored groups dropped as uninformative (every "
                       "reward equal: never trained, their prompts refilled)", view["uninformative_share"])
     counters = dict(view["counters"])

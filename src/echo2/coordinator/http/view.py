@@ -103,6 +103,9 @@ def run_view(state: CoordinatorState, history: RunHistory) -> dict[str, Any]:
         # the controller's billing rule: a rented machine costs the same idle, a released one nothing
         "cost": {"per_hour": state.controller.price_per_hour_now(), "total": snap["cost"]["cost_total"]},
         "required_rps": snap["cost"]["required_rps"],
+        # the machines a remote provider rented, from acquire to release, boot included
+        "fleet_bill": {k: history.fleet_bill[k] for k in ("billed_usd", "billed_s", "held_at_end")
+                       if k in history.fleet_bill},
         "decisions": list(reversed(history.decisions)),
         "broadcast": _tree(state),
     })

@@ -152,7 +152,9 @@ function render(state) {
   setText("uninformative", state.uninformative_share === null ? String(dropped)
     : `${dropped} (${(state.uninformative_share * 100).toFixed(1)}% of scored)`);
   setText("fleet", `${state.workers_active} / ${state.workers_live}`);
-  setText("cost", `$${fmt(state.cost.per_hour, 2)}/h, $${fmt(state.cost.total, 4)} so far`);
+  const bill = state.fleet_bill;
+  setText("cost", `$${fmt(state.cost.per_hour, 2)}/h, $${fmt(state.cost.total, 4)} so far`
+    + (bill.billed_usd === undefined ? "" : `; machines billed $${fmt(bill.billed_usd, 4)} (${bill.held_at_end.length} held)`));
   lineChart("chart-reward", state.curves.reward, null, "no step trained yet");
   lineChart("chart-accuracy", state.curves.accuracy, [0, 1], "no evaluation yet");
   lineChart("chart-utilization", state.curves.utilization, [0, 1], "no step trained yet");

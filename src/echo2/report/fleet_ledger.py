@@ -52,10 +52,11 @@ class FleetLedger:
         self.path = Path(run_path) / LEDGER_NAME
 
     def acquiring(self, worker_id: str, *, provider: str, machine: str, worker_class: str,
-                  price_per_hour: float) -> None:
-        """Recorded before the machine is asked for: from here on it may bill."""
+                  price_per_hour: float, **details: object) -> None:
+        """Recorded before the machine is asked for: from here on it may bill. `details`: what a
+        release needs should the start's own record never be written (a host's address)."""
         self._append({"event": "acquiring", "worker_id": worker_id, "provider": provider, "machine": machine,
-                      "worker_class": worker_class, "price_per_hour": price_per_hour})
+                      "worker_class": worker_class, "price_per_hour": price_per_hour, "details": details})
 
     def started(self, worker_id: str, **details: object) -> None:
         """The worker is running; `details` is what its release needs (a PID, a cluster name)."""
@@ -72,7 +73,8 @@ class FleetLedger:
             worker_id = record["worker_id"]
             if record["event"] == "acquiring":
                 held[worker_id] = Holding(worker_id, record["provider"], record["machine"], record["worker_class"],
-                                          float(record["price_per_hour"]), record["time"])
+                                          float(record["price_per_hour"]), record["time"],
+                                          dict(record.get("details", {})))
             elif worker_id in held and record["event"] == "started":
                 held[worker_id].details.update(record["details"])
             elif worker_id in held and record["event"] == "released":
@@ -86,9 +88,26 @@ class FleetLedger:
     def billed_usd(self, now: float | None = None) -> float:
         """Every acquire's billed dollars, from acquire to release (or `now`)."""
         now = time.time() if now is None else now
-        return sum(h.billed_usd(now) for h in self._all_acquires())
+        return sum(h.billed_usd(now) for h in self.spans())
 
-    def _all_acquires(self) -> list[Holding]:
+    def bill(self, now: float | None = None) -> dict:
+        """What the fleet billed: dollars and seconds in all and by worker (every acquire, boot
+        included), and how many acquires; empty when nothing was ever acquired."""
+        now = time.time() if now is None else now
+        by_worker: dict[str, dict] = {}
+        for span in self.spans():
+            entry = by_worker.setdefault(span.worker_id, {"worker_class": span.worker_class, "machine": span.machine,
+                                                          "billed_s": 0.0, "billed_usd": 0.0, "acquires": 0})
+            entry["billed_s"] += span.billed_s(now)
+            entry["billed_usd"] += span.billed_usd(now)
+            entry["acquires"] += 1
+        if not by_worker:
+            return {}
+        return {"billed_usd": sum(e["billed_usd"] for e in by_worker.values()),
+                "billed_s": sum(e["billed_s"] for e in by_worker.values()),
+                "held_at_end": sorted(self.held()), "billed_by_worker": dict(sorted(by_worker.items()))}
+
+    def spans(self) -> list[Holding]:
         """Each acquire separately (a worker released and acquired again bills twice)."""
         spans: list[Holding] = []
         for record in self._records():
@@ -119,3 +138,22 @@ class FleetLedger:
             except json.JSONDecodeError:  # a line cut short by a crash mid-write: the rest still counts
                 continue
         return records
+
+
+class CachedLedger(FleetLedger):
+    """A ledger read again only when its file changed: the dashboard and /metrics ask every
+    second, and a large fleet's ledger holds thousands of lines."""
+
+    def __init__(self, run_path: Path) -> None:
+        super().__init__(run_path)
+        self.seen: tuple[int, int] | None = None
+        self.cached: list[dict] = []
+
+    def _records(self) -> list[dict]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if (stat.st_size, stat.st_mtime_ns) != self.seen:
+            self.seen, self.cached = (stat.st_size, stat.st_mtime_ns), super()._records()
+        return self.cached
