@@ -36,10 +36,13 @@ class Sshd:
     known_hosts: Path
     """Empty: the host is unknown until added (`trust()`)."""
     host_key_pub: Path
+    pid: int = 0
+    """The sshd's own PID (`ip netns exec` execs it: the same process)."""
 
     def trust(self) -> None:
         line = self.host_key_pub.read_text().split()
-        self.known_hosts.write_text(f"[{self.address}]:{self.port} {line[0]} {line[1]}\n")
+        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"  # OpenSSH's own form
+        self.known_hosts.write_text(f"{name} {line[0]} {line[1]}\n")
 
 
 def _keygen(path: Path) -> None:
@@ -72,7 +75,7 @@ def running_sshd(workdir: Path, *, address: str = "127.0.0.1", exec_prefix: list
     try:
         _wait_listening(address, port, proc, exec_prefix)
         yield Sshd(address, port, workdir / "user", workdir / "other", workdir / "known_hosts",
-                   workdir / "host.pub")
+                   workdir / "host.pub", proc.pid)
     finally:
         proc.terminate()
         try:

@@ -100,6 +100,7 @@ class SshFleet:
         self.host_locks = {host.name: threading.Lock() for host in inventory.hosts}
         self.release_lock = threading.Lock()
         self.built: Release | None = None
+        self.warned: dict[str, str] = {}  # host name -> the last line said about it
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ssh-fleet")
         self.lock = threading.Lock()  # the workers' state, the ledger's and the metrics' writes
         self.jobs: set[Future] = set()
@@ -265,7 +266,10 @@ class SshFleet:
             worker.retry_at = self.clock() + self.timings.retry_after_s
             self._metric("worker_acquire_failed", worker_id=worker.worker_id, host=worker.host.name, failure=kind,
                          error=line, retry_after_s=self.timings.retry_after_s, provider=PROVIDER)
-        self.warn(line)
+            repeated = self.warned.get(worker.host.name) == line
+            self.warned[worker.host.name] = line
+        if not repeated:  # said once per host until it changes; every retry is in the metrics
+            self.warn(line)
 
     def _stop_job(self, worker: SshWorker) -> None:
         with worker.busy:
