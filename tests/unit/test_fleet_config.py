@@ -99,3 +99,18 @@ def test_fleet_status_states_and_down_refuses_an_unknown_id(tmp_path):
     with pytest.raises(ValueError, match=r"not held .*: c-0, zz \(held: a-0, b-0\)"):
         release_held(tmp_path, ["c-0", "zz"])
     assert set(FleetLedger(tmp_path).held()) == {"a-0", "b-0"}  # nothing was touched
+
+
+def test_the_run_progress_shows_the_machines_still_booting():
+    import io
+
+    from rich.console import Console
+
+    from echo2.launch.progress import RunProgress
+
+    progress = RunProgress(RunConfig(), Console(file=io.StringIO(), width=200))
+    progress.show_booting({"a-0": 12.4, "b-0": 3.0})
+    assert progress.fields["booting"] == "  booting 2 (longest 12 s: a-0)"
+    assert "booting 2 (longest 12 s: a-0)" in str(progress.progress.columns[3].render(progress.progress.tasks[0]))
+    progress.show_booting({})
+    assert progress.fields["booting"] == ""

@@ -312,3 +312,28 @@ def test_the_sdk_gives_up_on_a_request_and_cancels_it(monkeypatch):
     monkeypatch.setattr(sky, "get", missing)
     with pytest.raises(ClusterGone):
         SkySdk().get("req-2", timeout_s=1)
+
+
+def test_a_run_with_provider_skypilot_rents_the_catalog_classes_cheapest_first(run_dir):
+    """`echo2 run --provider skypilot`'s fleet (launch.remote_fleet): `count` workers of each
+    class with a SkyPilot table, each class falling back to the others cheapest first, every task
+    through SkyPilot's parser, the ledger in the run dir."""
+    from echo2.config.run import RunConfig
+    from echo2.launch.remote_fleet import make_remote_fleet
+
+    catalog = Path(__file__).resolve().parents[2] / "configs" / "catalog" / "skypilot_example.toml"
+    cfg = RunConfig(run_dir=str(run_dir), activation={"provider": "skypilot", "catalog": str(catalog)})
+    api = RecordingSky(FleetLedger(run_dir), failing={"g24_spot"})
+    fleet = make_remote_fleet(cfg, coordinator_url="http://10.0.0.5:8470", auth_token=TOKEN, warn=print,
+                              sky_api=api, echo2_spec="echo2==0.1.0")
+    try:
+        assert fleet.worker_ids() == {o.worker_id for o in cfg.offered_workers()}
+        prices = {c: w.price_per_hour for c, w in fleet.catalog.items() if w.skypilot is not None}
+        assert fleet.fallbacks["g24_spot"] == sorted(set(prices) - {"g24_spot"}, key=prices.get)
+        fleet.acquire("g24_spot-0")  # no g24 capacity: the next cheapest class comes up
+        assert fleet.settle(10)
+        held = FleetLedger(run_dir).held()
+        assert list(held) == ["g24_spot-0"] and held["g24_spot-0"].worker_class == fleet.fallbacks["g24_spot"][0]
+    finally:
+        assert fleet.close() == []
+    assert FleetLedger(run_dir).held() == {}

@@ -240,6 +240,9 @@ def _watch(cfg: RunConfig, children: list[Child], *, fleet: FleetSync, console: 
         while True:
             progress.refresh_from(cfg.run_path / "metrics.jsonl")
             sinks.feed(loop.tick())
+            booting = getattr(fleet.provider, "booting", None)  # a remote fleet's machines coming up
+            if booting is not None:
+                progress.show_booting(booting())
             # the current process of each worker; one its provider released exited on purpose
             released = {f"worker-{index_of[w]}" for w in fleet.provider.released() if w in index_of}
             workers = [c for c in {c.name: c for c in children}.values()

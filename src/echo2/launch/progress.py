@@ -15,13 +15,13 @@ class RunProgress:
     def __init__(self, cfg: RunConfig, console: Console) -> None:
         self.total = cfg.train.steps
         self.tail: MetricsTail | None = None
-        self.fields = {"reward": "-", "acc": "-", "stale": "-", "wait": "-"}
+        self.fields = {"reward": "-", "acc": "-", "stale": "-", "wait": "-", "booting": ""}
         self.progress = Progress(
             TextColumn("[bold]learner step"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("reward {task.fields[reward]}  held-out acc {task.fields[acc]}  "
-                       "staleness max {task.fields[stale]}  wait {task.fields[wait]}s"),
+                       "staleness max {task.fields[stale]}  wait {task.fields[wait]}s{task.fields[booting]}"),
             TimeElapsedColumn(),
             console=console,
         )
@@ -33,6 +33,14 @@ class RunProgress:
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()
+
+    def show_booting(self, booting: dict[str, float]) -> None:
+        """A remote fleet's machines acquired and not registered yet: how many, the longest wait."""
+        text = (f"  booting {len(booting)} (longest {max(booting.values()):.0f} s: {max(booting, key=booting.get)})"
+                if booting else "")
+        if text != self.fields["booting"]:
+            self.fields["booting"] = text
+            self.progress.update(self.task, **self.fields)
 
     def refresh_from(self, path: Path) -> None:
         """Apply the records written since the last call."""

@@ -49,9 +49,10 @@ def worker_fields(cfg: RunConfig) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def make_remote_fleet(cfg: RunConfig, *, coordinator_url: str, auth_token: str,
-                      warn: Callable[[str], None]) -> RemoteFleet:
-    """The run's ssh or skypilot provider; its ledger is the run dir's."""
+def make_remote_fleet(cfg: RunConfig, *, coordinator_url: str, auth_token: str, warn: Callable[[str], None],
+                      sky_api: Any = None, echo2_spec: str | None = None) -> RemoteFleet:
+    """The run's ssh or skypilot provider; its ledger is the run dir's. `sky_api` (default:
+    SkyPilot's SDK) and `echo2_spec` (default: this echo2's wheel) are for "skypilot"."""
     a = cfg.activation
     url = a.coordinator_url or coordinator_url
     ledger = FleetLedger(cfg.run_path)
@@ -66,12 +67,13 @@ def make_remote_fleet(cfg: RunConfig, *, coordinator_url: str, auth_token: str,
                            worker_fields=worker_fields(cfg))
         return SshFleet(load_inventory(a.inventory), launch, ledger, metrics, warn=warn)
     if a.provider == "skypilot":
-        return _skypilot_fleet(cfg, url=url, auth_token=auth_token, ledger=ledger, metrics=metrics, run_id=run_id)
+        return _skypilot_fleet(cfg, url=url, auth_token=auth_token, ledger=ledger, metrics=metrics, run_id=run_id,
+                               sky_api=sky_api, echo2_spec=echo2_spec)
     raise ValueError(f"activation.provider {a.provider!r} is not a remote provider ({', '.join(REMOTE_PROVIDERS)})")
 
 
 def _skypilot_fleet(cfg: RunConfig, *, url: str, auth_token: str, ledger: FleetLedger, metrics: MetricsWriter,
-                    run_id: str) -> RemoteFleet:
+                    run_id: str, sky_api: Any, echo2_spec: str | None) -> RemoteFleet:
     try:
         from echo2.launch.sky_api import SkySdk
         from echo2.launch.skypilot import SkyPilotFleet, WorkerLaunch
@@ -83,10 +85,10 @@ def _skypilot_fleet(cfg: RunConfig, *, url: str, auth_token: str, ledger: FleetL
     offers = skypilot_offers(catalog)
     classes = sorted({o.worker_class for o in offers}, key=lambda c: catalog.workers[c].price_per_hour)
     fallbacks = {c: [other for other in classes if other != c] for c in classes}  # cheapest first
-    wheel = coordinator_release(Path(cfg.cache_dir)).wheel
-    launch = WorkerLaunch(coordinator_url=url, echo2_spec=str(wheel), worker_fields=worker_fields(cfg),
+    spec = echo2_spec or str(coordinator_release(Path(cfg.cache_dir)).wheel)
+    launch = WorkerLaunch(coordinator_url=url, echo2_spec=spec, worker_fields=worker_fields(cfg),
                           auth_token=auth_token)
-    return SkyPilotFleet(SkySdk(), ledger, metrics, run_id=run_id, catalog=dict(catalog.workers),
+    return SkyPilotFleet(sky_api or SkySdk(), ledger, metrics, run_id=run_id, catalog=dict(catalog.workers),
                          workers={o.worker_id: o.worker_class for o in offers}, launch=launch, fallbacks=fallbacks)
 
 

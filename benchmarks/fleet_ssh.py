@@ -1,0 +1,165 @@
+"""The ssh fleet's bill: the same run over hosts reached by SSH (real sshds on loopback, root),
+once with online activation (the controller releases the workers it does not need, and acquires
+them again on demand) and once with every host held for the whole run. Prints JSON.
+
+    python benchmarks/fleet_ssh.py run --mode online --seed 0     # one run (a few minutes)
+    python benchmarks/fleet_ssh.py run --mode held --seed 0
+    python benchmarks/fleet_ssh.py report > benchmarks/results/fleet_ssh.json
+
+The hosts are priced and paced as classes of configs/catalog/example.toml: each host's price is
+its class's, and its worker is slowed (worker.slowdown) so that the workers' speeds keep the
+classes' tokens/s proportions (the H100 at full speed). Together they offer more than the
+learner needs. Each run is configs/demo.toml's job (the tiny model, 2-digit addition) with the
+workers on the hosts instead of local processes. For each run: what the fleet billed (billed
+seconds x price, from acquire to release, boot included, from the run's ledger) per learner step
+and per trained group, learner utilization and held-out accuracy; the report pairs the modes seed
+by seed and states the goal (online: at least 30% lower billed $/step, learner utilization within
+5 points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.runs import to_toml  # noqa: E402
+from tests.sshd import running_sshd, sshd_unavailable_reason  # noqa: E402
+
+from echo2.config.catalog import load_plan_config  # noqa: E402
+from echo2.config.inventory import load_inventory  # noqa: E402
+from echo2.launch.ssh_client import SshClient  # noqa: E402
+from echo2.launch.ssh_host import ensure_installed  # noqa: E402
+from echo2.launch.wheel import coordinator_release  # noqa: E402
+
+CATALOG = ROOT / "configs" / "catalog" / "example.toml"
+CONFIG = ROOT / "configs" / "demo.toml"
+WORK = ROOT / "runs" / "fleet_ssh"
+RESULTS = WORK / "results"
+HOSTS = [("h100", "h100_spot"), ("a100", "a100_spot"), ("l40s", "l40s_spot"), ("rtx4090-a", "rtx4090_dc"),
+         ("rtx4090-b", "rtx4090_dc")]
+STEPS = 150
+RUN_TIMEOUT_S = 900
+SAVING_GOAL, UTILIZATION_POINTS = 0.30, 0.05
+
+
+def host_classes() -> list[dict]:
+    """Each host: its class's price, and a slowdown that keeps the classes' tokens/s proportions."""
+    catalog = load_plan_config(CATALOG).workers
+    fastest = max(catalog[c].tokens_per_s for _, c in HOSTS)
+    return [{"name": name, "worker_class": cls, "price_per_hour": catalog[cls].price_per_hour,
+             "worker": {"slowdown": round(fastest / catalog[cls].tokens_per_s, 3)}} for name, cls in HOSTS]
+
+
+def write_inventory(path: Path, sshds: list, work: Path) -> Path:
+    hosts = [{**entry, "address": sshd.address, "port": sshd.port, "key_file": str(sshd.user_key),
+              "known_hosts_file": str(sshd.known_hosts), "python": sys.executable,
+              "work_dir": str(work / entry["name"]), "min_free_mb": 1}
+             for entry, sshd in zip(host_classes(), sshds, strict=True)]
+    path.write_text(to_toml({"hosts": hosts}))
+    return path
+
+
+def preinstall(inventory: Path) -> None:
+    """Install this echo2 on every host before the runs, so neither mode pays the first install."""
+    release = coordinator_release(WORK / "cache")
+    for host in load_inventory(inventory).hosts:
+        ensure_installed(SshClient(host), release)
+
+
+def one_run(mode: str, seed: int, steps: int) -> dict:
+    reason = sshd_unavailable_reason()
+    if reason:
+        raise SystemExit(f"fleet_ssh needs real sshds: {reason}")
+    name = f"{mode}_s{seed}"
+    run_dir = WORK / name
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    with contextlib.ExitStack() as stack:
+        sshds = [stack.enter_context(running_sshd(WORK / "sshd" / h)) for h, _ in HOSTS]
+        for sshd in sshds:
+            sshd.trust()
+        inventory = write_inventory(WORK / "hosts.toml", sshds, WORK / "hosts")
+        preinstall(inventory)
+        overrides = [f"run_dir=\"{run_dir}\"", f"cache_dir=\"{WORK / 'cache'}\"", f"seed={seed}",
+                     f"train.steps={steps}", f"train.eval_every={steps}", "train.checkpoint_every=100000",
+                     "report.plots=false", "report.tensorboard=false", "activation.release_after_s=5.0",
+                     f"activation.enabled={'true' if mode == 'online' else 'false'}"]
+        args = [sys.executable, "-m", "echo2", "run", "--config", str(CONFIG), "--provider", "ssh", "--inventory",
+                str(inventory), *[a for o in overrides for a in ("--set", o)]]
+        started = time.time()
+        with open(WORK / f"{name}.log", "wb") as log:
+            done = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S,
+                                  env={**os.environ, "COLUMNS": "160"})
+        wall_s = time.time() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed ({done.returncode}): see {WORK / f'{name}.log'}")
+    return measured(mode, seed, run_dir, wall_s)
+
+
+def measured(mode: str, seed: int, run_dir: Path, wall_s: float) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    fleet = summary["fleet"]
+    return {
+        "mode": mode, "seed": seed, "steps": summary["steps"], "wall_s": round(wall_s, 1),
+        "billed_usd": fleet["billed_usd"], "billed_machine_s": fleet["billed_s"],
+        "billed_usd_per_step": fleet["billed_usd_per_step"], "billed_usd_per_group": fleet["billed_usd_per_group"],
+        "groups_trained": fleet["groups_trained"],
+        "learner_utilization": summary["learner_utilization"],
+        "learner_utilization_steady": summary["learner_utilization_steady"],
+        "accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
+        "billed_by_worker": {w: {"class": b["worker_class"], "billed_s": round(b["billed_s"], 1),
+                                 "billed_usd": b["billed_usd"], "acquires": b["acquires"]}
+                             for w, b in fleet["billed_by_worker"].items()},
+        "released": summary["fleet"]["released"], "acquired": summary["fleet"]["acquired"],
+        "boot_s": summary["fleet"]["rejoin_s"],
+    }
+
+
+def report() -> dict:
+    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    by = {(r["mode"], r["seed"]): r for r in runs}
+    pairs = []
+    for seed in sorted({s for m, s in by if m == "online" and ("held", s) in by}):
+        online, held = by["online", seed], by["held", seed]
+        saving = 1 - online["billed_usd_per_step"] / held["billed_usd_per_step"]
+        points = online["learner_utilization"] - held["learner_utilization"]
+        pairs.append({"seed": seed, "saving_per_step": round(saving, 4),
+                      "saving_per_group": round(1 - online["billed_usd_per_group"] / held["billed_usd_per_group"], 4),
+                      "utilization_points": round(points, 4),
+                      "goal_met": saving >= SAVING_GOAL and abs(points) <= UTILIZATION_POINTS})
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return {"benchmark": "fleet_ssh", "commit": commit, "hosts": host_classes(), "steps": STEPS,
+            "goal": {"saving_per_step_at_least": SAVING_GOAL, "utilization_within_points": UTILIZATION_POINTS},
+            "pairs": pairs, "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    actions = parser.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run")
+    run.add_argument("--mode", choices=["online", "held"], required=True)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--steps", type=int, default=STEPS)
+    actions.add_parser("report")
+    args = parser.parse_args()
+    if args.action == "report":
+        print(json.dumps(report(), indent=2))
+        return
+    WORK.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = one_run(args.mode, args.seed, args.steps)
+    (RESULTS / f"{args.mode}_s{args.seed}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
