@@ -146,3 +146,29 @@ def test_after_a_sigkill_of_the_launcher_fleet_down_stops_every_worker(sshds, tm
     status = subprocess.run([sys.executable, "-m", "echo2", "fleet", "status", "--run-dir", str(run_dir)],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "0 held, 3 released" in status.stdout, status.stdout
+
+
+def test_fleet_up_beside_a_coordinator_started_by_hand_runs_and_releases_the_fleet(sshds, tmp_path):
+    """The multi-machine recipe with the ssh provider: `echo2 prepare`, `echo2 coordinator` and
+    `echo2 learner` by hand, and `echo2 fleet up` beside them starting the inventory's workers
+    and, once the learner is done, stopping every one."""
+    a, _ = sshds
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(to_toml({"hosts": [host_entry(a, "box", tmp_path / "box", workers_per_host=2)]}))
+    cfg = small_run_config(tmp_path / "by-hand", train={"steps": 30, "max_staleness": 2},
+                           activation={"provider": "ssh", "inventory": str(inventory)})
+    config = write_config(tmp_path / "run.toml", cfg)
+    run_dir = str(cfg.run_path)
+    with processes() as start:
+        prepared = start(["prepare", "--config", str(config)], tmp_path / "prepare.log")
+        assert prepared.wait(timeout=300) == 0, (tmp_path / "prepare.log").read_text()[-2000:]
+        coordinator = start(["coordinator", "--run-dir", run_dir], tmp_path / "coordinator.log")
+        wait_for(lambda: (cfg.run_path / "coordinator.json").is_file(), 60, "the coordinator", alive=coordinator)
+        fleet = start(["fleet", "up", "--run-dir", run_dir], tmp_path / "fleet.log")
+        learner = start(["learner", "--run-dir", run_dir], tmp_path / "learner.log")
+        assert learner.wait(timeout=240) == 0, (tmp_path / "learner.log").read_text()[-2000:]
+        assert fleet.wait(timeout=120) == 0, (tmp_path / "fleet.log").read_text()[-2000:]
+    assert "the learner is done: releasing the fleet" in (tmp_path / "fleet.log").read_text()
+    holdings = FleetLedger(cfg.run_path).holdings()
+    assert set(holdings) == {"box-0", "box-1"} and FleetLedger(cfg.run_path).held() == {}
+    assert not any(pid_alive(int(h.details["pid"])) for h in holdings.values())

@@ -114,3 +114,13 @@ def test_the_run_progress_shows_the_machines_still_booting():
     assert "booting 2 (longest 12 s: a-0)" in str(progress.progress.columns[3].render(progress.progress.tasks[0]))
     progress.show_booting({})
     assert progress.fields["booting"] == ""
+
+
+def test_a_paced_learner_idles_in_proportion_to_its_compute():
+    from echo2.learner.step import emulate_slower_learner
+
+    started = time.perf_counter()
+    emulate_slower_learner(1.0, 5.0)  # unpaced: no idling at all
+    assert time.perf_counter() - started < 0.05
+    emulate_slower_learner(3.0, 0.1)  # two more computes' worth
+    assert 0.2 <= time.perf_counter() - started < 0.5

@@ -101,7 +101,9 @@ def _up(args: argparse.Namespace) -> int:
     fleet = make_remote_fleet(cfg, coordinator_url=url, auth_token=token,
                               warn=lambda line: console.print(f"[yellow]{line}[/]"))
     tail = MetricsTail(cfg.run_path / "metrics.jsonl")
-    loop = FleetLoop(FleetSync(fleet, cfg.activation.release_after_s, since=time.time()), tail)
+    # the whole record from the start: the coordinator decided before this process started, and
+    # only writes a decision again when it changes (a resumed run's old ones are superseded in order)
+    loop = FleetLoop(FleetSync(fleet, cfg.activation.release_after_s), tail)
     signal.signal(signal.SIGTERM, _interrupt)
     console.print(f"fleet up: {cfg.activation.provider} provider for {cfg.run_path}; Ctrl-C releases everything")
     try:

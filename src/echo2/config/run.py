@@ -222,6 +222,10 @@ class LearnerConfig(Frozen):
     """What the learner's machine costs, for the run's cost accounting."""
     request_timeout_s: float = Field(60.0, gt=0)
     """Timeout of one control request to the coordinator (a batch long-poll adds its wait)."""
+    slowdown: float = Field(1.0, ge=1.0, le=1000.0)
+    """EMULATION ONLY: each step idles (slowdown - 1) x its compute time, counted as step time, as a
+    slower learner (a larger model) would: benchmarks pace a one-machine run's learner against its
+    paced workers (worker.slowdown) in a catalog's proportions."""
 
 
 class LocalWorkersConfig(Frozen):

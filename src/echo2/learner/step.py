@@ -83,6 +83,12 @@ def train_step(
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
 
 
+def emulate_slower_learner(slowdown: float, compute_s: float) -> None:
+    """learner.slowdown (EMULATION ONLY): idle (slowdown - 1) x the step's compute, inside the step."""
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * compute_s)
+
+
 def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,
              max_new_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
     """Each completion's advantage and weight in the loss (the objective's, over the tokens the

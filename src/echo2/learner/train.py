@@ -30,7 +30,7 @@ from echo2.learner.distributed import init_ranks
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
 from echo2.learner.samples import sample_rows
-from echo2.learner.step import train_step
+from echo2.learner.step import emulate_slower_learner, train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
 from echo2.models.env_evaluation import evaluate_episodes
 from echo2.models.evaluation import evaluate
@@ -200,6 +200,7 @@ class Learner:
                                ref_model=self.ref_model, precision=self.precision,
                                audit_tolerance=self.auditor.tolerance, ranks=self.ranks,
                                max_new_tokens=cfg.sampling.max_new_tokens, max_staleness=cfg.train.max_staleness)
+            emulate_slower_learner(cfg.learner.slowdown, time.perf_counter() - started)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))
