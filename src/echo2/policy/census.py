@@ -15,6 +15,7 @@ import heapq
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from echo2.policy.credit import checked
 from echo2.policy.worker_view import WorkerView
 
 
@@ -29,11 +30,12 @@ class Census:
     """Measured candidates active now, in registration order (the set hysteresis keeps)."""
 
 
-def take_census(workers: dict[str, WorkerView], min_samples: int) -> Census:
-    """`workers` sorted into a decision's parts; measured means `min_samples` rate samples."""
+def take_census(workers: dict[str, WorkerView], min_samples: int, min_passed_audits: int = 0) -> Census:
+    """`workers` sorted into a decision's parts; measured means `min_samples` rate samples and
+    `min_passed_audits` of its groups passed by the audit (policy.credit.checked)."""
     census = Census()
     for worker_id, view in workers.items():
-        measured = view.rollouts_per_s.samples >= min_samples
+        measured = checked(view, min_samples, min_passed_audits)
         if measured and (view.alive or view.released):
             census.measured.append((worker_id, view))
             if view.active:

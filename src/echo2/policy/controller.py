@@ -34,7 +34,7 @@ from echo2.planner import (
     swapped_lateness_s,
 )
 from echo2.policy.census import probation_trial, take_census
-from echo2.policy.credit import audit_credit, capped_offers
+from echo2.policy.credit import audit_credit, capped_offers, checked
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
 from echo2.policy.rewards import measured_uninformative_share
@@ -49,11 +49,14 @@ MIN_SAMPLE_BUSY_S = 0.05
 class ActivationController:
     def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
                  learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None,
-                 max_masked_fraction: float = 0.5) -> None:
+                 max_masked_fraction: float = 0.5, min_passed_audits: int = 0) -> None:
         """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
         that declare a class in it are chosen by the planner's model (`policy.planned`).
-        `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen."""
+        `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen.
+        `min_passed_audits`: passed audits before a worker's rate counts (`policy.credit.checked`;
+        0 where nothing is audited)."""
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
+        self.min_passed_audits = min_passed_audits
         self.planned = None if catalog is None else PlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
         self.learner_price_per_hour = learner_price_per_hour
         self.workers: dict[str, WorkerView] = {}
@@ -247,7 +250,7 @@ class ActivationController:
         self.account(now)
         if self._planning():
             return self._apply(self._decide_planned(now), now)
-        census = take_census(self.workers, self.cfg.min_samples)
+        census = take_census(self.workers, self.cfg.min_samples, self.min_passed_audits)
         offers = self._offers(census.measured)
         probation, current = census.probation, census.current
         required = self.required_rps()
@@ -347,7 +350,7 @@ class ActivationController:
         return covers(rate, required) and now - self.last_change < self.cfg.scale_down_after_s
 
     def _measured(self, view: WorkerView) -> bool:
-        return view.rollouts_per_s.samples >= self.cfg.min_samples
+        return checked(view, self.cfg.min_samples, self.min_passed_audits)
 
     def _offers(self, measured: list[tuple[str, WorkerView]]) -> list[Offer]:
         """One offer per measured worker that is live or released (its provider can acquire it

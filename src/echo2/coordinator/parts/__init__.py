@@ -20,6 +20,7 @@ from echo2.coordinator.records.store import Store
 from echo2.coordinator.scoring.limits import ScoringLimits
 from echo2.coordinator.scoring.scorer import Scorer
 from echo2.policy.controller import ActivationController
+from echo2.policy.credit import MIN_PASSED_AUDITS
 
 
 class Parts:
@@ -62,7 +63,9 @@ def _controller(cfg: RunConfig, *, now: float) -> ActivationController:
     controller = ActivationController(cfg.activation, batch_rollouts=cfg.batch_rollouts,
                                       max_staleness=cfg.train.max_staleness,
                                       learner_price_per_hour=cfg.learner.price_per_hour, now=now,
-                                      catalog=cfg.activation_plan(), max_masked_fraction=cfg.train.max_masked_fraction)
+                                      catalog=cfg.activation_plan(), max_masked_fraction=cfg.train.max_masked_fraction,
+                                      # rates count once the audit has checked some work (the audit off: as measured)
+                                      min_passed_audits=MIN_PASSED_AUDITS if cfg.audit.enabled else 0)
     for offered in cfg.offered_workers():
         controller.offer(*offered)
     return controller
