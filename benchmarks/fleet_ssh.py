@@ -142,7 +142,8 @@ def measured(mode: str, seed: int, run_dir: Path, wall_s: float) -> dict:
 def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
     """The same fleet for `echo2 sim`, from what the online run measured: the learner's step time,
     each host's rollouts/s (the controller's own estimates, median over the run) and boot time
-    (acquire to registration), with the hosts' prices and the run's activation settings."""
+    (acquire to registration, median over its acquires), with the hosts' prices and the run's
+    activation settings."""
     cfg = json.loads((run_dir / "config.json").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if r["kind"] == "train_step" and r["step"] >= 1]
@@ -151,14 +152,19 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
         if r["kind"] == "activation" and r["role"] == "coordinator":
             for worker_id, rate in (r.get("estimates_rps") or {}).items():
                 estimates.setdefault(worker_id, []).append(rate)
-    boot = {r["worker_id"]: r["rejoin_s"] for r in reversed(rows) if r["kind"] == "worker_rejoined"}
+    boots: dict[str, list[float]] = {}
+    for r in rows:
+        if r["kind"] == "worker_rejoined":
+            boots.setdefault(r["worker_id"], []).append(r["rejoin_s"])
     workers = {}
     for entry in host_classes():
         worker_id = f"{entry['name']}-0"
         workers[entry["name"]] = {
             "count": 1, "price_per_hour": entry["price_per_hour"], "bandwidth_bps": 1e10,
             "rollouts_per_s": statistics.median(estimates[worker_id]),
-            "start_delay_s": boot.get(worker_id, 0.0), "tasks_per_lease": cfg["workers"]["worker"]["tasks_per_lease"],
+            # every acquire boots (the first one too), billed from the acquire
+            "start_delay_s": statistics.median(boots[worker_id]), "boot_s": statistics.median(boots[worker_id]),
+            "tasks_per_lease": cfg["workers"]["worker"]["tasks_per_lease"],
         }
     a = cfg["activation"]
     step_s = [r["train_s"] + r["publish_s"] for r in steps]

@@ -72,3 +72,33 @@ def test_a_preempted_active_worker_is_replaced_by_a_spare_of_its_class():
     rented_at_start = result.fleet["cheap"]
     joined = [w for w in result.to_dict(per_worker=True)["per_worker"] if w["class"] == "cheap" and w["billed_s"] > 0]
     assert len(joined) > rented_at_start  # spares took the preempted workers' places
+
+
+def test_a_machine_bills_its_boot_and_registers_only_once_booted():
+    """As the ssh and skypilot providers' ledgers bill: from the acquire, boot included. A machine
+    rented at the start bills its start delay; one acquired during the run (boot_s) bills from
+    the acquire and leases nothing until it has booted."""
+    scenario = _scenario("online", start_delay_s=40.0, boot_s=25.0)
+    loop, data = EventLoop(), SimDataPlane(3, 4)
+    fleet = Fleet(scenario, build_workers(scenario), loop, data)
+    registered: list[tuple[float, int]] = []
+    fleet.on_registered = lambda w: registered.append((loop.now_s, w.index))
+    first, later = fleet.workers[0], fleet.workers[1]
+    first.rented = True
+    loop.at(40.0, fleet.join, first, 40.0)
+    loop.at(40.0, fleet.join, later, 40.0)  # up, not rented: bills nothing
+    loop.at(100.0, fleet.rent, later, True)
+    loop.run(horizon_s=110.0)
+    assert registered == [(40.0, first.index)] and later.booting
+    loop.at(130.0, fleet.rent, later, False)
+    loop.run(horizon_s=140.0)
+    assert registered[-1] == (125.0, later.index) and not later.booting
+    fleet.close_billing()
+    assert first.billed_s == pytest.approx(loop.now_s)  # from the start, its 40 s delay included
+    assert later.billed_s == pytest.approx(30.0)  # from the acquire at 100 s to the release, boot included
+
+
+def test_boot_time_costs_an_online_fleet_that_acquires_again():
+    quick, slow = (simulate(_scenario("online", boot_s=boot)) for boot in (0.0, 120.0))
+    assert quick.finished and slow.finished
+    assert slow.fleet_cost > quick.fleet_cost

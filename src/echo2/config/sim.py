@@ -45,7 +45,12 @@ class SimWorkerClass(WorkerClass):
     mean_downtime_s: float = Field(600.0, gt=0)
     """Mean time until a preempted worker can be rented again (exponential)."""
     start_delay_s: float = Field(0.0, ge=0)
-    """Join time after the run starts (boot, engine start); it then waits for a version."""
+    """Join time after the run starts (boot, engine start); it then waits for a version. A
+    worker rented at the start bills from the start, this delay included."""
+    boot_s: float = Field(0.0, ge=0)
+    """A machine acquired during the run (a released worker chosen again, a replacement) bills
+    from its acquire and registers only this long after: provisioning, install, engine start,
+    as the ssh and skypilot providers' ledgers bill it."""
     load_time_s: float | None = Field(None, ge=0)
     """T_load of this class (swap a received version into the engine); default the workload's."""
     request_s: float | None = Field(None, ge=0)

@@ -87,7 +87,9 @@ class Controller:
             if mode == "online" and self.releasable:  # all offered with their class; the first decision rents
                 for w in fleet.workers:
                     self.core.offer(worker_id(w), w.price_per_hour, w.cls)
-                loop.after(0.0, self.decide)
+                # after the machines that are up at the start have joined: each one it chooses is
+                # acquired then, and boots (boot_s) before it registers
+                loop.after(0.0, loop.after, 0.0, self.decide)
             loop.after(settings.control_period_s, self._periodic)
 
     def rent_initial(self, counts: dict[str, int]) -> None:

@@ -71,13 +71,16 @@ class Fleet:
         data.on_room = self.wake_waiting
 
     # ---- membership and billing ----
-    def join(self, w: SimWorker) -> None:
-        """Machine up (start of run or back from preemption): holds no version yet."""
-        w.alive = True
+    def join(self, w: SimWorker, start_delay_s: float = 0.0) -> None:
+        """Machine up (start of run, after `start_delay_s`, or back from preemption): holds no
+        version yet. One rented at the start has billed since the start, its delay included."""
+        w.alive, w.booting = True, False
         w.version = w.staged = w.incoming = -1
         if w.mean_uptime_s is not None:
             self.loop.after(w.rng.expovariate(1.0 / w.mean_uptime_s), self.preempt, w, w.epoch)
         self._bill(w)
+        if w.rented and w.billed_from_s is not None:
+            w.billed_from_s -= start_delay_s
         if w.rented:
             self.on_registered(w)
             self._connect(w)
@@ -101,11 +104,22 @@ class Fleet:
             w.version = w.staged = w.incoming = -1
         self._bill(w)
         if w.alive:
-            if rented:
+            if rented and w.boot_s > 0:  # billed from now, registered once booted
+                w.booting = True
+                self.loop.after(w.boot_s, self._booted, w, w.epoch)
+            elif rented:
                 self.on_registered(w)
                 self._connect(w)
             else:
+                w.booting = False
                 self.on_left(w, True)
+
+    def _booted(self, w: SimWorker, epoch: int) -> None:
+        if epoch != w.epoch or not (w.alive and w.rented and w.booting):
+            return  # preempted or released while it booted
+        w.booting = False
+        self.on_registered(w)
+        self._connect(w)
 
     def set_active(self, w: SimWorker, active: bool) -> None:
         """The controller's decision: an inactive worker finishes its leases and takes no more."""
@@ -280,7 +294,7 @@ class Fleet:
     def fill(self, w: SimWorker) -> None:
         """Lease work for every free slot; refused for a full window: wait (or poll)."""
         self.polling.pop(w, None)
-        if not (w.alive and w.rented and w.active) or w.swapping or w.receiving:
+        if not (w.alive and w.rented and w.active) or w.booting or w.swapping or w.receiving:
             return
         if w.staged > w.version and self.swap_between and not self.lazy_refresh:
             if not w.generations:  # the free moment the staged version waited for

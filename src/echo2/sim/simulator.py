@@ -62,7 +62,8 @@ class Simulator:
 
         # machines come up at their start delay; the learner publishes version 0 and asks
         for w in fleet.workers:
-            loop.at(scenario.workers[w.cls].start_delay_s, fleet.join, w)
+            delay_s = scenario.workers[w.cls].start_delay_s
+            loop.at(delay_s, fleet.join, w, delay_s)
         learner.start()
 
         # nobody rented (the planner found no admissible fleet): nothing can ever feed the

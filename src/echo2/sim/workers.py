@@ -74,6 +74,9 @@ class SimWorker:
     load_s: float = 0.0
     request_s: float = 0.0
     heartbeat_phase_s: float = 0.0
+    boot_s: float = 0.0
+    """From an acquire during the run to registration: billed, and no work done."""
+    booting: bool = False
     alive: bool = False
     rented: bool = False
     active: bool = True
@@ -145,6 +148,7 @@ def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
                     load_s=work.load_time_s if cls.load_time_s is None else cls.load_time_s,
                     request_s=scenario.sim.request_s if cls.request_s is None else cls.request_s,
                     heartbeat_phase_s=rng.uniform(0.0, scenario.sim.announce_interval_s),
+                    boot_s=cls.boot_s,
                 )
             )
     return workers
