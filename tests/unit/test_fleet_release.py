@@ -23,6 +23,8 @@ def _state(tmp_path, tiny_model_dir, provider: str):
         state.controller.observe_step_time(1.0)
         for worker_id in ("cheap", "dear"):
             state.controller.observe_busy(worker_id, rollouts_total=100 * beat, busy_s_total=float(beat))
+    for worker_id in ("cheap", "dear"):  # and checked: the audit passed their groups (policy.credit.checked)
+        state.controller.observe_audit(worker_id, audited=2, failed=0)
     clock.now += 60  # past scale_down_after_s: the cheaper set may replace run-all
     state.fleet_desk.control()
     assert state.controller.is_active("cheap") and not state.controller.is_active("dear")
