@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import small_run_config
 from tests.integration.runs import LEARNER_TOKEN, OPERATOR_TOKEN, TOKEN, records, to_toml, wait_for, write_config
-from tests.integration.test_ssh_run import host_entry, pid_alive, token_on_a_command_line
+from tests.integration.test_ssh_run import host_entry, pid_alive, pid_released, token_on_a_command_line
 from tests.reliability.accounting import accounting
 from tests.sshd import running_sshd, sshd_unavailable_reason
 
@@ -73,7 +73,7 @@ def _inventory(lab, path: Path, hosts: list[int], *, bad: bool) -> Path:
 
 def _config(network, tmp_path: Path, name: str, **activation):
     cfg = small_run_config(
-        tmp_path / name, train={"steps": 2000, "max_staleness": 2},  # ended by the test once it has seen enough
+        tmp_path / name, train={"steps": 100_000, "max_staleness": 2},  # ended by the test once it has seen enough
         coordinator={"host": "0.0.0.0", "port": PORT, "heartbeat_interval_s": 0.3, "worker_timeout_s": 3.0},
         learner={"host": "0.0.0.0", "advertise_host": network.ip(0), "upload_bps": FAST_BPS},
         broadcast={"keep_versions": 8},
@@ -131,13 +131,8 @@ def test_an_ssh_fleet_across_shaped_hosts_releases_reacquires_and_survives_a_dea
             assert token_on_a_command_line(TOKEN) == []
             released = wait_for(lambda: _launched(run_dir, "worker_released"), 240, "an idle worker released",
                                 alive=proc)[0]
-            gone = FleetLedger(run_dir).holdings()[released["worker_id"]]
-            assert gone.released_at is not None and not pid_alive(int(gone.details["pid"]))
-            victim = _kill_a_running_host(run_dir, sshds)
-            killed_at = time.time()
-            again = wait_for(lambda: [r for r in _launched(run_dir, "worker_acquired")
-                                      if r["time"] > killed_at and r["worker_id"] != victim], 180,
-                             "a released worker acquired again to replace the dead host", alive=proc)[0]
+            assert not pid_alive(pid_released(run_dir, released))
+            victims, again, killed_at = _kill_until_replaced(run_dir, sshds, proc)
             wait_for(lambda: [r for r in _launched(run_dir, "worker_rejoined") if r["worker_id"] == again["worker_id"]
                               and r["time"] > killed_at], 120, "the replacement to register", alive=proc)
             step_then = max(r["step"] for r in records(run_dir, "train_step"))
@@ -153,19 +148,37 @@ def test_an_ssh_fleet_across_shaped_hosts_releases_reacquires_and_survives_a_dea
         assert books["rollouts_lost"] == 0 and books["duplicates"] == 0, books
         assert books["max_staleness"] <= 2 and books["steps_trained"] >= 10, books
         held = FleetLedger(run_dir).held()
-        assert set(held) <= {victim}, held  # only the dead host's worker: its stop could not be checked
+        assert set(held) <= set(victims), held  # only dead hosts' workers: their stop could not be checked
         for holding in FleetLedger(run_dir).holdings().values():
-            if holding.worker_id != victim and "pid" in holding.details:
+            if holding.worker_id not in victims and "pid" in holding.details:
                 assert not pid_alive(int(holding.details["pid"])), holding
     finally:
         _kill_everything_left(run_dir)
+
+
+def _kill_until_replaced(run_dir: Path, sshds: dict, proc) -> tuple[list[str], dict, float]:
+    """Kill the host of a running worker; while the rest still cover the demand (the controller
+    needs no replacement), kill the next one. Returns the dead hosts' workers, the acquire of a
+    released worker that replaced them, and when the last host died."""
+    victims: list[str] = []
+    while len(victims) < len(GOOD) - 1:
+        victims.append(_kill_a_running_host(run_dir, sshds))
+        killed_at = time.time()
+        with contextlib.suppress(AssertionError):
+            again = wait_for(lambda since=killed_at: [r for r in _launched(run_dir, "worker_acquired")
+                                                      if r["time"] > since and r["worker_id"] not in victims], 60,
+                             "a released worker acquired again to replace the dead host", alive=proc)[0]
+            return victims, again, killed_at
+        assert proc.poll() is None, "the run ended while hosts were being killed"
+    raise AssertionError(f"no replacement acquired after killing the hosts of {victims}")
 
 
 def _kill_a_running_host(run_dir: Path, sshds: dict) -> str:
     """SIGKILL the sshd and the worker of a host whose worker runs now; returns the worker id."""
     index_of = {f"{name}-0": i for i, (name, _) in GOOD.items()}
     held = FleetLedger(run_dir).held()
-    victim = next(w for w in sorted(held) if w in index_of and "pid" in held[w].details)
+    victim = next(w for w in sorted(held) if w in index_of and "pid" in held[w].details
+                  and pid_alive(sshds[index_of[w]].pid))
     os.kill(sshds[index_of[victim]].pid, signal.SIGKILL)
     os.kill(int(held[victim].details["pid"]), signal.SIGKILL)
     return victim
@@ -173,15 +186,15 @@ def _kill_a_running_host(run_dir: Path, sshds: dict) -> str:
 
 def test_after_a_sigkill_of_launcher_and_coordinator_fleet_down_leaves_no_worker(lab, tmp_path):
     network, sshds, _ = lab
-    alive = [i for i in GOOD if pid_alive(sshds[i].pid)][:3]  # the other test killed one host's sshd
+    alive = [i for i in GOOD if pid_alive(sshds[i].pid)]  # the other test killed some hosts' sshd
     inventory = _inventory(lab, tmp_path / "hosts.toml", alive, bad=False)
     cfg, config = _config(network, tmp_path, "killed", provider="ssh", inventory=str(inventory),
                           release_after_s=600.0)
     run_dir = cfg.run_path
     try:
         with _launcher(network, config, inventory, tmp_path / "run.log") as proc:
-            wait_for(lambda: len({r["worker_id"] for r in _launched(run_dir, "worker_acquired")}) == 3, 300,
-                     "three workers started over SSH", alive=proc)
+            wait_for(lambda: len({r["worker_id"] for r in _launched(run_dir, "worker_acquired")}) == len(alive), 300,
+                     "every live host's worker started over SSH", alive=proc)
             workers = [int(h.details["pid"]) for h in FleetLedger(run_dir).held().values()]
             proc.kill()
             proc.wait(timeout=10)
