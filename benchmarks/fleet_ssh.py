@@ -176,9 +176,10 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
                      "group_size": cfg["sampling"]["group_size"], "step_time_s": statistics.mean(step_s),
                      "max_staleness": cfg["train"]["max_staleness"], "generation_time_s": 0.0},
         "broadcast": {"topology": "ideal", "hop_latency_s": 0.0},
-        "activation": {k: a[k] for k in ("control_period_s", "headroom", "margin", "ewma_alpha", "scale_down_after_s",
-                                         "min_samples", "probation_slots", "probation_timeout_s",
-                                         "release_after_s", "max_worker_share")},
+        "activation": {"provider": "ssh",  # the measured run's: the same FleetSync rule, simulated machines
+                       **{k: a[k] for k in ("control_period_s", "headroom", "margin", "ewma_alpha",
+                                            "scale_down_after_s", "min_samples", "probation_slots",
+                                            "probation_timeout_s", "release_after_s", "max_worker_share")}},
         "sim": {"steps": cfg["train"]["steps"], "seed": seed, "activation": activation,
                 "step_time_cv": statistics.pstdev(step_s) / statistics.mean(step_s)},
     })
@@ -189,8 +190,7 @@ def sim_prediction(run_dir: Path, seed: int) -> dict:
     active for the whole run, and the saving it predicts."""
     per_step = {}
     for activation in ("online", "all"):
-        result = simulate(sim_scenario(run_dir, activation, seed))
-        per_step[activation] = result.fleet_cost / max(1, result.steps_done)
+        per_step[activation] = simulate(sim_scenario(run_dir, activation, seed)).billed_usd_per_step
     return {"billed_usd_per_step_online": per_step["online"], "billed_usd_per_step_held": per_step["all"],
             "saving_per_step": round(1 - per_step["online"] / per_step["all"], 4)}
 

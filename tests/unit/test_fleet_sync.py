@@ -1,10 +1,14 @@
 """FleetSync: the coordinator's activation decisions become release and acquire calls on the
 fleet provider: only registered workers idle for release_after_s are released, a released one the
-controller chooses is acquired, and the static provider is never asked to release."""
+controller chooses is acquired, and the static provider is never asked to release. The rule is in
+policy/fleet_sync.py, where the simulator drives it too; the launchers import it from
+launch/fleet.py."""
 
 from __future__ import annotations
 
-from echo2.launch.fleet import FleetSync, LocalFleet, StaticFleet
+from echo2.launch import fleet as launch_fleet
+from echo2.launch.fleet import LocalFleet, StaticFleet
+from echo2.policy.fleet_sync import FleetSync
 from echo2.report.metrics import MetricsWriter
 
 
@@ -68,6 +72,53 @@ def test_a_worker_that_left_by_itself_is_not_released():
     sync.observe(_coordinator("worker_left", worker_id="w1"), now=1.0)
     sync.step(now=100.0)
     assert fleet.calls == []
+
+
+def test_the_launchers_and_the_simulator_share_one_rule():
+    assert launch_fleet.FleetSync is FleetSync
+
+
+def test_a_worker_back_from_a_loss_idles_from_its_return_not_from_before():
+    """Away is not idle: a worker lost while left out, back (registered) long after, is released
+    release_after_s after its return, not at once for the time it was gone."""
+    fleet = RecordingFleet({"w0", "w1"})
+    sync = _sync(fleet)
+    sync.observe(_coordinator("activation", active=["w0"]), now=0.0)
+    sync.observe(_coordinator("worker_lost", worker_id="w1"), now=1.0)
+    sync.step(now=100.0)
+    assert fleet.calls == [] and sync.release_due_s() is None  # gone: nothing to release
+    sync.observe(_coordinator("worker_registered", worker_id="w1"), now=100.0)
+    assert sync.release_due_s() == 105.0
+    sync.step(now=104.9)
+    assert fleet.calls == []
+    sync.step(now=105.0)
+    assert fleet.calls == [("release", "w1")]
+
+
+def test_a_released_worker_its_provider_takes_back_by_itself_starts_with_no_idle_time():
+    """A provider may hand a released (offered) machine out by itself, as a spare in a lost one's
+    place: it was never idle while released, so it is not released the moment it registers."""
+    fleet = RecordingFleet({"w0", "w1"})
+    fleet.released_ids = {"w1"}
+    sync = FleetSync(fleet, 5.0)
+    sync.observe(_coordinator("worker_registered", worker_id="w0"), now=0.0)
+    sync.observe(_coordinator("activation", active=["w0"]), now=0.0)
+    fleet.released_ids.clear()  # the provider took w1 as a spare at 50 s
+    sync.observe(_coordinator("worker_registered", worker_id="w1"), now=50.0)
+    sync.step(now=50.0)
+    assert fleet.calls == [] and sync.release_due_s() == 55.0  # idle from its registration
+
+
+def test_release_due_s_is_the_first_step_that_releases():
+    """A caller on its own clock (the simulator) steps exactly when a release comes due."""
+    fleet = RecordingFleet({"w0", "w1"})
+    sync = _sync(fleet, release_after_s=4.0)
+    assert sync.release_due_s() is None  # no decision yet
+    sync.observe(_coordinator("activation", active=["w0"]), now=0.1)
+    due_s = sync.release_due_s()
+    assert due_s == 0.1 + 4.0 and due_s - 0.1 < 4.0  # idle 4 s only as a deadline, not by subtraction
+    sync.step(now=due_s)
+    assert fleet.calls == [("release", "w1")] and sync.release_due_s() is None
 
 
 def test_the_static_fleet_is_never_asked_to_release():

@@ -43,7 +43,7 @@ class ActivationConfig(Frozen):
     the back of the queue: long enough to load the current version and generate min_samples
     leases, so honest workers are measured, while one that never leases gives its slot up."""
     provider: Literal["static", "local", "ssh", "skypilot"] = "static"
-    """Who holds the workers' machines (the FleetProvider, launch/fleet.py). "static": nothing is
+    """Who holds the workers' machines (the FleetProvider, policy/fleet_sync.py). "static": nothing is
     ever released, so an idle worker keeps billing its price. "local" (`echo2 run` only): the
     launcher stops a worker process idle for release_after_s (it bills nothing while released)
     and starts it again when the controller chooses it; its rejoin time is recorded. With a

@@ -48,9 +48,10 @@ class SimWorkerClass(WorkerClass):
     """Join time after the run starts (boot, engine start); it then waits for a version. A
     worker rented at the start bills from the start, this delay included."""
     boot_s: float = Field(0.0, ge=0)
-    """A machine acquired during the run (a released worker chosen again, a replacement) bills
-    from its acquire and registers only this long after: provisioning, install, engine start,
-    as the ssh and skypilot providers' ledgers bill it."""
+    """A machine acquired during the run (a released worker chosen again, a spare replacing a
+    preempted one, a preempted one back after mean_downtime_s) bills from its acquire and
+    registers only this long after: provisioning, install, engine start, as the ssh and
+    skypilot providers' ledgers bill it."""
     load_time_s: float | None = Field(None, ge=0)
     """T_load of this class (swap a received version into the engine); default the workload's."""
     request_s: float | None = Field(None, ge=0)
@@ -151,14 +152,24 @@ class SimActivationConfig(ActivationConfig):
     """How often the activation set is re-decided; a preempted worker re-decides at once."""
     scale_down_after_s: float = Field(600.0, ge=0.0)
     """A cheaper, smaller set replaces the current one only this long after the last change."""
-    provider: Literal["static", "local"] = "local"
-    """"static": idle workers stay rented and bill; "local" (any releasable provider): a worker
-    inactive for release_after_s is released (bills nothing; a later acquire re-downloads)."""
+    provider: Literal["static", "local", "ssh", "skypilot"] = "local"
+    """The provider `echo2 run` would use, and the simulated machines follow its rule (one
+    FleetSync, sim/provider.py). "static": idle workers stay rented and bill; "local", "ssh" and
+    "skypilot" (releasable, alike here: each class's boot_s and mean_uptime_s say how its
+    machines boot and go away): a worker inactive for release_after_s is released (bills nothing;
+    a later acquire bills from the acquire, boots and re-downloads). The real config's inventory
+    and coordinator_url are not read."""
     release_after_s: float = Field(900.0, ge=0.0)
     """How long a worker must stay inactive before its provider releases it."""
     probation_timeout_s: float = Field(1800.0, gt=0)
     """How long an unmeasured worker keeps its probation slot: a first download of 16 GB and
     min_samples leases of minutes each take tens of minutes."""
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> SimActivationConfig:
+        """Replaces the run's check: simulated machines need no inventory of hosts, and the
+        scenario is the catalog of its classes."""
+        return self
 
 
 class ScenarioConfig(Frozen):

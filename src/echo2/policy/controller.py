@@ -11,7 +11,7 @@ worker near the boundary still delivers part of its groups in time (see docs/sim
 measured latencies feed the reported S_min. Only checked work is credited, and no worker is
 credited with all of the demand while other measured workers are live (`policy.credit`). It
 also integrates cost: a worker bills for every second it is rented, active or idle, until its
-fleet provider releases it (see launch/fleet.py), plus the learner.
+fleet provider releases it (see policy/fleet_sync.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
 heartbeats and submissions; it keeps no I/O of its own.

@@ -13,11 +13,14 @@ The controller's rules are not written again here. It keeps workers on probation
 measured, sizes sets with headroom, keeps the current set inside the hysteresis band, scales
 down only after `scale_down_after_s`, and falls back to running everything.
 
-The fleet provider follows the decisions, as `launch/fleet.py`'s FleetSync does:
+The fleet provider follows the decisions by the launchers' own rule: the simulator records each
+decision, registration and departure as the coordinator does, and feeds the records to the same
+`FleetSync` (policy/fleet_sync.py) a real launcher runs, over a simulated provider
+(sim/provider.py), on the simulated clock:
 - an inactive worker stays rented, keeps its weights current and bills as idle;
-- with a releasable provider, a worker inactive for `release_after_s` is released;
-- a released worker the controller chooses again is acquired, and downloads the current version
-  again before it can work.
+- with a releasable provider, a registered worker inactive for `release_after_s` is released;
+- a released worker the controller chooses again is acquired: it bills from the acquire, boots
+  for its class's `boot_s`, registers and downloads the current version before it can work.
 A preempted active machine is replaced by the provider with a spare of its class that is up (the
 replacement registers, downloads the current version, and is on probation until measured), and
 the controller re-decides at once. With no spare, the preempted worker stays rented and
@@ -41,8 +44,10 @@ from __future__ import annotations
 from echo2.config.sim import ScenarioConfig
 from echo2.planner import make_plan
 from echo2.policy.controller import ActivationController
+from echo2.policy.fleet_sync import FleetSync
 from echo2.sim.events import EventLoop
 from echo2.sim.fleet import Fleet, Generation, SimWorker
+from echo2.sim.provider import SimProvider
 
 
 def initial_counts(scenario: ScenarioConfig) -> tuple[dict[str, int], dict]:
@@ -65,15 +70,16 @@ class Controller:
         self.scenario, self.fleet, self.loop, self.mode = scenario, fleet, loop, mode
         settings = scenario.activation
         self.core: ActivationController | None = None
-        self.releasable = settings.provider != "static"
-        self.release_after_s = settings.release_after_s
-        self.inactive_since: dict[SimWorker, float] = {}
+        releasable = settings.provider != "static"
+        offered = mode == "online" and releasable  # all offered with their class; the first decision rents
+        self.provider = SimProvider(fleet, releasable=releasable,
+                                    not_started={worker_id(w) for w in fleet.workers} if offered else set())
+        self.sync = FleetSync(self.provider, settings.release_after_s)
+        self.sync_due_s: float | None = None
+        """When the next FleetSync step is scheduled (a release comes due then)."""
         self.decision_pending = False
         self.decisions = 0
         self.switches = 0
-        self.released = 0
-        self.acquired = 0
-        self.replaced = 0
         fleet.on_preempted = self.on_preempted
         if mode in ("plan", "online"):
             work = scenario.workload
@@ -84,7 +90,7 @@ class Controller:
                                              catalog=catalog, max_masked_fraction=work.max_masked_fraction)
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
-            if mode == "online" and self.releasable:  # all offered with their class; the first decision rents
+            if offered:
                 for w in fleet.workers:
                     self.core.offer(worker_id(w), w.price_per_hour, w.cls)
                 # after the machines that are up at the start have joined: each one it chooses is
@@ -93,23 +99,37 @@ class Controller:
             loop.after(settings.control_period_s, self._periodic)
 
     def rent_initial(self, counts: dict[str, int]) -> None:
-        """Rent the first `counts[class]` workers of each class (they come up at their start delay)."""
-        left = dict(counts)
-        for w in self.fleet.workers:
-            if left.get(w.cls, 0) > 0:
-                left[w.cls] -= 1
-                self.fleet.rent(w, True)
+        self.provider.rent_initial(counts)
 
-    # ---- what the coordinator observes ----
+    # ---- what the coordinator observes, and records for the fleet provider ----
     def _registered(self, w: SimWorker) -> None:
         assert self.core is not None
         self.core.join(worker_id(w), w.price_per_hour, w.cls)  # a returning worker keeps its measurements
         self.fleet.set_active(w, True)  # on probation, or active until the next decision
+        self._record("worker_registered", worker_id=worker_id(w))
 
     def _left(self, w: SimWorker, released: bool) -> None:
         assert self.core is not None
         (self.core.release if released else self.core.vanish)(worker_id(w))
-        self.inactive_since.pop(w, None)
+        self._record("worker_left" if released else "worker_lost", worker_id=worker_id(w))
+
+    def _record(self, kind: str, **values) -> None:
+        """A coordinator metrics record, as FleetSync reads it from a real run's metrics."""
+        now = self.loop.now_s
+        self.sync.observe({"role": "coordinator", "kind": kind, "time": now, **values}, now)
+        self._schedule_sync()
+
+    def _schedule_sync(self) -> None:
+        """Step FleetSync when its next release comes due (a launcher steps on every tick)."""
+        due_s = self.sync.release_due_s()
+        if due_s is not None and (self.sync_due_s is None or due_s < self.sync_due_s):
+            self.sync_due_s = due_s
+            self.loop.at(max(due_s, self.loop.now_s), self._sync_step)
+
+    def _sync_step(self) -> None:
+        self.sync_due_s = None  # an earlier step than planned may have come first: harmless
+        self.sync.step(self.loop.now_s)
+        self._schedule_sync()
 
     def _finished(self, w: SimWorker, g: Generation, dropped: int) -> None:
         assert self.core is not None
@@ -135,14 +155,9 @@ class Controller:
 
     # ---- decisions ----
     def on_preempted(self, w: SimWorker) -> None:
-        """A rented worker went away: replace it with a spare of its class that is up, if any,
-        and decide now (once for a burst at the same instant)."""
-        spare = None if not w.active else next(  # an idle worker lost is no capacity lost
-            (s for s in self.fleet.workers if s.cls == w.cls and s.alive and not s.rented), None)
-        if spare is not None:
-            self.replaced += 1
-            self.fleet.rent(w, False)  # its machine is gone for good: the bill stopped at the preemption
-            self.fleet.rent(spare, True)
+        """A rented worker went away: the provider replaces it with a spare of its class that is
+        up, if any, and the controller decides now (once for a burst at the same instant)."""
+        self.provider.replace(w)
         if self.core is not None and not self.decision_pending:
             self.decision_pending = True
             self.loop.after(0.0, self.decide)
@@ -157,8 +172,9 @@ class Controller:
         # a periodic event would keep a starved run going until max_sim_s
 
     def decide(self) -> None:
-        """The coordinator's decision, applied: activate and deactivate rented workers, acquire
-        released ones chosen again, and start the release clock of the newly inactive."""
+        """The coordinator's decision: rented workers are told whether they are active, and the
+        decision goes to FleetSync, which acquires released workers chosen again at once and
+        releases the inactive when their time comes."""
         assert self.core is not None
         self.decision_pending = False
         now = self.loop.now_s
@@ -172,23 +188,10 @@ class Controller:
         self.decisions += 1
         self.switches += decision.changed
         for w in self.fleet.workers:
-            wid = worker_id(w)
-            chosen = wid in decision.active
-            if chosen and not w.rented and self.core.is_released(wid):
-                self.acquired += 1
-                self.fleet.rent(w, True)  # registers when up, and downloads the current version
-            elif w.rented and w.alive:
-                self.fleet.set_active(w, chosen)
-                if chosen:
-                    self.inactive_since.pop(w, None)
-                elif w not in self.inactive_since:
-                    self.inactive_since[w] = now
-                    if self.releasable:
-                        self.loop.after(self.release_after_s, self._release_if_idle, w, now)
-
-    def _release_if_idle(self, w: SimWorker, inactive_since_s: float) -> None:
-        """Hand the machine back if it stayed inactive since then (FleetSync's rule)."""
-        if self.inactive_since.get(w) == inactive_since_s and w.rented and w.alive and not w.active:
-            self.inactive_since.pop(w)
-            self.released += 1
-            self.fleet.rent(w, False)
+            if w.rented and w.alive:
+                self.fleet.set_active(w, worker_id(w) in decision.active)
+        # every decision is recorded, not only changes as the coordinator does: here a returning
+        # worker runs until the next decision (the coordinator holds it back until one), so an
+        # unchanged set can still be news to FleetSync
+        self._record("activation", active=sorted(decision.active))
+        self.sync.step(now)

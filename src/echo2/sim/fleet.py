@@ -71,17 +71,31 @@ class Fleet:
         data.on_room = self.wake_waiting
 
     # ---- membership and billing ----
-    def join(self, w: SimWorker, start_delay_s: float = 0.0) -> None:
-        """Machine up (start of run, after `start_delay_s`, or back from preemption): holds no
-        version yet. One rented at the start has billed since the start, its delay included."""
+    def join(self, w: SimWorker, start_delay_s: float | None = None) -> None:
+        """Machine up: at the start, after its `start_delay_s` (one rented since the start bills
+        from its acquire, the delay included, and registers now), or back from a preemption (None:
+        a rented one is acquired again, so it bills from now and boots before it registers)."""
         w.alive, w.booting = True, False
         w.version = w.staged = w.incoming = -1
         if w.mean_uptime_s is not None:
             self.loop.after(w.rng.expovariate(1.0 / w.mean_uptime_s), self.preempt, w, w.epoch)
         self._bill(w)
-        if w.rented and w.billed_from_s is not None:
-            w.billed_from_s -= start_delay_s
-        if w.rented:
+        if not w.rented:
+            return
+        if start_delay_s is None:
+            self._boot(w)
+            return
+        if w.billed_from_s is not None:  # back to the acquire, if it came during the delay
+            w.billed_from_s = max(w.acquired_s, w.billed_from_s - start_delay_s)
+        self.on_registered(w)
+        self._connect(w)
+
+    def _boot(self, w: SimWorker) -> None:
+        """An acquired machine is up: it registers after its class's boot_s, billed all along."""
+        if w.boot_s > 0:
+            w.booting = True
+            self.loop.after(w.boot_s, self._booted, w, w.epoch)
+        else:
             self.on_registered(w)
             self._connect(w)
 
@@ -95,24 +109,22 @@ class Fleet:
             self.on_join(w)
 
     def rent(self, w: SimWorker, rented: bool) -> None:
-        """Acquire (True) or release (False) the worker's machine."""
+        """Acquire (True: bills from now, registers after boot_s) or release (False: bills no
+        more) the worker's machine, as the provider's ledger bills it."""
         if w.rented == rented:
             return
         w.rented = rented
-        if not rented:
+        if rented:
+            w.acquired_s = self.loop.now_s
+        else:
             self._drop_work(w, requeue_after_s=0.0)
             w.version = w.staged = w.incoming = -1
-        self._bill(w)
-        if w.alive:
-            if rented and w.boot_s > 0:  # billed from now, registered once booted
-                w.booting = True
-                self.loop.after(w.boot_s, self._booted, w, w.epoch)
-            elif rented:
-                self.on_registered(w)
-                self._connect(w)
-            else:
-                w.booting = False
-                self.on_left(w, True)
+        self._bill(w)  # a machine that is down bills, and boots, once it is up (join)
+        if w.alive and rented:
+            self._boot(w)
+        elif w.alive:
+            w.booting = False
+            self.on_left(w, True)
 
     def _booted(self, w: SimWorker, epoch: int) -> None:
         if epoch != w.epoch or not (w.alive and w.rented and w.booting):

@@ -19,6 +19,11 @@ def _money(value: float | None) -> str:
     return "-" if value is None or not math.isfinite(value) else f"${value:,.2f}"
 
 
+def _small_money(value: float | None) -> str:
+    """Four significant digits: a trained group of a small fleet costs fractions of a cent."""
+    return "-" if value is None or not math.isfinite(value) else f"${value:.4g}"
+
+
 def _hours(seconds: float | None) -> str:
     return "-" if seconds is None or not math.isfinite(seconds) else f"{seconds / 3600:.2f} h"
 
@@ -106,6 +111,9 @@ def _cost_rows(result: SimResult) -> list[tuple[str, str, str]]:
          " / ".join(f"{result.fleet_time_h[k]:,.1f}" for k in ("active", "idle", "released")),
          f"releases {result.releases}, acquires {result.acquires}"),
         ("cost: learner + fleet", f"{_money(result.learner_cost)} + {_money(result.fleet_cost)}", ""),
+        ("fleet billed $/step, $/trained group",
+         f"{_small_money(result.billed_usd_per_step)}, {_small_money(result.billed_usd_per_group)}",
+         f"{result.billed_s / 3600:,.1f} machine-h, acquire to release, boot included"),
         ("total cost", _money(result.total_cost), "centralized: " + _money(base.cost if base else None)),
         (
             "$ per step",

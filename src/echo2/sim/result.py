@@ -36,6 +36,7 @@ class SimResult:
     """False when the horizon passed or no worker could ever feed the learner."""
     wall_s: float
     utilization: float
+    """The learner's busy share, as the real summary's `learner_utilization` (report.summary)."""
     utilization_steady: float
     """Excluding step 0, which waits for the first version to reach the workers."""
     first_wait_s: float
@@ -73,6 +74,14 @@ class SimResult:
     """Machines handed back to, and taken again from, the fleet provider by the controller."""
     learner_cost: float
     fleet_cost: float
+    """What the workers' machines billed: each one's price x the time from its acquire to its
+    release (or loss), boot included, as a real run's fleet ledger bills it (its `billed_usd`)."""
+    billed_s: float
+    """Machine-seconds billed, boot included (the real summary's fleet `billed_s`)."""
+    billed_usd_per_step: float | None
+    """fleet_cost per learner step done (None: no step)."""
+    billed_usd_per_group: float | None
+    """fleet_cost per trained group (None: none trained)."""
     total_cost: float
     cost_per_step: float
     baseline: CentralizedRun | None
@@ -83,6 +92,16 @@ class SimResult:
     events: int = 0
     run_s: float = 0.0
     """Real seconds the simulation took."""
+
+    def as_run_summary(self) -> dict:
+        """The quantities a real run's summary.json reports, under its keys (report/summary.py,
+        report/finish.py `fleet_bill`), so a measured run and its simulation compare key by key."""
+        return {"steps": self.steps_done, "learner_utilization": self.utilization,
+                "learner_utilization_steady": self.utilization_steady,
+                "fleet": {"billed_usd": self.fleet_cost, "billed_s": self.billed_s,
+                          "billed_usd_per_step": self.billed_usd_per_step,
+                          "billed_usd_per_group": self.billed_usd_per_group,
+                          "groups_trained": self.groups["trained"]}}
 
     def to_dict(self, per_worker: bool = False) -> dict:
         data = dataclasses.asdict(self)
@@ -151,6 +170,15 @@ def saving(total_cost: float, baseline: CentralizedRun | None) -> float | None:
     if baseline is None or not math.isfinite(total_cost) or baseline.cost <= 0:
         return None
     return saving_fraction(total_cost, baseline.cost)
+
+
+def fleet_bill(workers, steps: int, groups_trained: int) -> dict[str, float | None]:
+    """What the workers' machines billed, each from its acquire to its release or loss, boot
+    included (sim/fleet.py keeps `billed_s`), in all, per learner step and per trained group."""
+    billed_usd = sum(w.price_per_hour * w.billed_s for w in workers) / SECONDS_PER_HOUR
+    return {"fleet_cost": billed_usd, "billed_s": sum(w.billed_s for w in workers),
+            "billed_usd_per_step": billed_usd / steps if steps else None,
+            "billed_usd_per_group": billed_usd / groups_trained if groups_trained else None}
 
 
 def fleet_time_h(workers, wall_s: float) -> dict[str, float]:

@@ -112,10 +112,10 @@ class Simulator:
             learner.wait_s.append(learner.loop.now_s - learner.waiting_since_s)
             learner.busy_s.append(0.0)
         learner_cost = scenario.learner.price_per_hour * wall_s / SECONDS_PER_HOUR
-        fleet_cost = sum(w.price_per_hour * w.billed_s for w in fleet.workers) / SECONDS_PER_HOUR
-        total = learner_cost + fleet_cost
-        baseline = res.centralized_baseline(scenario, steps_done)
         c = data.counters
+        bill = res.fleet_bill(fleet.workers, steps_done, c.trained)
+        total = learner_cost + bill["fleet_cost"]
+        baseline = res.centralized_baseline(scenario, steps_done)
         return res.SimResult(
             scenario=scenario.name,
             model=scenario.workload.model,
@@ -146,10 +146,10 @@ class Simulator:
             preemptions=sum(w.preemptions for w in fleet.workers),
             controller_switches=controller.switches,
             fleet_time_h=res.fleet_time_h(fleet.workers, wall_s),
-            releases=controller.released,
-            acquires=controller.acquired,
+            releases=controller.provider.releases,
+            acquires=controller.provider.acquires,
             learner_cost=learner_cost,
-            fleet_cost=fleet_cost,
+            **bill,
             total_cost=total,
             cost_per_step=total / steps_done if steps_done else float("inf"),
             baseline=baseline,

@@ -75,7 +75,10 @@ class SimWorker:
     request_s: float = 0.0
     heartbeat_phase_s: float = 0.0
     boot_s: float = 0.0
-    """From an acquire during the run to registration: billed, and no work done."""
+    """From an acquire during the run (or a preempted machine's return) to registration:
+    billed, and no work done."""
+    acquired_s: float = 0.0
+    """When the machine was last acquired: its bill starts there, boot included."""
     booting: bool = False
     alive: bool = False
     rented: bool = False
