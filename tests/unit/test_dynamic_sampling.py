@@ -188,7 +188,7 @@ def test_the_audit_sees_a_sample_of_what_dynamic_sampling_drops(tmp_path, tiny_m
         assert state.intake.submit(submission(state, "a", task.lease_id, 0, alike=True)).reason == ""
     assert [g.lease_id for g in state.learner_desk.take_batch(0)] == [t.lease_id for t in tasks]
     assert state.counters.uninformative_audited == 2 and state.counters.dropped_uninformative == 0
-    state.controller.observe_audit("a", audited=2, failed=0)  # the learner's audit report
+    state.controller.observe_audit("a", audited=2, failed=0, newest_passed_seq=0)  # the learner's audit report
     publish(state, 1)
     task = lease(state, "a", 1, max_tasks=1).tasks[0]
     assert "uninformative" in state.intake.submit(submission(state, "a", task.lease_id, 1, alike=True)).reason

@@ -4,6 +4,8 @@ static provider, is simply gone."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from tests.unit.coordinator_helpers import FakeClock, event_records, make_state
 
@@ -19,12 +21,15 @@ def _state(tmp_path, tiny_model_dir, provider: str):
                        activation=ActivationConfig(provider=provider, max_worker_share=1.0))
     for worker_id, price in (("cheap", 1.0), ("dear", 5.0)):
         state.worker_desk.register(RegisterRequest(worker_id=worker_id, engine="hf", price_per_hour=price))
-    for beat in range(1, 4):  # both measured at 100 rollouts/s; demand is 4 rollouts/s
+    seqs, buffered = itertools.count(), {}  # the run's buffer order; each worker's newest group in it
+    for beat in range(1, 4):  # both measured at 100 rollouts/s, a group each beat; demand is 4 rollouts/s
         state.controller.observe_step_time(1.0)
         for worker_id in ("cheap", "dear"):
             state.controller.observe_busy(worker_id, rollouts_total=100 * beat, busy_s_total=float(beat))
-    for worker_id in ("cheap", "dear"):  # and checked: the audit passed their groups (policy.credit.checked)
-        state.controller.observe_audit(worker_id, audited=2, failed=0)
+            buffered[worker_id] = next(seqs)
+            state.controller.observe_buffered(worker_id, buffered[worker_id])
+    for worker_id in ("cheap", "dear"):  # and checked: the audit passed their groups (policy.credit)
+        state.controller.observe_audit(worker_id, audited=2, failed=0, newest_passed_seq=buffered[worker_id])
     clock.now += 60  # past scale_down_after_s: the cheaper set may replace run-all
     state.fleet_desk.control()
     assert state.controller.is_active("cheap") and not state.controller.is_active("dear")

@@ -12,9 +12,11 @@ slots, rather than a pass per question and a sort of every unmeasured worker
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from echo2.planner import Offer
 from echo2.policy.credit import checked
 from echo2.policy.worker_view import WorkerView
 
@@ -59,3 +61,11 @@ def probation_trial(workers: dict[str, WorkerView], probation: list[str], slots:
         return (not holding, view.probation_s)
 
     return set(heapq.nsmallest(slots, probation, key=order))
+
+
+def unmeasured_to_cover(offers: list[Offer], required_rps: float) -> int:
+    """Probation slots for a measured set short of demand: the workers not yet measured needed
+    beside `offers` to cover `required_rps`, if they are as fast as the measured average."""
+    measured_rps = sum(o.rollouts_per_s for o in offers)
+    mean_rps = measured_rps / len(offers)
+    return math.ceil((required_rps - measured_rps) / mean_rps) if mean_rps > 0 else len(offers)

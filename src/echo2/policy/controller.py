@@ -8,10 +8,11 @@ the planner's activation rule for the cheapest set covering what the learner con
 hysteresis so the set does not flap. The admitted share is measured rather than predicted from
 the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
 worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
-measured latencies feed the reported S_min. Only checked work is credited, and no worker is
-credited with all of the demand while other measured workers are live (`policy.credit`). It
-also integrates cost: a worker bills for every second it is rented, active or idle, until its
-fleet provider releases it (see policy/fleet_sync.py), plus the learner.
+measured latencies feed the reported S_min. Only checked work is credited (a rate the audit has
+not caught up with adds nothing), and no worker is credited with all of the demand while other
+measured workers are live (`policy.credit`). It also integrates cost: a worker bills for every
+second it is rented, active or idle, until its fleet provider releases it (see
+policy/fleet_sync.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
 heartbeats and submissions; it keeps no I/O of its own.
@@ -20,6 +21,7 @@ heartbeats and submissions; it keeps no I/O of its own.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from echo2.config.activation import ActivationConfig
 from echo2.config.catalog import PlanConfig
@@ -33,8 +35,8 @@ from echo2.planner import (
     min_staleness,
     swapped_lateness_s,
 )
-from echo2.policy.census import probation_trial, take_census
-from echo2.policy.credit import audit_credit, capped_offers, checked
+from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover
+from echo2.policy.credit import capped_offers, checked, credited_rps, note_checked, note_rate
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
 from echo2.policy.rewards import measured_uninformative_share
@@ -53,8 +55,8 @@ class ActivationController:
         """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
         that declare a class in it are chosen by the planner's model (`policy.planned`).
         `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen.
-        `min_passed_audits`: passed audits before a worker's rate counts (`policy.credit.checked`;
-        0 where nothing is audited)."""
+        `min_passed_audits`: passed audits before a worker's rate counts, and then only as far as
+        the audit has caught up with it (`policy.credit`; 0 where nothing is audited)."""
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
         self.min_passed_audits = min_passed_audits
         self.planned = None if catalog is None else PlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
@@ -74,18 +76,14 @@ class ActivationController:
     def join(self, worker_id: str, price_per_hour: float, worker_class: str | None = None, *,
              active: bool = True) -> None:
         old = self.workers.get(worker_id)  # `active` False: it idles until a decision (one offered and chosen runs)
-        alpha, active = self.cfg.ewma_alpha, active or (old is not None and old.active)
-        view = WorkerView(price_per_hour, True, active, *(Ewma(alpha) for _ in range(5)), worker_class=worker_class)
-        if old is not None:  # a returning worker keeps its history and its bill
-            view.rollouts_per_s, view.tokens_per_s = old.rollouts_per_s, old.tokens_per_s
-            view.dissemination_s, view.generation_s = old.dissemination_s, old.generation_s
-            view.admitted, view.admitted_n, view.outcomes_n = old.admitted, old.admitted_n, old.outcomes_n
-            view.losses = old.losses
-            view.busy_s_total, view.stale_s_total = old.busy_s_total, old.stale_s_total
-            view.active_s, view.idle_s, view.released_s, view.cost = old.active_s, old.idle_s, old.released_s, old.cost
-            view.probation_s = old.probation_s
-            view.audited, view.audit_failed = old.audited, old.audit_failed  # failures stay with the id
-        self.workers[worker_id] = view
+        if old is None:
+            alpha = self.cfg.ewma_alpha
+            self.workers[worker_id] = WorkerView(price_per_hour, True, active, *(Ewma(alpha) for _ in range(5)),
+                                                 worker_class=worker_class)
+        else:  # a returning worker keeps its history, its bill and its audit record (failures stay with the id)
+            self.workers[worker_id] = replace(old, price_per_hour=price_per_hour, alive=True,
+                                              active=active or old.active, worker_class=worker_class,
+                                              released=False, last_counters=(0, 0.0))
 
     def offer(self, worker_id: str, price_per_hour: float, worker_class: str | None) -> None:
         """A worker its provider can acquire when chosen (not running, billing nothing): what a
@@ -170,13 +168,26 @@ class ActivationController:
         if outcome.segment_s is not None:
             self.observe_segment(outcome.segment_s)
         self.observe_busy(outcome.worker_id, outcome.rollouts_total, outcome.busy_s_total, outcome.stale_s_total)
+        if outcome.group_seq is not None:
+            self.observe_buffered(outcome.worker_id, outcome.group_seq)
         self.observe_uninformative(outcome.dropped_uninformative_total, outcome.scored_total)
 
-    def observe_audit(self, worker_id: str, *, audited: int, failed: int) -> None:
-        """The worker's audit record so far (cumulative: a report seen twice changes nothing)."""
+    def observe_buffered(self, worker_id: str, group_seq: int) -> None:
+        """A group of the worker was buffered as the run's `group_seq`-th (while the run audits,
+        its rate now is noted: what the audit vouches for if that group passes)."""
+        view = self.workers.get(worker_id)
+        if view is not None and self.min_passed_audits:
+            note_rate(view, group_seq)
+
+    def observe_audit(self, worker_id: str, *, audited: int, failed: int,
+                      newest_passed_seq: int | None = None) -> None:
+        """The worker's audit record so far (cumulative: a report seen twice changes nothing), and
+        the sequence number of its newest group that passed (None: none in this report)."""
         view = self.workers.get(worker_id)
         if view is not None:
             view.audited, view.audit_failed = audited, failed
+            if newest_passed_seq is not None and self.min_passed_audits:
+                note_checked(view, newest_passed_seq)
 
     def observe_tokens(self, worker_id: str, tokens: int, gen_s: float) -> None:
         view = self.workers.get(worker_id)
@@ -326,18 +337,12 @@ class ActivationController:
             decision = ControlDecision(useful, required,
                                        f"no measured set covers demand ({proposal.reason}): all measured that deliver",
                                        False)
-            return decision, max(self.cfg.probation_slots, self._unmeasured_to_cover(offers, target))
+            return decision, max(self.cfg.probation_slots, unmeasured_to_cover(offers, target))
         kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
         decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
         if kept.switched and self._too_soon_to_save(current, offers, required, now):
             decision = ControlDecision(set(current), required, "cheaper set deferred (scale down slowly)", False)
         return decision, self.cfg.probation_slots
-
-    @staticmethod
-    def _unmeasured_to_cover(offers: list[Offer], required_rps: float) -> int:
-        measured_rps = sum(o.rollouts_per_s for o in offers)
-        mean_rps = measured_rps / len(offers)
-        return math.ceil((required_rps - measured_rps) / mean_rps) if mean_rps > 0 else len(offers)
 
     def _probation_trial(self, probation: list[str], slots: int) -> set[str]:
         """`census.probation_trial` with this controller's views and probation_timeout_s."""
@@ -354,19 +359,11 @@ class ActivationController:
 
     def _offers(self, measured: list[tuple[str, WorkerView]]) -> list[Offer]:
         """One offer per measured worker that is live or released (its provider can acquire it
-        again: `census.take_census`), at its admissible rate."""
-        return [Offer(worker_id, v.price_per_hour, self._admissible(v.rollouts_per_s.value, v))
-                for worker_id, v in measured]
-
-    def _admissible(self, rate: float, view: WorkerView) -> float:
-        """Its rate on groups admitted (not dropped as stale) and not failed by the audit."""
-        admitted = ((view.admitted.value if view.admitted.samples else 1.0)
-                    * audit_credit(view.audited, view.audit_failed))
-        if math.isnan(rate) or self.step_time_s.samples == 0:
-            return rate * admitted
-        # workers swap in every version, so each step costs them one swap of generation time
-        stall = min(1.0, value_or_zero(self.swap_s) / self.step_time_s.value)
-        return rate * admitted * (1.0 - stall)
+        again: `census.take_census`), at its credited rate (`policy.credit.credited_rps`: checked
+        work, admitted rather than dropped as stale, not failed by the audit) less its swap stall:
+        workers swap in every version, so each step costs them one swap of generation time."""
+        stall = 0.0 if self.step_time_s.samples == 0 else min(1.0, value_or_zero(self.swap_s) / self.step_time_s.value)
+        return [Offer(worker_id, v.price_per_hour, credited_rps(v) * (1.0 - stall)) for worker_id, v in measured]
 
     def s_min(self) -> int | None:
         """Smallest S whose window hides the fleet's mean dissemination + generation latency

@@ -30,3 +30,7 @@ class SubmissionOutcome:
     dropped_uninformative_total: int
     scored_total: int
     """The run's groups dropped as uninformative, of those scored."""
+    group_seq: int | None = None
+    """Its place in the run's buffer order (the store's sequence number) if it was buffered;
+    None: stale, or dropped as uninformative. The audit's verdicts name groups by it, so the
+    controller credits the rate the worker had when it delivered the newest one that passed."""

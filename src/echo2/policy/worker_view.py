@@ -5,9 +5,15 @@ planned cover (`policy.planned`) reads them; and the small rules over them both 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from echo2.planner import Offer
+
+MAX_RATE_NOTES = 1024
+"""Rate notes kept per worker (`WorkerView.rate_notes`), one per buffered group since its newest
+passed one: far more than one worker's groups wait in the buffer for a step's audit, and a
+bound on what a worker the audit never passes makes the coordinator keep."""
 
 
 class Ewma:
@@ -49,6 +55,14 @@ class WorkerView:
     audited: int = 0
     audit_failed: int = 0
     """Its groups the rollout audit checked, and failed (`policy.credit.audit_credit`)."""
+    rate_notes: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=MAX_RATE_NOTES))
+    """While the run audits: (the run's sequence number of a group of it just buffered, its
+    measured rate then), oldest first (`policy.credit.note_rate`)."""
+    checked_seq: int | None = None
+    checked_rps: float | None = None
+    """The sequence number of its newest group the audit passed, and its rate when it delivered
+    it: the most its rate is credited with (`policy.credit.checked_rps`; None: nothing checked
+    yet, or the run does not audit)."""
     admitted_n: int = 0
     outcomes_n: int = 0
     """Its groups admitted, of all it delivered (the long-run share the planned cover uses)."""

@@ -112,16 +112,31 @@ class LearnerDesk:
         return len(outcome.retired)
 
     def record_audit(self, report: AuditReport) -> list[str]:
-        """The learner's verdicts on a step's groups: each worker's record discounts the rate the
-        controller credits it with, and workers whose groups failed `audit_flags_to_quarantine`
+        """The learner's verdicts on a step's groups: each worker's record bounds and discounts the
+        rate the controller credits it with (at most its rate when it delivered its newest group
+        that passed, `policy.credit`), and workers whose groups failed `audit_flags_to_quarantine`
         times are quarantined. Returns the workers quarantined now."""
         newly = self.audit.record(report)
+        newest_passed = self._newest_passed_seqs(report)
         for worker_id in {verdict.worker_id for verdict in report.groups}:  # credit only for checked work
             stats = self.audit.workers[worker_id]
-            self.controller.observe_audit(worker_id, audited=stats.audited, failed=stats.failed)
+            self.controller.observe_audit(worker_id, audited=stats.audited, failed=stats.failed,
+                                          newest_passed_seq=newest_passed.get(worker_id))
         for worker_id, reason in newly.items():
             self._quarantine(worker_id, reason)
         return sorted(newly)
+
+    def _newest_passed_seqs(self, report: AuditReport) -> dict[str, int]:
+        """Per worker, the sequence number of its newest group this report passed (the buffer
+        order: what the controller's rate notes are keyed by)."""
+        passed = [v for v in report.groups if not v.failed]
+        seqs = self.groups.seqs_of(v.lease_id for v in passed)
+        newest: dict[str, int] = {}
+        for verdict in passed:
+            seq = seqs.get(verdict.lease_id)
+            if seq is not None:
+                newest[verdict.worker_id] = max(seq, newest.get(verdict.worker_id, seq))
+        return newest
 
     def _quarantine(self, worker_id: str, reason: str) -> None:
         """Cut a worker off for good: its id refused from now on (also after a restart), its

@@ -104,21 +104,22 @@ class RolloutIntake:
                            sampling_seed=self._seed(record, lease))
         fresh = self.groups.admits(group)
         uninformative = fresh and self._drops(rewards, req.worker_id)
+        group_seq = None
         with self.store.tx():
             self.groups.count_scored(fresh=fresh, uninformative=uninformative, truncated=self._truncated(req))
             # an uninformative one is counted only: its closed lease marks the prompt done
             if fresh and not uninformative:
-                self.groups.add(group)
+                group_seq = self.groups.add(group)
             elif not fresh:
                 self.groups.count_stale_submission()
             self.leases.close(lease)
-        outcome = self._outcome(req, record, lease, tokens=tokens, admitted=fresh)
+        outcome = self._outcome(req, record, lease, tokens=tokens, admitted=fresh, group_seq=group_seq)
         self.controller.observe_submission(outcome)
         self.groups.observe_submission(outcome)
         return self._reply(req, lease, rewards, fresh=fresh, uninformative=uninformative)
 
     def _outcome(self, req: RolloutSubmission, record: WorkerRecord, lease: Lease, *, tokens: int,
-                 admitted: bool) -> SubmissionOutcome:
+                 admitted: bool, group_seq: int | None) -> SubmissionOutcome:
         """What the applied group teaches activation and the data plane. Throughput is as the
         coordinator sees it: validated rollouts per second of holding leases or being too stale
         to get any; a worker's own figures (heartbeats) never steer activation."""
@@ -132,7 +133,7 @@ class RolloutIntake:
         return SubmissionOutcome(req.worker_id, admitted, held_s, tokens, req.gen_time_s,
                                  *record.work_counters(now), segment_s=segment_s,
                                  dropped_uninformative_total=counters.dropped_uninformative,
-                                 scored_total=counters.scored)
+                                 scored_total=counters.scored, group_seq=group_seq)
 
     def _drops(self, rewards: list[float], worker_id: str) -> bool:
         """Dynamic sampling with its stall guard (policy.rewards.STALL_GUARD_BATCHES: a long run

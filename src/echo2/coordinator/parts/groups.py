@@ -162,13 +162,20 @@ class GroupBook:
         """The measured S_min: the lease window never shrinks below it."""
         self.plane.window.set_floor(s_min)
 
-    def add(self, group: TrainGroup) -> None:
-        """An admitted group into the buffer (its lease closes in the same transaction)."""
-        self.store.add_group(group, self.seq)
+    def add(self, group: TrainGroup) -> int:
+        """An admitted group into the buffer (its lease closes in the same transaction); returns
+        its sequence number, the buffer order."""
+        seq = self.seq
+        self.store.add_group(group, seq)
         self.seq += 1
         self.plane.add(group)
         self.counters.accepted += 1
         self.counters.save(self.store)
+        return seq
+
+    def seqs_of(self, lease_ids: Iterable[str]) -> dict[str, int]:
+        """The sequence numbers of these stored groups (those not stored left out)."""
+        return self.store.group_seqs(lease_ids)
 
     def count_stale_submission(self) -> None:
         self.counters.dropped_stale += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,15 @@ class Store:
     def has_groups(self, state: GroupState, step: int) -> bool:
         row = self.db.execute("SELECT 1 FROM groups WHERE state=? AND step=? LIMIT 1", (state.value, step)).fetchone()
         return row is not None
+
+    def group_seqs(self, lease_ids: Iterable[str]) -> dict[str, int]:
+        """lease id -> seq of those stored (one primary-key lookup each: a step's batch at a time)."""
+        found = {}
+        for lease_id in lease_ids:
+            row = self.db.execute("SELECT seq FROM groups WHERE lease_id=?", (lease_id,)).fetchone()
+            if row is not None:
+                found[lease_id] = row[0]
+        return found
 
     def max_seq(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(seq), -1) FROM groups").fetchone()[0]
