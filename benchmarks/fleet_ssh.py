@@ -62,6 +62,12 @@ LEARNER_SLOWDOWN = 3.0
 """learner.slowdown: the tiny model's learner paced so that the five hosts together offer about twice
 the rollouts it needs (unpaced, it needed more than all of them give on this 2-core box)."""
 RUN_TIMEOUT_S = 900
+LEARNER_CORES = 1
+"""Cores for the learner's side (coordinator, learner, launcher); the hosts' sshds, and so the
+workers they start, get the rest. Rented machines do not share the learner's CPU: on one shared
+box, every worker the controller activated slowed the learner, so demand fell as the fleet grew
+and rose as it shrank, and the controller chased its own shadow (one host acquired 3 times in a
+run)."""
 SAVING_GOAL, UTILIZATION_POINTS = 0.30, 0.05
 
 
@@ -96,8 +102,11 @@ def one_run(mode: str, seed: int, steps: int) -> dict:
     name = f"{mode}_s{seed}"
     run_dir = WORK / name
     subprocess.run(["rm", "-rf", str(run_dir), str(WORK / "sshd")], check=True)  # fresh keys for fresh sshds
+    learner_cores, host_cores = split_cores()
     with contextlib.ExitStack() as stack:
+        os.sched_setaffinity(0, host_cores)  # the sshds (and every worker they start) inherit it
         sshds = [stack.enter_context(running_sshd(WORK / "sshd" / h)) for h, _ in HOSTS]
+        os.sched_setaffinity(0, learner_cores)  # and `echo2 run` this
         for sshd in sshds:
             sshd.trust()
         inventory = write_inventory(WORK / "hosts.toml", sshds, WORK / "hosts")
@@ -117,7 +126,15 @@ def one_run(mode: str, seed: int, steps: int) -> dict:
         wall_s = time.time() - started
     if done.returncode != 0:
         raise SystemExit(f"{name} failed ({done.returncode}): see {WORK / f'{name}.log'}")
-    return measured(mode, seed, run_dir, wall_s)
+    return {**measured(mode, seed, run_dir, wall_s),
+            "cores": {"learner": sorted(learner_cores), "hosts": sorted(host_cores)}}
+
+
+def split_cores() -> tuple[set[int], set[int]]:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) <= LEARNER_CORES:
+        raise SystemExit(f"fleet_ssh needs more than {LEARNER_CORES} core(s): the hosts get their own")
+    return set(cores[:LEARNER_CORES]), set(cores[LEARNER_CORES:])
 
 
 def measured(mode: str, seed: int, run_dir: Path, wall_s: float) -> dict:
