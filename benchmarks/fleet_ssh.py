@@ -58,9 +58,10 @@ a loaded 2-core box): a worker is released only after idling longer than a boot,
 replaces a covering one only after a few boots' time (with 5 and 10 s, the first try switched sets
 every 10-20 s and starved the learner during each replacement's boot: 27% saving, 12 points of
 utilization lost)."""
-LEARNER_SLOWDOWN = 3.0
+LEARNER_SLOWDOWN = 7.0
 """learner.slowdown: the tiny model's learner paced so that the five hosts together offer about twice
-the rollouts it needs (unpaced, it needed more than all of them give on this 2-core box)."""
+the rollouts it needs (at 3, with the hosts on one core of this 2-core box and the learner on the
+other, holding all five kept the learner busy only 86% of the time)."""
 RUN_TIMEOUT_S = 900
 LEARNER_CORES = 1
 """Cores for the learner's side (coordinator, learner, launcher); the hosts' sshds, and so the
