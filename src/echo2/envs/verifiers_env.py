@@ -1,0 +1,173 @@
+"""A verifiers environment loaded for echo2: its taskset from an import path, its episodes
+played with echo2's agent loop (`verifiers_harness`) and renderer (`verifiers_renderer`)
+through the turn server (`verifiers_play`), and replayed from a submitted transcript.
+
+One `VerifiersEpisodes` per process that plays or replays (a worker, a scoring process): it
+loads the taskset once, serves the generate endpoint on 127.0.0.1 and keeps one verifiers
+`Agent` (one renderer pool) for every episode."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from echo2.envs.episode import ReplayMismatch
+from echo2.envs.verifiers_play import Answer, PlayedEpisode, TurnServer, check_replayed, play_episodes, playback
+
+RENDERER = "echo2.envs.verifiers_renderer.ExactRenderer"
+MODEL_NAME = "echo2-policy"  # what the agent calls the model; the turn server serves only it
+
+
+class EnvironmentLoadError(ValueError):
+    """The environment cannot be loaded: one line naming the field, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class VerifiersSpec:
+    environment: str
+    """Import path of a module exporting one verifiers Taskset subclass in `__all__`
+    (`module` or `module:ClassName`)."""
+    args: dict[str, Any]
+    """Fields of the taskset's config."""
+    max_turns: int
+    max_new_tokens: int
+    """Tokens of one completion."""
+    max_episode_tokens: int | None = None
+    """Tokens after the first prompt; an episode that reaches it ends (None: no bound)."""
+    renderer: str = RENDERER
+    """verifiers' renderer: a renderer name of the `renderers` package ("qwen3", "default"...) or
+    the import path of a renderer class; echo2's ExactRenderer (the model's chat template, exact
+    ids across turns) by default."""
+    tool_parser: str | None = None
+    tool_timeout_s: float = 10.0
+    max_tool_output_chars: int = 2000
+    episode_timeout_s: float = 300.0
+
+
+def taskset_class(environment: str):
+    """The Taskset subclass `environment` names; EnvironmentLoadError when it names none."""
+    import verifiers.v1 as vf
+
+    module_name, _, class_name = environment.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvironmentLoadError(f"task.environment = {environment!r}: cannot import {module_name!r} ({exc}); "
+                                "install the package that provides it on the coordinator and the workers") from exc
+    if class_name:
+        found = [getattr(module, class_name, None)]
+    else:
+        found = [getattr(module, name, None) for name in getattr(module, "__all__", [])]
+    found = [c for c in found if isinstance(c, type) and issubclass(c, vf.Taskset) and c is not vf.Taskset]
+    if len(found) != 1:
+        where = f"{class_name!r} in it" if class_name else "exactly one Taskset subclass in its __all__"
+        raise EnvironmentLoadError(f"task.environment = {environment!r}: the module needs {where} "
+                                f"(found {len(found)}); name the class as 'module:ClassName'")
+    return found[0]
+
+
+def load_tasks(environment: str, args: dict[str, Any]) -> list:
+    """Every task of the taskset, in its order (the order echo2 numbers prompts in)."""
+    from pydantic import ValidationError
+    from verifiers.v1 import Taskset, TasksetConfig
+    from verifiers.v1.utils.generic import concrete_type
+
+    cls = taskset_class(environment)
+    config_cls = concrete_type(cls, TasksetConfig, origin=Taskset) or TasksetConfig
+    try:
+        config = config_cls.model_validate(args)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise EnvironmentLoadError(f"task.args.{field}: {first['msg']} (the fields of {config_cls.__name__})") from None
+    try:
+        tasks = list(cls(config))
+    except Exception as exc:  # the environment's own code: whatever it raises is the user's to see
+        raise EnvironmentLoadError(f"task.environment = {environment!r} failed to load its tasks: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    if not tasks:
+        raise EnvironmentLoadError(f"task.environment = {environment!r} has no tasks with task.args = {args!r}")
+    return tasks
+
+
+def renderer_config(renderer: str, tool_parser: str | None):
+    """The `renderers` config for a name or a class's import path; ValueError naming the field."""
+    from pydantic import TypeAdapter, ValidationError
+    from renderers import CustomRendererConfig, RendererConfig
+    from renderers.parsers import TOOL_PARSERS
+
+    from echo2.envs.verifiers_renderer import HERMES_TEXT
+
+    parsers = sorted([*TOOL_PARSERS, HERMES_TEXT])
+    if tool_parser is not None and tool_parser not in parsers:
+        raise EnvironmentLoadError(f"task.tool_parser = {tool_parser!r} is not a tool parser (allowed: "
+                                   f"{', '.join(parsers)}); {HERMES_TEXT!r} reads <tool_call> JSON blocks from text")
+    if tool_parser == HERMES_TEXT and "." not in renderer and ":" not in renderer:
+        raise EnvironmentLoadError(f"task.tool_parser = {HERMES_TEXT!r} belongs to echo2's renderer ({RENDERER} "
+                                   f"or a subclass), not to task.renderer = {renderer!r}; leave task.renderer "
+                                   "unset or pick another parser")
+    extra = {"tool_parser": tool_parser} if tool_parser else {}
+    try:
+        if "." in renderer or ":" in renderer:
+            return CustomRendererConfig(import_path=renderer, **extra)
+        return TypeAdapter(RendererConfig).validate_python({"name": renderer, **extra})
+    except (ValidationError, ValueError, TypeError, ImportError) as exc:
+        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc).splitlines()[0]
+        raise EnvironmentLoadError(f"task.renderer = {renderer!r} (tool_parser {tool_parser!r}): {reason}; use a "
+                                   "renderer name of the renderers package or a class's import path") from None
+
+
+class VerifiersEpisodes:
+    def __init__(self, spec: VerifiersSpec, tokenizer_dir: str, tasks: list | None = None) -> None:
+        from transformers import PreTrainedTokenizerFast
+
+        self.spec, self.tokenizer_dir = spec, tokenizer_dir
+        self.tasks = tasks if tasks is not None else load_tasks(spec.environment, spec.args)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+        self.server = TurnServer([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        self.agent = None
+
+    def __enter__(self) -> VerifiersEpisodes:
+        self.server.__enter__()
+        self.agent = self._agent()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.__exit__(*exc)
+
+    def _agent(self):
+        import verifiers.v1 as vf
+        from verifiers.v1.configs.agent import TimeoutConfig as AgentTimeouts
+
+        from echo2.envs.verifiers_harness import Echo2HarnessConfig
+
+        spec = self.spec
+        renderer = renderer_config(spec.renderer, spec.tool_parser)
+        client = vf.TrainClientConfig(base_url=self.server.base_url, api_key_var="ECHO2_VERIFIERS_UNUSED_KEY",
+                                      renderer=renderer, renderer_model_name=self.tokenizer_dir)
+        harness = Echo2HarnessConfig(tool_timeout=spec.tool_timeout_s, max_tool_output_chars=spec.max_tool_output_chars)
+        return vf.Agent(vf.AgentConfig(
+            harness=harness, runtime=vf.SubprocessConfig(), model=MODEL_NAME, client=client,
+            sampling=vf.SamplingConfig(max_tokens=spec.max_new_tokens), max_turns=spec.max_turns,
+            timeout=AgentTimeouts(rollout=spec.episode_timeout_s, scoring=spec.episode_timeout_s)))
+
+    def task(self, index: int):
+        return self.tasks[index % len(self.tasks)]
+
+    def play(self, task_indices: Sequence[int], answer: Answer) -> list[PlayedEpisode]:
+        """One episode per index (repeat an index for a group), every turn answered by `answer`."""
+        return play_episodes(self.server, self.agent, [self.task(i) for i in task_indices], answer,
+                             timeout_s=self.spec.episode_timeout_s, max_episode_tokens=self.spec.max_episode_tokens)
+
+    def replay(self, task_index: int, submitted: Sequence[PlayedEpisode]) -> list[float]:
+        """Each submitted episode's reward, from playing the task again with the submitted
+        completions; ReplayMismatch when any environment segment, or where it ends, differs."""
+        expected = [replace(e, reward=0.0, ended="", errors=[]) for e in submitted]
+        replayed = self.play([task_index] * len(expected), playback(expected))
+        check_replayed(expected, replayed)
+        return [episode.reward for episode in replayed]
+
+
+__all__ = ["EnvironmentLoadError", "ReplayMismatch", "VerifiersEpisodes", "VerifiersSpec", "load_tasks"]
