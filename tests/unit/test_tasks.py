@@ -238,11 +238,15 @@ def test_every_registered_task_has_a_schema_named_like_its_entry():
         assert adapter.name == name
 
 
-@pytest.mark.parametrize("name, kind", [("addition", "single"), ("poker", "episode"), ("guess_number", "episode")])
-def test_both_kinds_of_task_are_tasks_and_say_which_they_are(name, kind):
-    task = make_task(load_run_config(None, [f"task.name={name}"]).task, seed=0)
+VERIFIERS = ["task.environment=echo2.envs.verifiers_examples.addition", "task.trust=replayable"]
+
+
+@pytest.mark.parametrize("name, kind, extra", [("addition", "single", []), ("poker", "episode", []),
+                                               ("guess_number", "episode", []), ("verifiers", "agent", VERIFIERS)])
+def test_every_kind_of_task_is_a_task_and_says_which_it_is(name, kind, extra):
+    task = make_task(load_run_config(None, [f"task.name={name}", *extra]).task, seed=0)
     assert isinstance(task, Task) and task.kind == kind
-    assert {adapter.kind for _, adapter in TASKS.values()} == {"single", "episode"}
+    assert {adapter.kind for _, adapter in TASKS.values()} == {"single", "episode", "agent"}
 
 
 def test_chat_template_variables_reach_the_template(tmp_path, tiny_model_dir):

@@ -151,12 +151,45 @@ class GuessNumberConfig(EnvTaskConfigBase):
     """Reward of a guess that is not a number from 1 to high (the game ends there)."""
 
 
+class VerifiersConfig(EnvTaskConfigBase):
+    """A verifiers environment (`pip install 'echo2[verifiers]'`): its taskset's episodes played
+    by echo2's agent loop against the workers' engines, rewarded by its own reward functions at
+    the coordinator (echo2.envs.verifiers_*). The first `eval_size` tasks are held out; the rest
+    are the training prompts, in an order drawn from the run seed. The environment supplies the
+    prompts: `system_prompt`, `instruction` and `chat_template` are not used."""
+
+    name: Literal["verifiers"] = "verifiers"
+    environment: str = Field(min_length=1, max_length=500)
+    """Import path of a module exporting one verifiers Taskset subclass in `__all__`
+    ("package.module", or "package.module:ClassName"), installed on the coordinator and workers."""
+    args: dict[str, Any] = {}
+    """The taskset config's fields."""
+    trust: Literal["replayable"]
+    """How far its episodes can be checked, said explicitly. "replayable": the coordinator plays
+    each submitted episode again with the worker's completions, runs the tools itself, refuses an
+    episode whose environment tokens differ and computes the reward with the environment's own
+    reward functions (a reward the worker sends is never used)."""
+    renderer: str = "echo2.envs.verifiers_renderer.ExactRenderer"
+    """verifiers' renderer: a name of the `renderers` package ("qwen3"...) or a class's import
+    path. The default renders with the model's chat template and keeps the engine's exact ids
+    across turns."""
+    tool_parser: str | None = None
+    """How tool calls are read from a completion: "hermes-text" (<tool_call> JSON blocks in the
+    text, for tokenizers without tool tokens), a `renderers` parser ("qwen3"...), or None: no tools."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Seconds one tool call may take; past it the model is told the call timed out."""
+    max_tool_output_chars: int = Field(2000, ge=1, le=1_000_000)
+    episode_timeout_s: float = Field(120.0, gt=0, le=86_400)
+    """Seconds one episode may take, turns, tools and scoring included."""
+
+
 TASK_SCHEMAS: dict[str, type[TaskConfigBase]] = {
     "addition": AdditionConfig,
     "math": MathConfig,
     "reasoning_gym": ReasoningGymConfig,
     "poker": PokerConfig,
     "guess_number": GuessNumberConfig,
+    "verifiers": VerifiersConfig,
 }
 """Task name -> its schema (the adapters are echo2.tasks.registry's TASKS)."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,6 +71,11 @@ def taskset_class(environment: str):
 
 def load_tasks(environment: str, args: dict[str, Any]) -> list:
     """Every task of the taskset, in its order (the order echo2 numbers prompts in)."""
+    return load_taskset(environment, args)[1]
+
+
+def load_taskset(environment: str, args: dict[str, Any]) -> tuple[Any, list]:
+    """The taskset (its shared tools) and every task of it, in its order."""
     from pydantic import ValidationError
     from verifiers.v1 import Taskset, TasksetConfig
     from verifiers.v1.utils.generic import concrete_type
@@ -83,13 +89,14 @@ def load_tasks(environment: str, args: dict[str, Any]) -> list:
         field = ".".join(str(part) for part in first["loc"])
         raise EnvironmentLoadError(f"task.args.{field}: {first['msg']} (the fields of {config_cls.__name__})") from None
     try:
-        tasks = list(cls(config))
+        taskset = cls(config)
+        tasks = list(taskset)
     except Exception as exc:  # the environment's own code: whatever it raises is the user's to see
         raise EnvironmentLoadError(f"task.environment = {environment!r} failed to load its tasks: "
                                 f"{type(exc).__name__}: {exc}") from exc
     if not tasks:
         raise EnvironmentLoadError(f"task.environment = {environment!r} has no tasks with task.args = {args!r}")
-    return tasks
+    return taskset, tasks
 
 
 def renderer_config(renderer: str, tool_parser: str | None):
@@ -119,23 +126,49 @@ def renderer_config(renderer: str, tool_parser: str | None):
                                    "renderer name of the renderers package or a class's import path") from None
 
 
+class _FirstPrompt(Exception):
+    """Ends a dry run at its first model call, carrying the prompt."""
+
+
 class VerifiersEpisodes:
-    def __init__(self, spec: VerifiersSpec, tokenizer_dir: str, tasks: list | None = None) -> None:
+    def __init__(self, spec: VerifiersSpec, tokenizer_dir: str, loaded: tuple[Any, list] | None = None) -> None:
+        """`loaded`: the taskset and its tasks, if loaded already (`load_taskset`)."""
         from transformers import PreTrainedTokenizerFast
 
         self.spec, self.tokenizer_dir = spec, tokenizer_dir
-        self.tasks = tasks if tasks is not None else load_tasks(spec.environment, spec.args)
+        self.taskset, self.tasks = loaded if loaded is not None else load_taskset(spec.environment, spec.args)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
         self.server = TurnServer([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.agent = None
+        self.shared_tools: dict = {}
+        self._tools_stack: AsyncExitStack | None = None
+        self._first_prompts: dict[int, list[int]] = {}
 
     def __enter__(self) -> VerifiersEpisodes:
         self.server.__enter__()
-        self.agent = self._agent()
+        try:
+            self.agent = self._agent()
+            self.shared_tools = self.server.run(self._serve_shared_tools(), timeout_s=self.spec.episode_timeout_s)
+        except BaseException:
+            self.server.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._tools_stack is not None:
+            self.server.run(self._tools_stack.aclose(), timeout_s=60.0)
         self.server.__exit__(*exc)
+
+    async def _serve_shared_tools(self) -> dict:
+        """The taskset's shared tool servers (`Taskset.toolsets`), started once for every episode:
+        a per-episode tool server (`Task.toolsets`) is a process started for each episode."""
+        from verifiers.v1.mcp import serve_shared
+
+        toolsets = type(self.taskset).toolsets(self.taskset.config)
+        if not toolsets:
+            return {}
+        self._tools_stack = AsyncExitStack()
+        return await self._tools_stack.enter_async_context(serve_shared(toolsets))
 
     def _agent(self):
         import verifiers.v1 as vf
@@ -159,7 +192,24 @@ class VerifiersEpisodes:
     def play(self, task_indices: Sequence[int], answer: Answer) -> list[PlayedEpisode]:
         """One episode per index (repeat an index for a group), every turn answered by `answer`."""
         return play_episodes(self.server, self.agent, [self.task(i) for i in task_indices], answer,
-                             timeout_s=self.spec.episode_timeout_s, max_episode_tokens=self.spec.max_episode_tokens)
+                             timeout_s=self.spec.episode_timeout_s, max_episode_tokens=self.spec.max_episode_tokens,
+                             tools=self.shared_tools)
+
+    def first_prompt(self, task_index: int) -> list[int]:
+        """The token ids of the task's first prompt, as its episodes will render it (a dry run to
+        its first model call, remembered)."""
+        index = task_index % len(self.tasks)
+        if index not in self._first_prompts:
+            def stop(calls):
+                raise _FirstPrompt(calls[0].prompt_ids)
+            try:
+                self.play([index], stop)
+            except _FirstPrompt as first:
+                self._first_prompts[index] = list(first.args[0])
+            else:
+                raise EnvironmentLoadError(f"task.environment = {self.spec.environment!r}: task {index} ended "
+                                           "before asking the model anything")
+        return list(self._first_prompts[index])
 
     def replay(self, task_index: int, submitted: Sequence[PlayedEpisode]) -> list[float]:
         """Each submitted episode's reward, from playing the task again with the submitted
@@ -170,4 +220,5 @@ class VerifiersEpisodes:
         return [episode.reward for episode in replayed]
 
 
-__all__ = ["EnvironmentLoadError", "ReplayMismatch", "VerifiersEpisodes", "VerifiersSpec", "load_tasks"]
+__all__ = ["EnvironmentLoadError", "ReplayMismatch", "VerifiersEpisodes", "VerifiersSpec", "load_taskset",
+           "load_tasks"]

@@ -115,6 +115,7 @@ class TurnServer:
     def __exit__(self, *exc) -> None:
         if self.runner is not None:
             self.run(self.runner.cleanup())
+        self.run(_cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 
@@ -161,18 +162,27 @@ class TurnServer:
                                                "logprobs": {"content": content}}]})
 
 
+async def _cancel_the_rest() -> None:
+    """Whatever still runs on the loop (an abandoned episode's handlers) ends with it."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+
+
 REFUSED = "refused"
 """What a call gets when its episode was refused (its prompt not exact): the harness sees an error and stops."""
 
 
 def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *, timeout_s: float = 600.0,
-                  max_episode_tokens: int | None = None) -> list[PlayedEpisode]:
+                  max_episode_tokens: int | None = None, tools: dict | None = None) -> list[PlayedEpisode]:
     """Run one episode per task with `agent` (a verifiers Agent whose client points at
     `server`), answering every turn's calls with `answer`; a completion is cut to what is left
     of `max_episode_tokens` after the first prompt, and an episode with none left ends. An
-    exception from `answer` (a replay's mismatch) ends every episode and is raised here."""
+    exception from `answer` (a replay's mismatch) ends every episode and is raised here. `tools`:
+    the taskset's shared tool servers, already running."""
     played = [PlayedEpisode() for _ in tasks]
-    runs = [server.run(_start(server, agent, task, k)) for k, task in enumerate(tasks)]
+    runs = [server.run(_start(server, agent, task, k, tools=tools or None)) for k, task in enumerate(tasks)]
     for run in runs:
         run.add_done_callback(lambda _: _notify(server))
     try:
@@ -189,10 +199,10 @@ def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *,
     return played
 
 
-async def _start(server: TurnServer, agent, task, index: int) -> asyncio.Task:
+async def _start(server: TurnServer, agent, task, index: int, *, tools: dict | None) -> asyncio.Task:
     def minted(trace) -> None:  # before its first model call: its session is this episode
         server.sessions[trace.id] = index
-    return asyncio.ensure_future(agent.run(task, on_trace=minted))
+    return asyncio.ensure_future(agent.run(task, on_trace=minted, tools=tools))
 
 
 async def _result(run: asyncio.Task):

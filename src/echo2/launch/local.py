@@ -47,7 +47,7 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     check_model_source(cfg.model)  # a missing path or an unreachable hub: one line, before anything starts
     task = make_task(cfg.task, cfg.seed)
     task.check()  # bad data is an error now, before any process starts
-    cfg.evaluation.on_workers(task.kind == "episode")  # so is evaluation where it cannot run
+    cfg.evaluation.on_workers(task.kind != "single")  # so is evaluation where it cannot run
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
     tokens = _role_tokens(cfg)

@@ -61,6 +61,22 @@ def _what(info: dict) -> str:
     return f"{info.get('measure', 'held-out accuracy')} {info['accuracy']:.3f}"
 
 
+def _agent_base(cfg: RunConfig, task, model, tokenizer, *, out: Path, log: Callable[[str], None]) -> dict:
+    """A verifiers environment has no reference answers to warm-start on: the base is the model
+    as given, measured on the held-out tasks (the in-run evaluation's measure)."""
+    from echo2.models.agent_evaluation import evaluate_agent
+
+    if cfg.warmstart.steps > 0:
+        raise ValueError(f"warmstart.steps = {cfg.warmstart.steps} with task.name = 'verifiers': a verifiers "
+                         "environment has no reference completions to imitate; set warmstart.steps = 0 and start "
+                         "from a model that can already act in it")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    log(f"measuring the base model on {task.cfg.eval_size} held-out tasks of {task.cfg.environment}")
+    report = evaluate_agent(model, tokenizer, task, cfg.sampling.max_new_tokens, tokenizer_source=str(out))
+    return {"accuracy": report["accuracy"], "measure": "held-out accuracy", "warm_start_steps": 0}
+
+
 def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     # deferred, as torch is: a base found in the cache is ready without either
     from echo2.learner.warmstart import CHECK_OFFSET, warm_start
@@ -80,6 +96,8 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
         source = str(out)
     model, tokenizer = load_model(source), load_tokenizer(source)
     task = make_task(cfg.task, cfg.seed)
+    if task.kind == "agent":
+        return _agent_base(cfg, task, model, tokenizer, out=out, log=log)
 
     def progress(step: int, loss: float) -> None:
         if step % max(1, cfg.warmstart.steps // 10) == 0 or step == cfg.warmstart.steps:

@@ -28,6 +28,13 @@ def run_eval(cfg: RunConfig, model, tokenizer, *, n: int, temperature: float, ks
 
     task = make_task(cfg.task, cfg.seed)
     task.check()
+    if task.kind == "agent":
+        from echo2.models.agent_evaluation import evaluate_agent
+
+        report = evaluate_agent(model, tokenizer, task, max_new_tokens, tokenizer_source=cfg.base_model_path,
+                                indices=task.eval_indices(limit) * n, temperature=temperature)
+        report.pop("rewards")
+        return {**report, "samples_per_episode": n}
     if task.kind == "episode":
         return _run_episodes(task, model, tokenizer, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                              limit=limit)

@@ -27,12 +27,12 @@ from echo2.learner.audit import Auditor, audit_summary
 from echo2.learner.checkpoint import latest_checkpoint, save_checkpoint
 from echo2.learner.checkpoint_reader import load_checkpoint
 from echo2.learner.distributed import init_ranks
+from echo2.learner.episode_eval import evaluate_episodes_in_run
 from echo2.learner.io import LearnerIO
 from echo2.learner.precision import resolve_precision
 from echo2.learner.samples import sample_rows
 from echo2.learner.step import emulate_slower_learner, train_step
 from echo2.models.device import DTYPES, checkpoint_dtype
-from echo2.models.env_evaluation import evaluate_episodes
 from echo2.models.evaluation import evaluate
 from echo2.models.loading import enable_activation_checkpointing, load_model, load_tokenizer
 from echo2.models.lora import adapter_payload, add_lora, audit_payload, lora_parameters
@@ -85,7 +85,7 @@ class Learner:
         )
         self.scoring_model: torch.nn.Module | None = None  # a sharded learner's audit recomputes on it
         self.task = make_task(cfg.task, cfg.seed)
-        self.multi_turn = self.task.kind == "episode"
+        self.multi_turn = self.task.kind != "single"  # episodes: echo2's environments, or a verifiers one
         if self.multi_turn and self.ranks.sharded:
             # episode evaluation generates turn by turn on one rank; sharded ranks would wait on
             # each other's collectives inside generate
@@ -335,8 +335,9 @@ class Learner:
         """Greedy pass@1 on the held-out set (task.eval_size problems, every train.eval_every
         steps), with the code `echo2 eval` runs; for a multi-turn task, task.eval_size greedy
         episodes against the training opponent (`accuracy` is then the win rate)."""
-        if self.multi_turn:
-            self._evaluate_episodes(step)
+        if self.multi_turn:  # echo2's environments, or a verifiers one (learner.episode_eval)
+            evaluate_episodes_in_run(self.model, self.tokenizer, self.task, self.cfg, step=step,
+                                     autocast=self.precision.autocast, metrics=self.metrics)
             return
         with self.precision.autocast():
             report = evaluate(self.model, self.tokenizer, self.task, self.eval_set,
@@ -360,19 +361,6 @@ class Learner:
                 return
         log.warning("no evaluation of version %d within evaluation.final_wait_s=%.0f s (are workers alive and "
                     "holding it?); stopping without it", version, limit_s)
-
-    def _evaluate_episodes(self, step: int) -> None:
-        opponent = self.task.training_opponent()
-        with self.precision.autocast():
-            report = evaluate_episodes(self.model, self.tokenizer, self.task, self.cfg.sampling.max_new_tokens,
-                                       opponents=[opponent])
-        result = report["opponents"][opponent]
-        self.metrics.write("eval", step=step, accuracy=result["win_rate"], mean_reward=result["mean_reward"],
-                           mean_reward_ci95=result["ci95"], illegal_rate=result["illegal_rate"],
-                           problems=result["episodes"], opponent=opponent, eval_s=report["seconds"])
-        log.info("eval after step %d: mean reward %.3f +- %.3f, win rate %.3f, illegal %.3f over %d episodes "
-                 "against %s", step, result["mean_reward"], result["ci95"], result["win_rate"], result["illegal_rate"],
-                 result["episodes"], opponent)
 
 
 def learner_tokens_per_s(stats: dict) -> dict[str, float]:

@@ -39,6 +39,20 @@ def env_task_from(cfg: TaskConfig | None) -> EnvTask | None:
     return task
 
 
+def episode_player(engine: Engine, cfg: TaskConfig | None, model_source: str, max_new_tokens: int):
+    """What plays the run's multi-turn leases: an EpisodePlayer (echo2's environments), an
+    AgentPlayer (a verifiers environment) or None (single-turn). Blocking: an environment is
+    imported and its tasks loaded."""
+    if cfg is None:
+        return None
+    if cfg.name == "verifiers":
+        from echo2.envs.verifiers_task import VerifiersTask
+        from echo2.rollout.agent_episodes import AgentPlayer
+
+        return AgentPlayer(engine, VerifiersTask(cfg, seed=0), model_source, max_new_tokens)
+    return EpisodePlayer(engine, env_task_from(cfg), model_source)
+
+
 class EpisodePlayer:
     def __init__(self, engine: Engine, task: EnvTask, model_source: str) -> None:
         self.engine, self.task = engine, task
@@ -69,6 +83,11 @@ class EpisodePlayer:
         versions.finish()
         return groups
 
+    def groups(self, tasks: list[Task], inflight: InFlight | None = None) -> list[list[RolloutCompletion]]:
+        return [[completion(e) for e in group] for group in self.play(tasks, inflight)]
+
+    def close(self) -> None:
+        pass
     def _start(self, task: Task) -> list[Episode]:
         if task.episode_seed is None:
             raise ValueError(f"lease {task.lease_id} has no episode seed, but the run's task is multi-turn")
@@ -125,13 +144,13 @@ def completion(episode: Episode) -> RolloutCompletion:
                              token_versions=episode.token_versions)
 
 
-def sample_groups(engine: Engine, episodes: EpisodePlayer | None, tasks: list[Task],
+def sample_groups(engine: Engine, episodes, tasks: list[Task],
                   inflight: InFlight | None = None) -> list[list[RolloutCompletion]]:
     """Blocking: G completions per leased task, or G episodes per task for a multi-turn task.
     `inflight`: generations take newer versions at segment boundaries (episodes also
     between turns)."""
-    if episodes is not None:
-        return [[completion(e) for e in group] for group in episodes.play(tasks, inflight)]
+    if episodes is not None:  # an EpisodePlayer or an AgentPlayer (episode_player)
+        return episodes.groups(tasks, inflight)
     requests = [GenRequest(t.prompt_ids, t.sampling.group_size, t.sampling.temperature, t.sampling.max_new_tokens,
                            seed=t.sampling_seed) for t in tasks]
     return [[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs, token_versions=c.token_versions)

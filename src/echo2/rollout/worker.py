@@ -40,7 +40,7 @@ from echo2.rollout.control import HEARTBEAT_TIMEOUT_S, ControlLine
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
 from echo2.rollout.engine import Engine, InFlight
 from echo2.rollout.engine_factory import engine_type, make_engine
-from echo2.rollout.episodes import EpisodePlayer, env_task_from, sample_groups
+from echo2.rollout.episodes import episode_player, sample_groups
 from echo2.rollout.follower import VersionFollower
 from echo2.rollout.link import CoordinatorLink, Stopping
 from echo2.rollout.waits import unless_set, wait_either
@@ -73,7 +73,7 @@ class Worker:
                       "eval_prompts": 0, "eval_s": 0.0}
         self.failure: WorkerFailed | None = None  # set by a background loop that gave up
         self.activity = ActivityLog(self.stats, cfg.log_every_s)
-        self.episodes: EpisodePlayer | None = None  # set on joining a run whose task is multi-turn
+        self.episodes = None  # set on joining a run whose task is multi-turn (rollout.episodes.episode_player)
         self.hold_version: int | None = None  # the version an evaluation this worker serves needs
         # set once the run starts (`run`, `_run`) and the worker registers (`_register`)
         self.stop: asyncio.Event | None = None
@@ -123,14 +123,16 @@ class Worker:
         try:
             source = self.cfg.model_source or reg.model_source
             self.engine = await self._load_engine(source, reg.lora)
-            env_task = env_task_from(reg.task)
-            self.episodes = EpisodePlayer(self.engine, env_task, source) if env_task is not None else None
+            self.episodes = await asyncio.to_thread(episode_player, self.engine, reg.task, source,
+                                                    reg.sampling.max_new_tokens)
             background.append(asyncio.create_task(self.follower.run(stop)))
             await self._work(stop)
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if self.episodes is not None:  # a verifiers environment's turn server and tool servers
+                await asyncio.to_thread(self.episodes.close)
             await self._leave()
             self.metrics.write("worker_done", worker_id=self.worker_id, **self.stats)
             log.info("stopped: %d rollouts (%d tokens) generated, %d groups dropped", self.stats["rollouts"],

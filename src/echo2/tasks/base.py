@@ -16,9 +16,10 @@ from typing import Literal, Protocol, runtime_checkable
 from echo2.config.task import TaskConfigBase
 from echo2.envs.chat import first_messages, render_messages
 
-TaskKind = Literal["single", "episode"]
+TaskKind = Literal["single", "episode", "agent"]
 """"single": one prompt, one completion, one reward (a `TaskAdapter`). "episode": turns in an
-environment, rewarded at the end (an echo2.envs.task `EnvTask`)."""
+environment, rewarded at the end (an echo2.envs.task `EnvTask`). "agent": an environment's own
+agent program, its model calls answered turn by turn (echo2.envs.verifiers_task `VerifiersTask`)."""
 
 
 @runtime_checkable

@@ -108,11 +108,15 @@ def _model_json(model_source: str, name: str) -> dict:
 
 def make_scorer(task, model_source: str, max_action_tokens: int):
     """The coordinator's scorer for `task`: decoded completions scored by a task adapter, or
-    multi-turn episodes replayed in their environment."""
+    multi-turn episodes replayed in their environment (echo2's own, or a verifiers one)."""
     if task.kind == "episode":
         from echo2.coordinator.scoring.replay import EpisodeScorer
 
         return EpisodeScorer(task, model_source, max_action_tokens)
+    if task.kind == "agent":
+        from echo2.coordinator.scoring.agent_replay import AgentScorer
+
+        return AgentScorer(task, model_source, max_action_tokens)
     return Scorer(task, model_source)
 
 

@@ -1,7 +1,8 @@
 """Multi-digit arithmetic with a calculator tool, as a verifiers environment: "Compute a+b."
 with operands of `digits` digits, and a calculator (an MCP toolset, verifiers' way) the model may
 call with `<tool_call>{"name": "calc_add", "arguments": {"a": 37, "b": 45}}</tool_call>`. The
-system prompt says so, since small models' chat templates do not render tool schemas. Reward 1
+system prompt says so, since small models' chat templates do not render tool schemas. The
+calculator is the taskset's shared toolset: one server for every episode. Reward 1
 when the last integer of the final reply is the answer. Its data is generated from `seed`."""
 
 from __future__ import annotations
@@ -34,15 +35,7 @@ class ArithmeticData(vf.TaskData):
     answer: str
 
 
-class ArithmeticTaskConfig(vf.TaskConfig):
-    tools: vf.ToolsetConfig = vf.ToolsetConfig()
-
-
-class ArithmeticTask(vf.Task[ArithmeticData, vf.State, ArithmeticTaskConfig]):
-    @classmethod
-    def toolsets(cls, config: ArithmeticTaskConfig) -> list[vf.Toolset]:
-        return [Calculator(config.tools)]
-
+class ArithmeticTask(vf.Task[ArithmeticData, vf.State, vf.TaskConfig]):
     @vf.reward(weight=1.0)
     async def correct(self, trace: vf.Trace) -> float:
         numbers = re.findall(r"-?\d+", trace.last_reply or "")
@@ -57,17 +50,22 @@ class ArithmeticTasksetConfig(vf.TasksetConfig):
     digits: int = 2
     count: int = 1000
     seed: int = 0
-    task: ArithmeticTaskConfig = ArithmeticTaskConfig()
+    tools: vf.ToolsetConfig = vf.ToolsetConfig()
 
 
 class ArithmeticTaskset(vf.Taskset[ArithmeticTask, ArithmeticTasksetConfig]):
+    @classmethod
+    def toolsets(cls, config: ArithmeticTasksetConfig) -> list[vf.Toolset]:
+        """One calculator for every episode (it keeps no state): started once, not per episode."""
+        return [Calculator(config.tools)]
+
     def load(self):
         rng = random.Random(self.config.seed)
         low, high = 10 ** (self.config.digits - 1), 10 ** self.config.digits - 1
         for index in range(self.config.count):
             a, b = rng.randint(low, high), rng.randint(low, high)
             yield ArithmeticTask(ArithmeticData(idx=index, prompt=f"Compute {a}+{b}.", answer=str(a + b),
-                                                system_prompt=SYSTEM_PROMPT), self.config.task)
+                                                system_prompt=SYSTEM_PROMPT))
 
 
 __all__ = ["ArithmeticTaskset"]
