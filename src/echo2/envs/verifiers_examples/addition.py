@@ -1,11 +1,15 @@
 """Single-turn addition as a verifiers environment: "a+b=" with operands of up to `digits`
-digits, drawn from `seed`; reward 1 when the last integer of the reply is the sum. The same
-problems as echo2's native `addition` task, so the two paths can be compared on one budget."""
+digits, drawn from `seed`, or the rows of JSONL files ({"question": ..., "answer": ...}, in
+order: benchmarks/env_learning.py gives it the rows echo2's native `math` task trains and
+evaluates on); `instruction` goes on the line after each question, as echo2's tasks put it.
+Reward 1 when the last integer of the reply is the answer."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from pathlib import Path
 
 import verifiers.v1 as vf
 
@@ -26,16 +30,32 @@ class AdditionTasksetConfig(vf.TasksetConfig):
     count: int = 1000
     seed: int = 0
     system_prompt_text: str = ""
+    instruction: str = ""
+    data_files: list[str] = []
+    """JSONL files of {"question", "answer"} rows: the tasks, in order (then digits, count and
+    seed are not used)."""
 
 
 class AdditionTaskset(vf.Taskset[AdditionTask, AdditionTasksetConfig]):
     def load(self):
+        for index, (question, answer) in enumerate(self._rows()):
+            prompt = f"{question}\n{self.config.instruction}" if self.config.instruction else question
+            yield AdditionTask(AdditionData(idx=index, prompt=prompt, answer=answer,
+                                            system_prompt=self.config.system_prompt_text or None))
+
+    def _rows(self):
+        if self.config.data_files:
+            for name in self.config.data_files:
+                for line in Path(name).read_text().splitlines():
+                    if line.strip():
+                        row = json.loads(line)
+                        yield str(row["question"]), str(row["answer"])
+            return
         rng = random.Random(self.config.seed)
         high = 10 ** self.config.digits - 1
-        for index in range(self.config.count):
+        for _ in range(self.config.count):
             a, b = rng.randint(0, high), rng.randint(0, high)
-            yield AdditionTask(AdditionData(idx=index, prompt=f"{a}+{b}=", answer=str(a + b),
-                                            system_prompt=self.config.system_prompt_text or None))
+            yield f"{a}+{b}=", str(a + b)
 
 
 __all__ = ["AdditionTaskset"]
