@@ -15,6 +15,11 @@ from echo2.protocol.messages import RolloutCompletion, Task
 from echo2.rollout.engine import Engine, GenRequest
 
 
+class EpisodesFailed(RuntimeError):
+    """An episode of the lease ended before the model's first turn (its environment failed to
+    start): the lease cannot be submitted whole; it expires and goes to another worker."""
+
+
 class AgentPlayer:
     def __init__(self, engine: Engine, task: VerifiersTask, model_source: str, max_new_tokens: int) -> None:
         """Blocking (imports the environment, loads its tasks, starts its shared tools): build it
@@ -56,8 +61,8 @@ class AgentPlayer:
         played = self.episodes.play(indices, answer)
         for k, episode in enumerate(played):
             if not episode.segments:
-                raise ValueError(f"lease {seats[k][0].lease_id}: episode {seats[k][1]} ended before the model's first "
-                                 f"turn: {'; '.join(episode.errors) or episode.ended}")
+                raise EpisodesFailed(f"lease {seats[k][0].lease_id}: episode {seats[k][1]} ended before the model's "
+                                     f"first turn: {'; '.join(episode.errors) or episode.ended}")
         completions = [RolloutCompletion(token_ids=e.token_ids, logprobs=e.logprobs, segments=e.segments)
                        for e in played]
         size = [t.sampling.group_size for t in tasks]

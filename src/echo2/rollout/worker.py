@@ -36,6 +36,7 @@ from echo2.protocol.messages import (
 )
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
+from echo2.rollout.agent_episodes import EpisodesFailed
 from echo2.rollout.control import HEARTBEAT_TIMEOUT_S, ControlLine
 from echo2.rollout.diagnosis import WorkerFailed, refusal_fix, registration_reply
 from echo2.rollout.engine import Engine, InFlight
@@ -295,7 +296,12 @@ class Worker:
         paced = (inflight is not None or self.cfg.slowdown_per_token) and hasattr(self.engine, "slowdown")
         if hasattr(self.engine, "slowdown"):
             self.engine.slowdown = self.cfg.slowdown if paced else 1.0
-        groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
+        try:
+            groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
+        except EpisodesFailed as exc:  # the environment's fault, not this worker's: the next lease may work
+            log.warning("%s; its leases expire and go to another worker", exc)
+            self.metrics.write("episodes_failed", worker_id=self.worker_id, leases=len(tasks), error=str(exc)[:500])
+            return
         if self.cfg.slowdown > 1 and not paced:
             await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
         gen_s = time.perf_counter() - started
