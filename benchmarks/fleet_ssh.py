@@ -222,7 +222,11 @@ def report() -> dict:
         saving = 1 - online["billed_usd_per_step"] / held["billed_usd_per_step"]
         points = online["learner_utilization"] - held["learner_utilization"]
         predicted = sim_prediction(WORK / f"online_s{seed}", seed)
+        # the bill per second of run: what the saving would be if both runs took the same time
+        rate_saving = 1 - (online["billed_usd"] / online["wall_s"]) / (held["billed_usd"] / held["wall_s"])
         pairs.append({"seed": seed, "saving_per_step": round(saving, 4), "sim_predicted": predicted,
+                      "wall_s": {"online": online["wall_s"], "held": held["wall_s"]},
+                      "saving_per_wall_second": round(rate_saving, 4),
                       "sim_minus_measured_points": round(predicted["saving_per_step"] - saving, 4),
                       "saving_per_group": round(1 - online["billed_usd_per_group"] / held["billed_usd_per_group"], 4),
                       "utilization_points": round(points, 4),
