@@ -28,7 +28,7 @@ ENVIRONMENTS = {
 
 @pytest.mark.parametrize("name", sorted(ENVIRONMENTS))
 def test_a_verifiers_environment_trains_through_echo2_run(tmp_path, name):
-    small = small_run_config(tmp_path / name, warmstart={"steps": 0},
+    small = small_run_config(tmp_path / name, warmstart={"steps": 0}, workers={"count": 1},
                              sampling={"max_new_tokens": 6 if name == "addition" else 48, "group_size": 4},
                              train={"steps": 4, "checkpoint_every": 2, "eval_every": 4})
     cfg = RunConfig.model_validate({**small.model_dump(), "task": {"name": "verifiers", "trust": "replayable",

@@ -169,11 +169,8 @@ def test_a_tool_result_the_environment_did_not_give_is_refused_by_the_replay(cal
         calculator.replay(1, [cut])
 
 
-def test_the_episode_token_budget_ends_an_episode_and_cuts_its_completion(tokenizer_dir, tokenizer):
-    spec = VerifiersSpec(CALCULATOR, {"count": 2}, max_turns=3, max_new_tokens=96, max_episode_tokens=40,
-                         tool_parser="hermes-text")
-    with VerifiersEpisodes(spec, tokenizer_dir) as episodes:
-        [episode] = episodes.play([0], scripted(tokenizer, lambda _, p: "x" * 80))
+def test_the_episode_token_budget_ends_an_episode_and_cuts_its_completion(calculator, tokenizer):
+    [episode] = calculator.play([0], scripted(tokenizer, lambda _, p: "x" * 80), max_episode_tokens=40)
     assert episode.segments == [40] and episode.reward == 0.0
 
 

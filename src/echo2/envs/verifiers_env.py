@@ -189,10 +189,13 @@ class VerifiersEpisodes:
     def task(self, index: int):
         return self.tasks[index % len(self.tasks)]
 
-    def play(self, task_indices: Sequence[int], answer: Answer) -> list[PlayedEpisode]:
-        """One episode per index (repeat an index for a group), every turn answered by `answer`."""
+    def play(self, task_indices: Sequence[int], answer: Answer, *,
+             max_episode_tokens: int | None = None) -> list[PlayedEpisode]:
+        """One episode per index (repeat an index for a group), every turn answered by `answer`;
+        `max_episode_tokens`: a tighter budget than the spec's."""
+        budget = self.spec.max_episode_tokens if max_episode_tokens is None else max_episode_tokens
         return play_episodes(self.server, self.agent, [self.task(i) for i in task_indices], answer,
-                             timeout_s=self.spec.episode_timeout_s, max_episode_tokens=self.spec.max_episode_tokens,
+                             timeout_s=self.spec.episode_timeout_s, max_episode_tokens=budget,
                              tools=self.shared_tools)
 
     def first_prompt(self, task_index: int) -> list[int]:

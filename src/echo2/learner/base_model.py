@@ -56,25 +56,23 @@ def prepare_base_model(cfg: RunConfig, log: Callable[[str], None] = print) -> di
 
 
 def _what(info: dict) -> str:
+    if "as_given" in info:
+        return info["as_given"]
     if "accuracy" not in info:
         return f"{info.get('architecture', 'model')} dequantized from {info.get('gguf', 'GGUF')}"
     return f"{info.get('measure', 'held-out accuracy')} {info['accuracy']:.3f}"
 
 
-def _agent_base(cfg: RunConfig, task, model, tokenizer, *, out: Path, log: Callable[[str], None]) -> dict:
+def _agent_base(cfg: RunConfig, task, model, tokenizer, *, out: Path) -> dict:
     """A verifiers environment has no reference answers to warm-start on: the base is the model
-    as given, measured on the held-out tasks (the in-run evaluation's measure)."""
-    from echo2.models.agent_evaluation import evaluate_agent
-
+    as given (the learner's first evaluation measures it)."""
     if cfg.warmstart.steps > 0:
         raise ValueError(f"warmstart.steps = {cfg.warmstart.steps} with task.name = 'verifiers': a verifiers "
                          "environment has no reference completions to imitate; set warmstart.steps = 0 and start "
                          "from a model that can already act in it")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    log(f"measuring the base model on {task.cfg.eval_size} held-out tasks of {task.cfg.environment}")
-    report = evaluate_agent(model, tokenizer, task, cfg.sampling.max_new_tokens, tokenizer_source=str(out))
-    return {"accuracy": report["accuracy"], "measure": "held-out accuracy", "warm_start_steps": 0}
+    return {"warm_start_steps": 0, "as_given": f"no warm start: {task.cfg.environment} has no reference answers"}
 
 
 def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
@@ -97,7 +95,7 @@ def _build(cfg: RunConfig, out: Path, log: Callable[[str], None]) -> dict:
     model, tokenizer = load_model(source), load_tokenizer(source)
     task = make_task(cfg.task, cfg.seed)
     if task.kind == "agent":
-        return _agent_base(cfg, task, model, tokenizer, out=out, log=log)
+        return _agent_base(cfg, task, model, tokenizer, out=out)
 
     def progress(step: int, loss: float) -> None:
         if step % max(1, cfg.warmstart.steps // 10) == 0 or step == cfg.warmstart.steps:
