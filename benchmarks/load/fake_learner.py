@@ -2,7 +2,10 @@
 coordinator (learner/train.py, learner/io.py). It publishes version 0, then, step after step,
 asks for step t's batch (POST /v1/batch, a long poll, reporting its busy time of the last step
 as `step_time_s` and its newest "checkpoint" as `durable_step`, as the real learner does),
-"trains" for `train_s` (a sleep), and publishes version t+1: a REAL signed manifest of the run's
+"trains" for `train_s` (a sleep), reports the rollout audit's verdicts on the batch (every group
+passes: the simulated workers are honest, and the coordinator credits a worker's measured rate
+only once the audit has passed some of its groups, policy/credit.py), and publishes version
+t+1: a REAL signed manifest of the run's
 base weights (base/model.safetensors, a few bytes changed per version so every version hashes
 differently), Ed25519-signed with a key made for the run. It serves no chunks: simulated
 workers fetch nothing (the origin URL it announces points at no server).
@@ -29,9 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aiohttp  # noqa: E402
 
 from echo2.broadcast.signing import generate_private_key, public_key_hex, sign_manifest  # noqa: E402
-from echo2.protocol.learner_api import BatchRequest, BatchResponse, PublishRequest  # noqa: E402
+from echo2.protocol.learner_api import (  # noqa: E402
+    AuditReport,
+    BatchRequest,
+    BatchResponse,
+    GroupAudit,
+    PublishRequest,
+)
 from echo2.protocol.manifest import build_manifest  # noqa: E402
-from echo2.protocol.messages import VersionInfo  # noqa: E402
+from echo2.protocol.messages import TrainGroup, VersionInfo  # noqa: E402
 from load.stats import Recorder  # noqa: E402
 
 REQUEST_TIMEOUT_S = 60.0  # learner.request_timeout_s's default (a batch long poll adds its wait)
@@ -67,6 +76,7 @@ class FakeLearner:
                     continue
                 wait_s = time.perf_counter() - started
                 await asyncio.sleep(self.train_s)
+                await self._report_audit(step, groups)
                 publish_s = await self._publish(step + 1)
                 busy_s = self.train_s + publish_s
                 self._record_step(step, len(groups), wait_s, publish_s)
@@ -95,6 +105,14 @@ class FakeLearner:
             await asyncio.gather(job, return_exceptions=True)
             return []
         return BatchResponse.model_validate_json(job.result()).groups
+
+    async def _report_audit(self, step: int, groups: list[TrainGroup]) -> None:
+        """learner/io.py's `report_audit`: each trained group recomputed under its version and
+        passed (the real learner audits a keyed share of them; passing all only credits sooner)."""
+        verdicts = [GroupAudit(lease_id=g.lease_id, worker_id=g.worker_id, version=g.version,
+                               tokens=sum(len(c.token_ids) for c in g.completions), mean_abs_logprob_diff=0.0,
+                               recomputed=True, sampler_violations=0, failed=False) for g in groups]
+        await self._with_retries("audit", "/v1/audit", AuditReport(step=step, groups=verdicts), REQUEST_TIMEOUT_S)
 
     async def _publish(self, version: int) -> float:
         """Sign `version` (hashing off the event loop, as the real learner hashes in its

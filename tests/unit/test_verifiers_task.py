@@ -4,6 +4,9 @@ hold out `eval_size` tasks is one line before any process starts."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 pytest.importorskip("verifiers.v1")
@@ -45,3 +48,26 @@ def test_a_taskset_with_nothing_left_to_train_on_is_refused_before_the_run():
         task.check()
     with pytest.raises(EnvironmentLoadError, match="task.tool_parser = 'nope'"):
         _task("task.trust=replayable", "task.tool_parser=nope").check()
+
+
+def test_the_coordinator_makes_lease_prompts_ahead_on_a_thread_not_on_its_event_loop(tiny_model_dir):
+    from echo2.coordinator.scoring.agent_replay import PROMPTS_AHEAD, AgentScorer
+
+    task = _task("task.trust=replayable", "task.eval_size=4", "task.args={count = 200}")
+    scorer = AgentScorer(task, str(tiny_model_dir), 16)
+    episodes = scorer.episodes
+    assert episodes.known_first_prompt(task.train_index(1)) is None  # only the first is made at start
+    first = scorer.prompt_ids(0)  # a lease asks: the next PROMPTS_AHEAD are made on a thread
+    assert scorer._rendering is not None and scorer._rendering.daemon
+    deadline = time.monotonic() + 60
+    while episodes.known_first_prompt(task.train_index(PROMPTS_AHEAD)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    made = [episodes.known_first_prompt(task.train_index(i)) for i in range(1, PROMPTS_AHEAD + 1)]
+    assert all(prompt is not None for prompt in made)
+    assert episodes.known_first_prompt(task.train_index(PROMPTS_AHEAD + 1)) is None  # no further than asked
+
+    played_on = []  # a lease for a made prompt plays nothing where it is asked
+    episodes.play = lambda *args, **kwargs: played_on.append(threading.current_thread().name)
+    assert scorer.prompt_ids(5) == made[4] and scorer.prompt_ids(0) == first
+    assert threading.current_thread().name not in played_on
+    assert made[4] != first  # each prompt is its own task's

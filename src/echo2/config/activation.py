@@ -36,8 +36,10 @@ class ActivationConfig(Frozen):
     """Unmeasured workers active at once beside a measured set that covers demand, so they can
     prove themselves; those that have spent the least time on probation go first. Unbounded,
     probation would keep most of a large fleet active and billed while a full lease window left
-    most of them no work to be measured by. When the measured workers fall short, every worker
-    runs."""
+    most of them no work to be measured by. When the measured workers fall short, as many more
+    run as would cover the rest at the measured workers' mean rate; before any rate or the
+    demand is known, every worker runs. Either way, at most twice the (S + 1) x
+    prompts_per_step groups a full lease window holds: more could not all hold work at once."""
     probation_timeout_s: float = Field(120.0, gt=0)
     """A worker keeps its probation slot this long (time active, unmeasured) before it goes to
     the back of the queue: long enough to load the current version and generate min_samples

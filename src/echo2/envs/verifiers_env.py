@@ -214,6 +214,11 @@ class VerifiersEpisodes:
                                            "before asking the model anything")
         return list(self._first_prompts[index])
 
+    def known_first_prompt(self, task_index: int) -> list[int] | None:
+        """The task's first prompt if a dry run has made it already; None otherwise."""
+        made = self._first_prompts.get(task_index % len(self.tasks))
+        return None if made is None else list(made)
+
     def replay(self, task_index: int, submitted: Sequence[PlayedEpisode]) -> list[float]:
         """Each submitted episode's reward, from playing the task again with the submitted
         completions; ReplayMismatch when any environment segment, or where it ends, differs."""

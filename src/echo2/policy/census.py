@@ -18,7 +18,7 @@ from operator import itemgetter
 
 from echo2.planner import Offer
 from echo2.policy.credit import checked
-from echo2.policy.worker_view import WorkerView
+from echo2.policy.worker_view import ControlDecision, WorkerView
 
 
 @dataclass
@@ -61,6 +61,25 @@ def probation_trial(workers: dict[str, WorkerView], probation: list[str], slots:
         return (not holding, view.probation_s)
 
     return set(heapq.nsmallest(slots, probation, key=order))
+
+
+def window_decision(workers: dict[str, WorkerView], measured: list[str], probation: list[str], required_rps: float,
+                    *, cap: int | None, timeout_s: float) -> ControlDecision:
+    """The controller off, or demand or rates not yet known: every worker, but at most `cap`
+    (twice the groups a full lease window holds: as many workers as can hold work at once, and
+    as many again ready to take the room one frees; 10,000 of them asking for work together
+    swamp the coordinator). The measured go first, then those on probation in
+    `probation_trial`'s order. `cap` None: every worker."""
+    everyone = len(measured) + len(probation)
+    if cap is None or everyone <= cap:
+        active = set(measured) | set(probation)
+    else:
+        active = set(sorted(measured)[:cap])
+        active |= probation_trial(workers, probation, cap - len(active), timeout_s=timeout_s)
+    left = everyone - len(active)
+    waiting = f" ({left} waiting: twice a full lease window, {cap} groups, run)" if left else ""
+    return ControlDecision(active, required_rps,
+                           f"controller off, demand not yet known or no rate measured: run all{waiting}", False)
 
 
 def unmeasured_to_cover(offers: list[Offer], required_rps: float) -> int:

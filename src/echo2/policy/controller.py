@@ -8,11 +8,10 @@ the planner's activation rule for the cheapest set covering what the learner con
 hysteresis so the set does not flap. The admitted share is measured rather than predicted from
 the overlap condition T_dis + T_gen <= S x T_train: that closed form is all-or-nothing, while a
 worker near the boundary still delivers part of its groups in time (see docs/sim.md). The
-measured latencies feed the reported S_min. Only checked work is credited (a rate the audit has
-not caught up with adds nothing), and no worker is credited with all of the demand while other
-measured workers are live (`policy.credit`). It also integrates cost: a worker bills for every
-second it is rented, active or idle, until its fleet provider releases it (see
-policy/fleet_sync.py), plus the learner.
+measured latencies feed the reported S_min. Only checked work is credited, and no worker is
+credited with all of the demand while other measured workers are live (`policy.credit`). It
+also integrates cost: a worker bills for every second it is rented, active or idle, until its
+fleet provider releases it (policy/fleet_sync.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
 heartbeats and submissions; it keeps no I/O of its own.
@@ -35,7 +34,7 @@ from echo2.planner import (
     min_staleness,
     swapped_lateness_s,
 )
-from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover
+from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover, window_decision
 from echo2.policy.credit import capped_offers, checked, credited_rps, note_checked, note_rate
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
@@ -51,13 +50,17 @@ MIN_SAMPLE_BUSY_S = 0.05
 class ActivationController:
     def __init__(self, cfg: ActivationConfig, *, batch_rollouts: int, max_staleness: int,
                  learner_price_per_hour: float, now: float, catalog: PlanConfig | None = None,
-                 max_masked_fraction: float = 0.5, min_passed_audits: int = 0) -> None:
+                 max_masked_fraction: float = 0.5, min_passed_audits: int = 0,
+                 groups_per_step: int | None = None) -> None:
         """`catalog`: the run's activation catalog (`echo2 plan`'s schema); with it, workers
         that declare a class in it are chosen by the planner's model (`policy.planned`).
         `max_masked_fraction`: train.max_masked_fraction, for S_min once segment swaps are seen.
         `min_passed_audits`: passed audits before a worker's rate counts, and then only as far as
-        the audit has caught up with it (`policy.credit`; 0 where nothing is audited)."""
+        the audit has caught up with it (`policy.credit`; 0 where nothing is audited).
+        `groups_per_step`: while demand or rates are unknown, no more workers run than twice the
+        (S + 1) x groups_per_step groups a full lease window holds (`census.window_decision`)."""
         self.cfg, self.batch_rollouts, self.max_staleness = cfg, batch_rollouts, max_staleness
+        self.max_unmeasured = None if groups_per_step is None else 2 * (max_staleness + 1) * groups_per_step
         self.min_passed_audits = min_passed_audits
         self.planned = None if catalog is None else PlannedCover(catalog, cfg, batch_rollouts=batch_rollouts)
         self.learner_price_per_hour = learner_price_per_hour
@@ -269,8 +272,9 @@ class ActivationController:
         if not everyone:
             decision = ControlDecision(set(), required, "no live workers", False)
         elif not self.cfg.enabled or not math.isfinite(required) or not offers:
-            decision = ControlDecision(everyone, required,
-                                       "controller off, demand not yet known or no rate measured: run all", False)
+            decision = window_decision(self.workers, [o.id for o in offers], probation, required,
+                                       cap=self.max_unmeasured if self.cfg.enabled else None,
+                                       timeout_s=self.cfg.probation_timeout_s)
         else:
             decision, slots = self._cover(offers, current, required, now)
             if probation:
@@ -328,16 +332,14 @@ class ActivationController:
         # the bare requirement: noise inside the [R, headroom x R] band changes nothing
         proposal = activate(offers, target)
         if not proposal.feasible:
-            # short: every measured worker, and enough unmeasured ones to cover the rest if
-            # they are as fast as the measured average (not all of them: a large fleet would
-            # bill while a full window lets few of them be measured)
-            # (those credited next to nothing aside: a worker too stale to ever lease, or failed
-            # by the audit, adds only its bill)
-            useful = delivering(offers)
-            decision = ControlDecision(useful, required,
+            # short: every measured worker that delivers (one too stale to lease, or failed by the
+            # audit, adds only its bill), and enough unmeasured ones to cover the rest if as fast
+            # as the measured average, at most a full window's groups (more could not all be measured)
+            decision = ControlDecision(delivering(offers), required,
                                        f"no measured set covers demand ({proposal.reason}): all measured that deliver",
                                        False)
-            return decision, max(self.cfg.probation_slots, unmeasured_to_cover(offers, target))
+            slots = max(self.cfg.probation_slots, unmeasured_to_cover(offers, target))
+            return decision, slots if self.max_unmeasured is None else min(slots, self.max_unmeasured)
         kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
         decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
         if kept.switched and self._too_soon_to_save(current, offers, required, now):

@@ -87,7 +87,8 @@ class Controller:
             self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
                                              max_staleness=work.max_staleness,
                                              learner_price_per_hour=scenario.learner.price_per_hour, now=0.0,
-                                             catalog=catalog, max_masked_fraction=work.max_masked_fraction)
+                                             catalog=catalog, max_masked_fraction=work.max_masked_fraction,
+                                             groups_per_step=work.prompts_per_step)
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
             if offered:

@@ -65,7 +65,8 @@ def _controller(cfg: RunConfig, *, now: float) -> ActivationController:
                                       learner_price_per_hour=cfg.learner.price_per_hour, now=now,
                                       catalog=cfg.activation_plan(), max_masked_fraction=cfg.train.max_masked_fraction,
                                       # rates count once the audit has checked some work (the audit off: as measured)
-                                      min_passed_audits=MIN_PASSED_AUDITS if cfg.audit.enabled else 0)
+                                      min_passed_audits=MIN_PASSED_AUDITS if cfg.audit.enabled else 0,
+                                      groups_per_step=cfg.grpo.prompts_per_step)
     for offered in cfg.offered_workers():
         controller.offer(*offered)
     return controller

@@ -9,11 +9,22 @@ submission, as for echo2's own environments (coordinator.scoring.replay)."""
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+
 from echo2.config.task import VerifiersConfig
 from echo2.envs.transcript import chat_tokenizer, model_vocab_size
 from echo2.envs.verifiers_play import PlayedEpisode
 from echo2.envs.verifiers_task import VerifiersTask
 from echo2.protocol.messages import RolloutCompletion
+
+log = logging.getLogger("echo2.coordinator")
+
+PROMPTS_AHEAD = 64
+"""First prompts rendered on a thread ahead of the newest one a lease asked for: each is a dry
+run of the episode to its first model call (about 50 ms), which the event loop would otherwise
+wait on, lease after lease."""
 
 
 class AgentScorer:
@@ -24,10 +35,14 @@ class AgentScorer:
         self.max_episode_tokens: int | None = task.cfg.max_episode_tokens
         # one turn server and agent for the process's life (a daemon thread: it ends with it)
         self.episodes = task.episodes(model_source, max_action_tokens).__enter__()
+        self._playing = threading.Lock()  # the turn server plays one batch of episodes at a time
+        self._wanted: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._ahead_to = 0
+        """Prompt indices below this are made, or queued for the render thread."""
+        self._rendering: threading.Thread | None = None
         # the first dry run imports and starts what every later one reuses (seconds): here, before
-        # the coordinator serves, not on its event loop at the first lease. Each later prompt is
-        # one dry run to the first model call (about 50 ms), remembered.
-        self.prompt_ids(0)
+        # the coordinator serves, not on its event loop at the first lease
+        self._first_prompt(0)
 
     def episode_seed(self, prompt_index: int) -> int:
         """What a lease tells its worker: the index of the task in the taskset."""
@@ -37,18 +52,49 @@ class AgentScorer:
         return self.task.cfg
 
     def prompt_ids(self, prompt_index: int) -> list[int]:
-        return self.episodes.first_prompt(self.task.train_index(prompt_index))
+        """A lease's prompt, made ahead on a thread (PROMPTS_AHEAD); made here if not yet."""
+        self._render_ahead(prompt_index)
+        return self._first_prompt(prompt_index)
 
     def rewards(self, prompt_index: int, completions: list[RolloutCompletion]) -> list[float]:
         return [self.reward_of(prompt_index, c.token_ids, c.segments) for c in completions]
 
     def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int]) -> float:
         """One episode's reward from its replay; ReplayMismatch when it does not reproduce."""
-        submitted = PlayedEpisode(prompt_ids=self.prompt_ids(prompt_index), token_ids=list(token_ids),
+        submitted = PlayedEpisode(prompt_ids=self._first_prompt(prompt_index), token_ids=list(token_ids),
                                   logprobs=[0.0] * len(token_ids), segments=list(segments))
-        return self.episodes.replay(self.task.train_index(prompt_index), [submitted])[0]
+        with self._playing:
+            return self.episodes.replay(self.task.train_index(prompt_index), [submitted])[0]
 
     def warm(self) -> None:
         """Load what the first replay would (the environment, its renderer, its tools)."""
         self.task.check()
-        self.prompt_ids(0)
+        self._first_prompt(0)
+
+    def _first_prompt(self, prompt_index: int) -> list[int]:
+        task_index = self.task.train_index(prompt_index)
+        made = self.episodes.known_first_prompt(task_index)
+        if made is not None:
+            return made
+        with self._playing:
+            return self.episodes.first_prompt(task_index)
+
+    def _render_ahead(self, prompt_index: int) -> None:
+        """Queue the prompts up to PROMPTS_AHEAD past `prompt_index` not yet queued."""
+        start, stop = max(self._ahead_to, prompt_index + 1), prompt_index + 1 + PROMPTS_AHEAD
+        if start >= stop:
+            return
+        self._ahead_to = stop
+        if self._rendering is None:  # daemon: a dry run in progress never holds the process's exit
+            self._rendering = threading.Thread(target=self._render_loop, name="echo2-first-prompts", daemon=True)
+            self._rendering.start()
+        self._wanted.put((start, stop))
+
+    def _render_loop(self) -> None:
+        while True:
+            start, stop = self._wanted.get()
+            for prompt_index in range(start, stop):
+                try:
+                    self._first_prompt(prompt_index)
+                except Exception as exc:  # the lease that needs it makes it again and reports what fails
+                    log.debug("first prompt %d not made ahead: %s", prompt_index, exc)
