@@ -7,6 +7,7 @@ environment did not give."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -187,3 +188,17 @@ def test_bad_environments_are_one_line_naming_the_field():
         renderer_config("default", "nonesuch")
     with pytest.raises(EnvironmentLoadError, match="does not match any of the expected tags"):
         renderer_config("nope", None)
+
+
+def test_a_second_turn_server_in_the_process_plays_concurrent_episodes(tokenizer_dir, tokenizer):
+    """renderers' module-wide lock, waited on by one turn server's loop, used to fail the next
+    server's concurrent first calls (the learner's second evaluation played them unanswered)."""
+    spec = VerifiersSpec(ADDITION, {"count": 20}, max_turns=1, max_new_tokens=16)
+    threads = []
+    for _ in range(3):
+        with VerifiersEpisodes(spec, tokenizer_dir) as episodes:
+            answer = episodes.task(4).data.answer
+            played = episodes.play([4, 4, 4, 4], scripted(tokenizer, lambda _k, _p, said=answer: said))
+            assert [e.reward for e in played] == [1.0] * 4 and not any(e.errors for e in played)
+        threads.append(threading.active_count())
+    assert threads[2] == threads[1]  # each server's threads end with it (an evaluation makes one each time)

@@ -151,6 +151,20 @@ class GuessNumberConfig(EnvTaskConfigBase):
     """Reward of a guess that is not a number from 1 to high (the game ends there)."""
 
 
+class JudgeEndpoint(Frozen):
+    """`[task.judge]`: the OpenAI-compatible endpoint a verifiers environment's LLM judges call
+    (the judges plugged into its tasks' config, `TaskConfig.judges`). Only the coordinator's
+    scoring processes and the learner's evaluation call it: workers play with the judges taken
+    out (their rewards are never used), so they never reach the endpoint or its key."""
+
+    base_url: str = Field(min_length=1, max_length=2000, pattern=r"^https?://")
+    model: str = Field(min_length=1, max_length=200)
+    api_key_var: str = Field("ECHO2_JUDGE_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=100)
+    """Environment variable holding the endpoint's API key where it is called (unset: none sent)."""
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Seconds one judge call may wait for its answer (connecting: at most 10 of them)."""
+
+
 class VerifiersConfig(EnvTaskConfigBase):
     """A verifiers environment (`pip install 'echo2[verifiers]'`): its taskset's episodes played
     by echo2's agent loop against the workers' engines, rewarded by its own reward functions at
@@ -181,6 +195,9 @@ class VerifiersConfig(EnvTaskConfigBase):
     max_tool_output_chars: int = Field(2000, ge=1, le=1_000_000)
     episode_timeout_s: float = Field(120.0, gt=0, le=86_400)
     """Seconds one episode may take, turns, tools and scoring included."""
+    judge: JudgeEndpoint | None = None
+    """The endpoint of the environment's LLM judges; an environment that plugs judges into its
+    tasks is refused without one."""
 
 
 TASK_SCHEMAS: dict[str, type[TaskConfigBase]] = {

@@ -14,7 +14,9 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
+from echo2.config.task import JudgeEndpoint
 from echo2.envs.episode import ReplayMismatch
+from echo2.envs.verifiers_judges import judged_tasks
 from echo2.envs.verifiers_play import Answer, PlayedEpisode, TurnServer, check_replayed, play_episodes, playback
 
 RENDERER = "echo2.envs.verifiers_renderer.ExactRenderer"
@@ -45,6 +47,10 @@ class VerifiersSpec:
     tool_timeout_s: float = 10.0
     max_tool_output_chars: int = 2000
     episode_timeout_s: float = 300.0
+    judge: JudgeEndpoint | None = None
+    """Where the tasks' LLM judges are pointed (`verifiers_judges`)."""
+    run_judges: bool = True
+    """False: the judges are taken out (a worker's side: its rewards are never used)."""
 
 
 def taskset_class(environment: str):
@@ -136,7 +142,8 @@ class VerifiersEpisodes:
         from transformers import PreTrainedTokenizerFast
 
         self.spec, self.tokenizer_dir = spec, tokenizer_dir
-        self.taskset, self.tasks = loaded if loaded is not None else load_taskset(spec.environment, spec.args)
+        taskset, tasks = loaded if loaded is not None else load_taskset(spec.environment, spec.args)
+        self.taskset, self.tasks = taskset, judged_tasks(tasks, spec.judge, run_judges=spec.run_judges)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
         self.server = TurnServer([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.agent = None

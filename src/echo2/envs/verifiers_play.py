@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -93,11 +94,38 @@ Answer = Callable[[list[GenerationCall]], list[Action]]
 """The pending calls of every live episode (one each) -> the answer to each, in order."""
 
 
+class LockPerLoop:
+    """An asyncio lock for each event loop that uses it. `renderers.client` guards its model-card
+    lookup with one module-wide asyncio.Lock; once a loop has waited on it, waiting on it from
+    another loop raises, so the second turn server of a process (the learner's next evaluation, a
+    scorer beside a player) failed every first model call but one of its episodes."""
+
+    def __init__(self) -> None:
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+    def _lock(self) -> asyncio.Lock:
+        return self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+
+    async def __aenter__(self) -> None:
+        await self._lock().acquire()
+
+    async def __aexit__(self, *exc) -> None:
+        self._lock().release()
+
+
+def _lock_renderers_per_loop() -> None:
+    import renderers.client
+
+    if not isinstance(renderers.client._max_prompt_len_lock, LockPerLoop):
+        renderers.client._max_prompt_len_lock = LockPerLoop()
+
+
 class TurnServer:
     """The generate endpoint on 127.0.0.1, in a private event loop on its own thread: each call
     waits in `pending` until `answer` gives its tokens."""
 
     def __init__(self, stop_ids: Sequence[int]) -> None:
+        _lock_renderers_per_loop()
         self.stop_ids = set(stop_ids)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="verifiers-turns", daemon=True)
@@ -116,8 +144,13 @@ class TurnServer:
         if self.runner is not None:
             self.run(self.runner.cleanup())
         self.run(_cancel_the_rest())
+        # the loop's executor threads (verifiers' to_thread calls) and its selector go with it:
+        # a process makes a turn server per evaluation, and each one left 4 threads and 3 files
+        self.run(self.loop.shutdown_default_executor())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
 
     def run(self, coroutine, timeout_s: float | None = 30.0):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)

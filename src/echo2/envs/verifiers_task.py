@@ -17,6 +17,7 @@ from echo2.envs.verifiers_env import (
     load_taskset,
     renderer_config,
 )
+from echo2.envs.verifiers_judges import missing_endpoint
 
 
 class VerifiersTask:
@@ -39,6 +40,9 @@ class VerifiersTask:
         """Import the environment, build its tasks and check the renderer: each problem is one
         line naming the field, before any process starts."""
         renderer_config(self.cfg.renderer, self.cfg.tool_parser)
+        missing = missing_endpoint(self.loaded[1], self.cfg.environment, self.cfg.judge)
+        if missing is not None:
+            raise EnvironmentLoadError(missing)
         count = len(self.loaded[1])
         if count <= self.cfg.eval_size:
             raise EnvironmentLoadError(f"task.environment = {self.cfg.environment!r} has {count} tasks and "
@@ -59,13 +63,16 @@ class VerifiersTask:
     def eval_indices(self, count: int | None = None) -> list[int]:
         return list(range(min(count or self.cfg.eval_size, self.cfg.eval_size, len(self.loaded[1]))))
 
-    def spec(self, max_new_tokens: int) -> VerifiersSpec:
+    def spec(self, max_new_tokens: int, *, run_judges: bool = True) -> VerifiersSpec:
         cfg = self.cfg
         return VerifiersSpec(cfg.environment, cfg.args, max_turns=cfg.max_turns, max_new_tokens=max_new_tokens,
                              max_episode_tokens=cfg.max_episode_tokens, renderer=cfg.renderer,
                              tool_parser=cfg.tool_parser, tool_timeout_s=cfg.tool_timeout_s,
-                             max_tool_output_chars=cfg.max_tool_output_chars, episode_timeout_s=cfg.episode_timeout_s)
+                             max_tool_output_chars=cfg.max_tool_output_chars, episode_timeout_s=cfg.episode_timeout_s,
+                             judge=cfg.judge, run_judges=run_judges)
 
-    def episodes(self, tokenizer_source: str, max_new_tokens: int) -> VerifiersEpisodes:
-        """Episodes with the model's tokenizer (its directory or hub id); enter it before playing."""
-        return VerifiersEpisodes(self.spec(max_new_tokens), tokenizer_source, loaded=self.loaded)
+    def episodes(self, tokenizer_source: str, max_new_tokens: int, *, run_judges: bool = True) -> VerifiersEpisodes:
+        """Episodes with the model's tokenizer (its directory or hub id); enter it before playing.
+        `run_judges` False: the tasks' LLM judges are taken out (a worker: its rewards are not used)."""
+        return VerifiersEpisodes(self.spec(max_new_tokens, run_judges=run_judges), tokenizer_source,
+                                 loaded=self.loaded)

@@ -41,6 +41,7 @@ def _agent(model, tokenizer, task, cfg: RunConfig, *, step: int, autocast: Calla
                                 tokenizer_source=cfg.base_model_path)
     metrics.write("eval", step=step, accuracy=report["accuracy"], mean_reward=report["mean_reward"],
                   mean_reward_ci95=report["ci95"], problems=report["episodes"], tool_call_rate=report["tool_call_rate"],
-                  tokens_per_episode=report["tokens_per_episode"], eval_s=report["seconds"])
+                  tokens_per_episode=report["tokens_per_episode"], eval_s=report["seconds"],
+                  episodes_failed=report["failed"])
     log.info("eval after step %d: accuracy %.3f, mean reward %.3f +- %.3f over %d held-out episodes", step,
              report["accuracy"], report["mean_reward"], report["ci95"], report["episodes"])

@@ -25,7 +25,8 @@ class AgentPlayer:
         """Blocking (imports the environment, loads its tasks, starts its shared tools): build it
         off the event loop."""
         self.engine, self.task = engine, task
-        self.episodes = task.episodes(model_source, max_new_tokens).__enter__()
+        # without the LLM judges: a worker's rewards are never used, and it has no judge endpoint
+        self.episodes = task.episodes(model_source, max_new_tokens, run_judges=False).__enter__()
 
     def close(self) -> None:
         self.episodes.__exit__(None, None, None)

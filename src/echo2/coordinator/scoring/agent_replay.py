@@ -49,7 +49,8 @@ class AgentScorer:
         return self.task.train_index(prompt_index)
 
     def task_config(self) -> VerifiersConfig:
-        return self.task.cfg
+        """What workers are told of the task: all but the judges' endpoint, which they never call."""
+        return self.task.cfg.model_copy(update={"judge": None})
 
     def prompt_ids(self, prompt_index: int) -> list[int]:
         """A lease's prompt, made ahead on a thread (PROMPTS_AHEAD); made here if not yet."""
