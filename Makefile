@@ -82,6 +82,7 @@ test-real: real-model
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(PY) benchmarks/check.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(SKY_VENV) runs .pytest_cache

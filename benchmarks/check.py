@@ -1,0 +1,94 @@
+"""Every result under benchmarks/results/ says how it was made: the commit and whether the tree
+was dirty, the date, the machine (cores, torch and transformers versions), the load average and
+the exact command. A result without all of them fails this check, unless its file is listed in
+benchmarks/results/NO_PROVENANCE (results made before provenance was recorded, to be rerun);
+a listed result that has its provenance fails too (take it off the list). Run by `make lint`.
+
+    python benchmarks/check.py [RESULTS_DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LEGACY_LIST = "NO_PROVENANCE"
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    "commit": ("git_commit", "commit"),
+    "dirty": ("git_dirty", "dirty"),
+    "date": ("date", "date_utc"),
+    "cores": ("cores", "machine.cores"),
+    "torch": ("versions.torch", "machine.torch"),
+    "transformers": ("versions.transformers", "machine.transformers"),
+    "load_average": ("load_average_start", "load_average", "load_average_1_5_15_before"),
+    "command": ("command",),
+}
+"""Each field the provenance must have, and the names the benchmarks' writers give it (the load
+benchmark's `load/provenance.py`, env_learning's and fleet_ssh's `provenance`)."""
+
+
+def _lookup(block: dict, dotted: str):
+    value = block
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def missing_fields(result: dict) -> list[str]:
+    """The provenance fields `result` lacks (its `provenance` block, or its top level)."""
+    block = result.get("provenance") if isinstance(result.get("provenance"), dict) else result
+    return [field for field, names in FIELDS.items() if all(_lookup(block, name) in (None, "") for name in names)]
+
+
+def legacy_names(results: Path) -> dict[str, str]:
+    """NO_PROVENANCE: `file.json  why` per line (# comments and blank lines skipped)."""
+    path = results / LEGACY_LIST
+    if not path.exists():
+        return {}
+    listed = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, why = line.partition(" ")
+            listed[name] = why.strip()
+    return listed
+
+
+def check(results: Path) -> tuple[list[str], list[str]]:
+    """(errors, the results listed in NO_PROVENANCE) for the JSON files under `results`."""
+    errors, legacy = [], legacy_names(results)
+    present = {path.name for path in results.glob("*.json")}
+    errors += [f"{LEGACY_LIST}: {name} is listed but no such result exists" for name in sorted(set(legacy) - present)]
+    for path in sorted(results.glob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except ValueError as exc:
+            errors.append(f"{path.name}: not JSON ({exc})")
+            continue
+        missing = missing_fields(result) if isinstance(result, dict) else list(FIELDS)
+        if missing and path.name not in legacy:
+            errors.append(f"{path.name}: no provenance {', '.join(missing)}: write it with the benchmark's "
+                          f"provenance (see benchmarks/load/provenance.py), or list it in {LEGACY_LIST} to rerun")
+        elif not missing and path.name in legacy:
+            errors.append(f"{path.name}: has its provenance now: take it off {LEGACY_LIST}")
+    return errors, sorted(name for name in legacy if name in present)
+
+
+def main(argv: list[str]) -> int:
+    results = Path(argv[0]) if argv else RESULTS
+    errors, legacy = check(results)
+    total = len(list(results.glob("*.json")))
+    print(f"benchmarks/check.py: {total} results; {len(legacy)} made before provenance was recorded, "
+          f"listed in {LEGACY_LIST} to be rerun")
+    for error in errors:
+        print(f"  {error}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,48 @@
+"""benchmarks/check.py (run by `make lint`): a result without its provenance fails unless it is
+listed as made before provenance was recorded, a listed result that has it fails too, and the
+results committed now pass."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from check import LEGACY_LIST, check  # noqa: E402
+
+PROVENANCE = {"git_commit": "abc123", "git_dirty": False, "date": "2026-12-05T12:00:00+0000", "cores": 2,
+              "versions": {"torch": "2.13.0+cpu", "transformers": "5.25.0"}, "load_average_start": [0.3, 0.2, 0.1],
+              "command": "python benchmarks/x.py"}
+
+
+def test_a_result_must_say_how_it_was_made(tmp_path):
+    (tmp_path / "good.json").write_text(json.dumps({"provenance": PROVENANCE, "value": 1}))
+    machine = {"cores": 2, "torch": "t", "transformers": "x"}
+    top_level = {"commit": "abc", "dirty": True, "date": "d", "machine": machine, "load_average": [1, 1, 1],
+                 "command": ["python", "b.py"]}  # env_learning's form
+    (tmp_path / "top.json").write_text(json.dumps({**top_level, "value": 2}))
+    (tmp_path / "bare.json").write_text(json.dumps({"value": 3}))
+    (tmp_path / "partial.json").write_text(json.dumps({"provenance": {**PROVENANCE, "command": ""}}))
+    errors, legacy = check(tmp_path)
+    assert legacy == []
+    assert [e.split(":")[0] for e in errors] == ["bare.json", "partial.json"]
+    assert "no provenance command" in errors[1]
+
+
+def test_the_list_of_older_results_excuses_them_until_they_have_it(tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps({"value": 3}))
+    (tmp_path / "rerun.json").write_text(json.dumps({"provenance": PROVENANCE}))
+    (tmp_path / LEGACY_LIST).write_text("# older results\nold.json  lacks all\nrerun.json  lacks all\ngone.json\n")
+    errors, legacy = check(tmp_path)
+    assert legacy == ["old.json", "rerun.json"]
+    assert errors == [f"{LEGACY_LIST}: gone.json is listed but no such result exists",
+                      f"rerun.json: has its provenance now: take it off {LEGACY_LIST}"]
+
+
+def test_the_committed_results_pass():
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "check.py")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout
