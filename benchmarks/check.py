@@ -2,18 +2,27 @@
 was dirty, the date, the machine (cores, torch and transformers versions), the load average and
 the exact command. A result without all of them fails this check, unless its file is listed in
 benchmarks/results/NO_PROVENANCE (results made before provenance was recorded, to be rerun);
-a listed result that has its provenance fails too (take it off the list). Run by `make lint`.
+a listed result that has its provenance fails too (take it off the list).
 
-    python benchmarks/check.py [RESULTS_DIR]
+A number in README.md or docs/ may cite the result it comes from, with a comment right after it:
+`0.91<!-- result: coordinator_load.json cases.3.learner.ratio_vs_reference -->` (dotted keys,
+list indices as numbers; a trailing `x100` for a fraction quoted as a percentage). The check
+fails when the result, or the value at that path, is gone, or when the value rounded to the
+quoted number's decimals is not the number quoted. Run by `make lint`.
+
+    python benchmarks/check.py [RESULTS_DIR [DOCS...]]
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CITATION = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\**%?\s*<!--\s*result:\s*(\S+)\s+(\S+)(?:\s+x(\d+))?\s*-->")
 LEGACY_LIST = "NO_PROVENANCE"
 
 FIELDS: dict[str, tuple[str, ...]] = {
@@ -79,12 +88,54 @@ def check(results: Path) -> tuple[list[str], list[str]]:
     return errors, sorted(name for name in legacy if name in present)
 
 
+def docs_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+
+
+def check_citations(results: Path, docs: list[Path]) -> tuple[list[str], int]:
+    """(errors, citations checked) for the numbers in `docs` that cite a result."""
+    errors, checked, loaded = [], 0, {}
+    for doc in docs:
+        for line_no, line in enumerate(doc.read_text().splitlines(), 1):
+            for match in CITATION.finditer(line):
+                checked += 1
+                quoted, name, path, scale = match.groups()
+                where = f"{doc.name}:{line_no}: {quoted} cites {name} {path}"
+                if name not in loaded:
+                    file = results / name
+                    loaded[name] = json.loads(file.read_text()) if file.exists() else None
+                value = None if loaded[name] is None else _at(loaded[name], path)
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    found = "no such result" if loaded[name] is None else repr(value)
+                    errors.append(f"{where}: no number there ({found})")
+                    continue
+                value *= int(scale or 1)
+                decimals = len(quoted.partition(".")[2])
+                if round(value, decimals) != float(quoted.replace(",", "")):
+                    errors.append(f"{where}: the result says {value} ({round(value, decimals)} as quoted)")
+    return errors, checked
+
+
+def _at(result, dotted: str):
+    value = result
+    for part in dotted.split("."):
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return None
+    return value
+
+
 def main(argv: list[str]) -> int:
     results = Path(argv[0]) if argv else RESULTS
     errors, legacy = check(results)
+    cited_errors, cited = check_citations(results, [Path(a) for a in argv[1:]] if len(argv) > 1 else docs_files())
+    errors += cited_errors
     total = len(list(results.glob("*.json")))
     print(f"benchmarks/check.py: {total} results; {len(legacy)} made before provenance was recorded, "
-          f"listed in {LEGACY_LIST} to be rerun")
+          f"listed in {LEGACY_LIST} to be rerun; {cited} numbers in the docs cite a result")
     for error in errors:
         print(f"  {error}")
     return 1 if errors else 0

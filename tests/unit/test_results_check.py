@@ -12,7 +12,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from check import LEGACY_LIST, check  # noqa: E402
+from check import LEGACY_LIST, check, check_citations  # noqa: E402
 
 PROVENANCE = {"git_commit": "abc123", "git_dirty": False, "date": "2026-12-05T12:00:00+0000", "cores": 2,
               "versions": {"torch": "2.13.0+cpu", "transformers": "5.25.0"}, "load_average_start": [0.3, 0.2, 0.1],
@@ -46,3 +46,19 @@ def test_the_list_of_older_results_excuses_them_until_they_have_it(tmp_path):
 def test_the_committed_results_pass():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "check.py")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout
+
+
+def test_a_number_in_the_docs_that_cites_a_result_must_be_what_the_result_says(tmp_path):
+    (tmp_path / "load.json").write_text(json.dumps({"cases": [{"ratio": 0.914, "p99_ms": 364.09, "share": 0.626}]}))
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "pace **0.91**<!-- result: load.json cases.0.ratio --> and 364<!-- result: load.json cases.0.p99_ms --> ms",
+        "saving 62.6%<!-- result: load.json cases.0.share x100 -->",
+        "stale 0.95<!-- result: load.json cases.0.ratio -->",
+        "gone 1<!-- result: load.json cases.1.ratio --> and 2<!-- result: other.json x -->",
+    ]))
+    errors, cited = check_citations(tmp_path, [doc])
+    assert cited == 6
+    assert errors == ["doc.md:3: 0.95 cites load.json cases.0.ratio: the result says 0.914 (0.91 as quoted)",
+                      "doc.md:4: 1 cites load.json cases.1.ratio: no number there (None)",
+                      "doc.md:4: 2 cites other.json x: no number there (no such result)"]
