@@ -8,20 +8,32 @@ A number in README.md or docs/ may cite the result it comes from, with a comment
 `0.91<!-- result: coordinator_load.json cases.3.learner.ratio_vs_reference -->` (dotted keys,
 list indices as numbers; a trailing `x100` for a fraction quoted as a percentage). The check
 fails when the result, or the value at that path, is gone, or when the value rounded to the
-quoted number's decimals is not the number quoted. Run by `make lint`.
+quoted number's decimals is not the number quoted.
 
-    python benchmarks/check.py [RESULTS_DIR [DOCS...]]
+A result is stale when the code it measures has changed since its commit: each benchmark names
+that code in `MEASURES` (paths; `!` before one excludes it), read from its source, never run.
+Changes are taken from the working tree (git diff against the result's commit; a new file counts
+once it is added to git), so `--write` before a commit lists what the commit will have.
+docs/benchmarks.md shows the stale results between STALE_BEGIN and STALE_END; the check fails
+when that list is out of date, and `--write` writes it. Run by `make lint`.
+
+    python benchmarks/check.py [--write]
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+BENCHMARKS_DOC = ROOT / "docs" / "benchmarks.md"
+STALE_BEGIN = "<!-- stale results: written by benchmarks/check.py --write -->"
+STALE_END = "<!-- end of stale results -->"
 CITATION = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\**%?\s*<!--\s*result:\s*(\S+)\s+(\S+)(?:\s+x(\d+))?\s*-->")
 LEGACY_LIST = "NO_PROVENANCE"
 
@@ -128,14 +140,75 @@ def _at(result, dotted: str):
     return value
 
 
+def measured_paths(benchmark: str) -> tuple[str, ...] | None:
+    """The `MEASURES` of benchmarks/<benchmark>.py (None: it names none)."""
+    source = ROOT / "benchmarks" / f"{benchmark}.py"
+    if not source.exists():
+        return None
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MEASURES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    return None
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def stale_results(results: Path) -> tuple[list[str], list[str]]:
+    """(errors, one line per result with provenance whose measured code changed since its commit)."""
+    errors, stale = [], []
+    for path in sorted(results.glob("*.json")):
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict) or missing_fields(result):
+            continue  # no provenance: listed in NO_PROVENANCE already
+        block = result.get("provenance") if isinstance(result.get("provenance"), dict) else result
+        commit = next(block[k] for k in FIELDS["commit"] if block.get(k))
+        paths = measured_paths(str(result.get("benchmark", "")))
+        if paths is None:
+            errors.append(f"{path.name}: its benchmark ({result.get('benchmark')!r}) names no MEASURES")
+            continue
+        specs = [f":(exclude){p[1:]}" if p.startswith("!") else p for p in paths]
+        changed = _git("diff", "--name-only", commit, "--", *specs)  # against the tree: CI's is HEAD's
+        if changed.returncode != 0:
+            stale.append(f"- `{path.name}` (measured at {commit[:7]}, which this clone does not have)")
+        elif files := changed.stdout.split():
+            shown = ", ".join(f"`{f}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            stale.append(f"- `{path.name}` (measured at {commit[:7]}): {shown} changed since")
+    return errors, stale
+
+
+def stale_section(stale: list[str]) -> str:
+    body = "\n".join(stale) if stale else "None: every result with its provenance measured the code as it is."
+    return f"{STALE_BEGIN}\n{body}\n{STALE_END}"
+
+
+def check_stale_doc(stale: list[str], *, write: bool) -> list[str]:
+    """docs/benchmarks.md's list of stale results against `stale` (rewritten with `write`)."""
+    text = BENCHMARKS_DOC.read_text()
+    start, end = text.find(STALE_BEGIN), text.find(STALE_END)
+    if start < 0 or end < 0:
+        return [f"docs/benchmarks.md: no stale-results section ({STALE_BEGIN} ... {STALE_END})"]
+    current = text[start:end + len(STALE_END)]
+    wanted = stale_section(stale)
+    if current == wanted:
+        return []
+    if write:
+        BENCHMARKS_DOC.write_text(text.replace(current, wanted))
+        return []
+    return ["docs/benchmarks.md: its list of stale results is out of date: run python benchmarks/check.py --write"]
+
+
 def main(argv: list[str]) -> int:
-    results = Path(argv[0]) if argv else RESULTS
+    results, write = RESULTS, "--write" in argv
     errors, legacy = check(results)
-    cited_errors, cited = check_citations(results, [Path(a) for a in argv[1:]] if len(argv) > 1 else docs_files())
-    errors += cited_errors
+    cited_errors, cited = check_citations(results, docs_files())
+    stale_errors, stale = stale_results(results)
+    errors += cited_errors + stale_errors + check_stale_doc(stale, write=write)
     total = len(list(results.glob("*.json")))
     print(f"benchmarks/check.py: {total} results; {len(legacy)} made before provenance was recorded, "
-          f"listed in {LEGACY_LIST} to be rerun; {cited} numbers in the docs cite a result")
+          f"listed in {LEGACY_LIST} to be rerun; {cited} numbers in the docs cite a result; {len(stale)} results "
+          "measured code that has changed since (docs/benchmarks.md lists them)")
     for error in errors:
         print(f"  {error}")
     return 1 if errors else 0

@@ -43,6 +43,11 @@ from load.scenarios import CASE_RAW, CaseSettings, case_from_run_dir, progress, 
 
 BENCH_OVERRIDES = ("warmstart.steps=0", "evaluation.where=learner", "train.steps=1000000")
 RESULT = ROOT / "benchmarks" / "results" / "coordinator_load.json"
+MEASURES = ("src/echo2/coordinator", "!src/echo2/coordinator/scoring/agent_replay.py", "src/echo2/policy",
+            "src/echo2/protocol", "src/echo2/broadcast/signing.py", "src/echo2/config", "benchmarks/load",
+            "benchmarks/coordinator_load.py", "configs/demo.toml")
+"""The code its results measure: a change to any of it since a result's commit makes the
+result stale (benchmarks/check.py; `!` excludes a path)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -44,6 +44,9 @@ PATHS = {
     "tool": ("configs/verifiers_calculator.toml", 40),
 }
 """Path -> its config and its learner steps."""
+MEASURES = ("src/echo2", "configs/smollm2_addition.toml", "configs/verifiers_addition.toml",
+            "configs/verifiers_calculator.toml", "configs/data", "benchmarks/env_learning.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 
 
 def split_rows() -> tuple[Path, Path]:

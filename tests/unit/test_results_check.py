@@ -62,3 +62,34 @@ def test_a_number_in_the_docs_that_cites_a_result_must_be_what_the_result_says(t
     assert errors == ["doc.md:3: 0.95 cites load.json cases.0.ratio: the result says 0.914 (0.91 as quoted)",
                       "doc.md:4: 1 cites load.json cases.1.ratio: no number there (None)",
                       "doc.md:4: 2 cites other.json x: no number there (no such result)"]
+
+
+def test_a_result_whose_measured_code_changed_since_its_commit_is_listed_as_stale(tmp_path, monkeypatch):
+    import check as checker
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "measured.py").write_text("x = 1\n")
+    (tmp_path / "src" / "ignored.py").write_text("y = 1\n")
+    (tmp_path / "benchmarks" / "bench.py").write_text('MEASURES = ("src", "!src/ignored.py")\n')
+    (tmp_path / "benchmarks" / "unnamed.py").write_text("X = 1\n")
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "empty")
+    git("add", "-A")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "measured")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60).stdout.strip()
+    results = tmp_path / "benchmarks" / "results"
+    for name, benchmark in (("fresh.json", "bench"), ("unnamed.json", "unnamed")):
+        provenance = {**PROVENANCE, "git_commit": commit}
+        (results / name).write_text(json.dumps({"benchmark": benchmark, "provenance": provenance}))
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    (tmp_path / "src" / "ignored.py").write_text("y = 2\n")  # excluded: still fresh
+    errors, stale = checker.stale_results(results)
+    assert errors == ["unnamed.json: its benchmark ('unnamed') names no MEASURES"] and stale == []
+    (tmp_path / "src" / "measured.py").write_text("x = 2\n")
+    _, stale = checker.stale_results(results)
+    assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/measured.py` changed since"]
