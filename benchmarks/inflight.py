@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import real_model_learning as rml  # noqa: E402
+from load.provenance import provenance, same_code  # noqa: E402
 
 from echo2.report.metrics import read_metrics  # noqa: E402
 
@@ -52,18 +52,9 @@ batch (16 prompts) at a time and paced 12x slower token by token in both modes
 (worker.slowdown and slowdown_per_token: emulated slower GPUs, whose generations outlast
 several learner steps while they mostly sleep, so generation leaves the learner its core); no
 activation (the swap rule's comparison, not the fleet's)."""
+MEASURES = ("src/echo2", "configs/demo.toml", "benchmarks/inflight.py", "benchmarks/real_model_learning.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 MODES = {"between": ["sampling.segment_tokens=0"], "inflight": [f"sampling.segment_tokens={SEGMENT_TOKENS}"]}
-NOTES = ("2026-12-02, at 985f199, alone on the machine, S = 2, six workers paced 12x token by token (emulated slow "
-         "GPUs: a 16-prompt lease takes about 20 s against a learner busy about 1.2 s per step), the pad task's "
-         "reference with a quarter more dots than the rule (greedy accuracy no longer collapses at one dot short). "
-         "Both goals missed. Seed 0: the in-flight run reached the baseline's final accuracy (0.70) at 0.90x its "
-         "time (237.8 s against 264.2 s), utilization 0.28 against 0.20, 40 steps in 0.90x the wall time. Seed 1: "
-         "the baseline ended below its start (0.46 -> 0.30), nothing to time; in-flight ended at 0.425 in 0.74x the "
-         "baseline's wall time (utilization 0.29 against 0.17). In-flight dropped 203 and 140 straddling groups as "
-         "stale, most at submission: leasing ahead was sized on the learner's busy time, and a learner that waits "
-         "for batches steps slower than that, so leases reached further ahead than their tokens could stay under "
-         "max_masked_fraction. The data plane now sizes it on the step period (the interval between batches when "
-         "longer; not yet measured here). Tokens trained at staleness p50 1 (in-flight) against 2.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,12 +156,16 @@ def goals(comparison: list[dict], runs: list[dict]) -> dict:
             "time_ratio_at_most_0_7": bool(ratios) and all(r is not None and r <= 0.7 for r in ratios)}
 
 
-def save(out: Path, runs: list[dict], staleness: int) -> dict:
-    kept = json.loads(out.read_text())["runs"] if out.is_file() else []
+def save(out: Path, runs: list[dict], staleness: int, argv: list[str]) -> dict:
+    """Write `runs`, with the runs already in `out` only where they measured this same code
+    (`same_code`: a seed run separately at the same commit); older ones are not merged."""
+    made = provenance(ROOT, argv)
+    earlier = json.loads(out.read_text()) if out.is_file() else {}
+    kept = earlier.get("runs", []) if same_code(earlier.get("provenance"), made) else []
     mine = {(r["mode"], r["seed"]) for r in runs}
     runs = [r for r in kept if (r["mode"], r["seed"]) not in mine] + runs
     comparison = compare(runs)
-    result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time", "notes": NOTES,
+    result = {"benchmark": "inflight", "provenance": made,
               "config": str(CONFIG.relative_to(ROOT)), "common_overrides": COMMON, "modes": MODES,
               "max_staleness": staleness, "comparison": comparison, "goals": goals(comparison, runs), "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,17 +185,18 @@ def reanalyse(work_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
     if args.reanalyse:
-        result = save(out, reanalyse(Path(args.work_dir)), args.staleness)
+        result = save(out, reanalyse(Path(args.work_dir)), args.staleness, argv)
     else:
         runs: list[dict] = []
         for seed in (int(s) for s in args.seeds.split(",")):
             prepare(seed, args)
             for mode in args.modes.split(","):
                 runs.append(run(mode, seed, args))
-                result = save(out, runs, args.staleness)  # kept as each run ends
+                result = save(out, runs, args.staleness, argv)  # kept as each run ends
     print(json.dumps({k: result[k] for k in ("comparison", "goals")}, indent=2))
     return 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "src"))
 
 import real_model_learning as rml  # noqa: E402
+from load.provenance import provenance, same_code  # noqa: E402
 
 from echo2.learner.objectives import OBJECTIVES  # noqa: E402
 
@@ -48,14 +48,8 @@ a 22-30 s learner step on 2 cores. In real_model_learning.json `tis` reached 0.9
 of every version cost the workers more CPU than generation did (350 s against 190 s a run);
 before and after is what this comparison reads."""
 TARGETS = {"embedded": 0.65, "real": 0.95}
-NOTES = ("2026-12-02: the embedded objective runs ran at commit 4cc54ba (before dynamic sampling existed) beside "
-         "unit tests on the same 2 cores, so their wall times are noisy; the drop-on/drop-off runs ran alone at "
-         "f97f160. The real-model runs (10 steps, evaluated at versions 0, 5, 10) ran at 5174763..408d02c: the "
-         "learner and coordinator gained per-token staleness meanwhile (issue 27), which changes nothing for "
-         "one-version groups. grpo (both seeds) and dr_grpo seed 0 shared the cores with tests and a smoke run, so "
-         "their wall times are inflated. dapo, bnpo and cispo seed 1 and the real drop-off run of seed 1 ran at "
-         "2b469a4 beside a warm start and a pip install at the lowest CPU priority, which still slowed them "
-         "(dapo seed 1: 484 s to 0.95). Each real drop-on run is the objectives' tis run of its seed.")
+MEASURES = ("src/echo2", "configs", "benchmarks/objectives.py", "benchmarks/real_model_learning.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -147,15 +141,23 @@ def drop_comparison(runs: list[dict]) -> list[dict]:
     return out
 
 
-def save(out: Path, runs: list[dict]) -> None:
+def kept_runs(out: Path, made: dict) -> list[dict]:
+    """The runs already in `out`, if they measured the code `made` describes (`same_code`)."""
+    earlier = json.loads(out.read_text()) if out.is_file() else {}
+    return earlier.get("runs", []) if same_code(earlier.get("provenance"), made) else []
+
+
+def save(out: Path, runs: list[dict], argv: list[str]) -> None:
     """Write `runs` with the runs already in `out` (the same task, objective, seed and label
-    replaced), so the parts of the benchmark, run at different times, add up in one file."""
+    replaced) where they measured this same code (`same_code`), so parts of the benchmark run
+    at different times at one commit add up in one file; runs of other code are not merged."""
     key = lambda r: (r["task"], r["loss"], r["seed"], r["label"])  # noqa: E731
-    kept = json.loads(out.read_text())["runs"] if out.is_file() else []
+    made = provenance(ROOT, argv)
+    kept = kept_runs(out, made)
     mine = {key(r) for r in runs}
     runs = [r for r in kept if key(r) not in mine] + [headline(r) for r in runs]
     objective_runs = [r for r in runs if not r["label"]]
-    result = {"machine": f"{os.cpu_count()} CPU cores; one run at a time", "notes": NOTES,
+    result = {"benchmark": "objectives", "provenance": made,
               "configs": {t: str(p.relative_to(ROOT)) for t, p in CONFIGS.items()},
               "embedded_overrides": EMBEDDED, "real_overrides": REAL,
               "targets": TARGETS, "objectives": per_objective(objective_runs),
@@ -188,10 +190,11 @@ def reanalyse(work_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     out = Path(args.out)
     if args.reanalyse:
-        save(out, reanalyse(Path(args.work_dir)))
+        save(out, reanalyse(Path(args.work_dir)), argv)
         print(json.dumps({k: v for k, v in json.loads(out.read_text()).items() if k != "runs"}, indent=2))
         return 0
     tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
@@ -202,16 +205,16 @@ def main(argv: list[str] | None = None) -> int:
             for loss in args.losses.split(","):
                 for seed in seeds:
                     runs.append(run(task, loss, seed, args, []))
-                    save(out, runs)  # kept as each run ends
+                    save(out, runs, argv)  # kept as each run ends
         if "drop" in parts:
             for seed in seeds:
                 for label, on in (("drop-on", "true"), ("drop-off", "false")):
-                    done = runs + (json.loads(out.read_text())["runs"] if out.is_file() else [])
+                    done = runs + kept_runs(out, provenance(ROOT, argv))
                     if label == "drop-on" and any(r["task"] == task and r["seed"] == seed and r["loss"] == "tis"
                                                   and not r["label"] for r in done):
                         continue  # the `tis` run above is this one: dropping is on by default
                     runs.append(run(task, "tis", seed, args, [f"grpo.drop_uninformative_groups={on}"], label))
-                    save(out, runs)
+                    save(out, runs, argv)
     print(json.dumps({k: v for k, v in json.loads(out.read_text()).items() if k != "runs"}, indent=2))
     return 0
 

@@ -42,3 +42,10 @@ def provenance(root: Path, argv: list[str]) -> dict:
         "load_average_start": list(os.getloadavg()),
         "command": shlex.join([sys.executable, str(Path(sys.argv[0])), *argv]),
     }
+
+
+def same_code(earlier: dict | None, now: dict) -> bool:
+    """Whether a result written earlier (its provenance `earlier`) measured the code `now` does:
+    the same commit, neither tree dirty. Only then may a benchmark add its new runs to it."""
+    return (bool(earlier) and earlier.get("git_commit") == now["git_commit"]
+            and not earlier.get("git_dirty", True) and not now["git_dirty"])

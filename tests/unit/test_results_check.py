@@ -93,3 +93,14 @@ def test_a_result_whose_measured_code_changed_since_its_commit_is_listed_as_stal
     (tmp_path / "src" / "measured.py").write_text("x = 2\n")
     _, stale = checker.stale_results(results)
     assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/measured.py` changed since"]
+
+
+def test_a_benchmark_adds_runs_only_to_a_result_of_the_same_clean_commit():
+    from load.provenance import same_code
+
+    now = {"git_commit": "abc", "git_dirty": False}
+    assert same_code({"git_commit": "abc", "git_dirty": False}, now)
+    assert not same_code({"git_commit": "old", "git_dirty": False}, now)  # another commit: never merged
+    assert not same_code({"git_commit": "abc", "git_dirty": True}, now)  # a dirty tree is not that commit
+    assert not same_code({"git_commit": "abc", "git_dirty": False}, {**now, "git_dirty": True})
+    assert not same_code(None, now) and not same_code({}, now)  # no provenance: made before it was recorded
