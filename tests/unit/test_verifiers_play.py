@@ -202,3 +202,34 @@ def test_a_second_turn_server_in_the_process_plays_concurrent_episodes(tokenizer
             assert [e.reward for e in played] == [1.0] * 4 and not any(e.errors for e in played)
         threads.append(threading.active_count())
     assert threads[2] == threads[1]  # each server's threads end with it (an evaluation makes one each time)
+
+
+def test_episodes_share_one_interception_server_and_make_no_tls_context_each(tokenizer_dir, tokenizer, monkeypatch):
+    """verifiers starts an interception server (an HTTP server with its own model client) for an
+    episode unless its agent is given one, and httpx loads certifi's bundle for every client it
+    builds: tens of milliseconds an episode each, beside a sub-second generation."""
+    import ssl
+
+    from verifiers.v1.interception import InterceptionServer
+
+    started, bundles = [], []
+    enter, load = InterceptionServer.__aenter__, ssl.SSLContext.load_verify_locations
+
+    async def counted_enter(self):
+        started.append(self)
+        return await enter(self)
+
+    def counted_load(self, *args, **kwargs):
+        bundles.append(args)
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(InterceptionServer, "__aenter__", counted_enter)
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted_load)
+    spec = VerifiersSpec(ADDITION, {"count": 20}, max_turns=1, max_new_tokens=16)
+    with VerifiersEpisodes(spec, tokenizer_dir) as episodes:
+        answer = episodes.task(2).data.answer
+        for _ in range(3):
+            played = episodes.play([2, 2, 2], scripted(tokenizer, lambda _k, _p, said=answer: said))
+            assert [e.reward for e in played] == [1.0] * 3 and not any(e.errors for e in played)
+    assert len(started) == 1  # the one the episodes share, not one for each of the nine
+    assert len(bundles) <= 2  # the shared client's and, if no test before made it, the agent loop's

@@ -148,36 +148,42 @@ class VerifiersEpisodes:
         self.server = TurnServer([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
         self.agent = None
         self.shared_tools: dict = {}
-        self._tools_stack: AsyncExitStack | None = None
+        self._serving = AsyncExitStack()
+        """The shared tool servers and the interception server, closed on the turn server's loop."""
         self._first_prompts: dict[int, list[int]] = {}
 
     def __enter__(self) -> VerifiersEpisodes:
         self.server.__enter__()
         try:
-            self.agent = self._agent()
-            self.shared_tools = self.server.run(self._serve_shared_tools(), timeout_s=self.spec.episode_timeout_s)
+            self.agent = self.server.run(self._serve(), timeout_s=self.spec.episode_timeout_s)
         except BaseException:
-            self.server.__exit__(None, None, None)
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._tools_stack is not None:
-            self.server.run(self._tools_stack.aclose(), timeout_s=60.0)
-        self.server.__exit__(*exc)
+        try:
+            self.server.run(self._serving.aclose(), timeout_s=60.0)
+        finally:
+            self.server.__exit__(*exc)
 
-    async def _serve_shared_tools(self) -> dict:
-        """The taskset's shared tool servers (`Taskset.toolsets`), started once for every episode:
-        a per-episode tool server (`Task.toolsets`) is a process started for each episode."""
+    async def _serve(self):
+        """The agent, with what it serves every episode through, started once as verifiers' own
+        `Env.serving` starts them: the taskset's shared tool servers (`Taskset.toolsets`; a task's
+        own, `Task.toolsets`, is a process started for each episode) and one interception server
+        for the episodes' model calls, which otherwise verifiers starts (an HTTP server with its
+        own model client) for every episode."""
+        from verifiers.v1.interception import InterceptionServer
         from verifiers.v1.mcp import serve_shared
 
         toolsets = type(self.taskset).toolsets(self.taskset.config)
-        if not toolsets:
-            return {}
-        self._tools_stack = AsyncExitStack()
-        return await self._tools_stack.enter_async_context(serve_shared(toolsets))
+        if toolsets:
+            self.shared_tools = await self._serving.enter_async_context(serve_shared(toolsets))
+        state_secrets = tuple(tool.state_secret for tool in self.shared_tools.values() if tool.state_secret)
+        interception = await self._serving.enter_async_context(InterceptionServer(state_service_secrets=state_secrets))
+        return self._agent(interception)
 
-    def _agent(self):
+    def _agent(self, interception):
         import verifiers.v1 as vf
         from verifiers.v1.configs.agent import TimeoutConfig as AgentTimeouts
 
@@ -191,7 +197,8 @@ class VerifiersEpisodes:
         return vf.Agent(vf.AgentConfig(
             harness=harness, runtime=vf.SubprocessConfig(), model=MODEL_NAME, client=client,
             sampling=vf.SamplingConfig(max_tokens=spec.max_new_tokens), max_turns=spec.max_turns,
-            timeout=AgentTimeouts(rollout=spec.episode_timeout_s, scoring=spec.episode_timeout_s)))
+            timeout=AgentTimeouts(rollout=spec.episode_timeout_s, scoring=spec.episode_timeout_s)),
+            interception=interception)
 
     def task(self, index: int):
         return self.tasks[index % len(self.tasks)]
