@@ -89,18 +89,13 @@ def apply(ctl, ev: tuple) -> None:
         getattr(ctl, method)(*args)
 
 
-LEAVE_CLOCK = {"idle_since", "chosen_again_at", "last_idle_s"}
-"""Kept for classifying a leave (`worker_view.released_on_leave`), which the reference predates;
-no decision or bill reads them."""
-
-
 def state(ctl) -> dict:
     """Everything the controller keeps, Ewmas as (value, samples) (nan as a string: nan != nan)."""
     def plain(value):
         if hasattr(value, "alpha"):
             return plain(value.value), value.samples
         return "nan" if isinstance(value, float) and math.isnan(value) else value
-    views = {w: {k: plain(v) for k, v in vars(view).items() if k not in LEAVE_CLOCK} for w, view in ctl.workers.items()}
+    views = {w: {k: plain(v) for k, v in vars(view).items()} for w, view in ctl.workers.items()}
     return {"views": views, "order": list(ctl.workers), "cost": ctl.learner_cost, "last_change": ctl.last_change,
             "tick": ctl.last_tick, "snapshot": repr(ctl.snapshot()), "s_min": ctl.s_min()}
 

@@ -58,22 +58,3 @@ def test_an_active_worker_leaving_is_gone_and_a_released_one_is_chosen_in_its_pl
     assert _left(state, "cheap")["released"] is False and not state.controller.is_released("cheap")
     decision = [e for e in event_records(state) if e["kind"] == "activation"][-1]
     assert decision["active"] == ["dear"]  # the provider is asked to acquire it
-
-
-@pytest.mark.parametrize("idle_s, leaves_after_s, released", [(15.0, 1.0, True), (1.0, 1.0, False),
-                                                              (15.0, 200.0, False)])
-def test_a_worker_chosen_again_while_its_release_was_under_way_stays_a_candidate(tmp_path, tiny_model_dir, idle_s,
-                                                                                  leaves_after_s, released):
-    """The provider releases a worker idle for release_after_s (10 s) by decisions it reads a
-    moment late: the controller may choose it again before the release reaches it. Its leave
-    then is still a release (it can be acquired again); taken for a departure, the worker would
-    never be a candidate again, and a fleet that loses its other hosts would wait on nobody."""
-    state = _state(tmp_path, tiny_model_dir, "local")  # "dear" idles from here
-    state.clock.now += idle_s
-    state.worker_desk.leave(LeaveRequest(worker_id="cheap"))  # active, so gone
-    state.fleet_desk.control()
-    assert state.controller.is_active("dear")
-    state.clock.now += leaves_after_s
-    state.worker_desk.leave(LeaveRequest(worker_id="dear"))
-    assert _left(state, "dear")["released"] is released
-    assert state.controller.is_released("dear") is released

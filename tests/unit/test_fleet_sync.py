@@ -157,3 +157,65 @@ class FakeChild:
 
     def exit_code(self):
         return None
+
+
+class SlowStopFleet(RecordingFleet):
+    """Its stops take a while (as over SSH): an acquire before one is done does nothing."""
+
+    def __init__(self, worker_ids: set[str]) -> None:
+        super().__init__(worker_ids)
+        self.stopping: set[str] = set()
+
+    def release(self, worker_id: str) -> None:
+        super().release(worker_id)
+        self.stopping.add(worker_id)
+
+    def acquire(self, worker_id: str) -> None:
+        if worker_id not in self.stopping:
+            super().acquire(worker_id)
+
+
+def _release_w1_then_choose_it_again(fleet: SlowStopFleet) -> FleetSync:
+    sync = _sync(fleet)
+    sync.observe(_coordinator("activation", active=["w0"]), now=0.0)
+    sync.step(now=5.0)
+    assert fleet.calls == [("release", "w1")]
+    sync.observe(_coordinator("activation", active=["w0", "w1"]), now=5.5)  # chosen again, stop under way
+    sync.step(now=5.5)
+    return sync
+
+
+def test_a_worker_chosen_again_while_its_release_was_under_way_is_acquired_back():
+    """The coordinator saw it leave while chosen and took that for a departure: no later decision
+    will choose it (it is no candidate), so the fleet rule brings it back once its stop is done,
+    and it registers as a candidate again. Left released, the run would have lost a machine."""
+    fleet = SlowStopFleet({"w0", "w1"})
+    sync = _release_w1_then_choose_it_again(fleet)
+    sync.observe(_coordinator("worker_left", worker_id="w1", released=False), now=6.0)
+    sync.observe(_coordinator("activation", active=["w0"]), now=6.5)
+    sync.step(now=6.5)
+    assert fleet.calls == [("release", "w1")]  # its stop is not done
+    fleet.stopping.clear()
+    sync.step(now=8.0)
+    sync.step(now=9.0)
+    assert fleet.calls == [("release", "w1"), ("acquire", "w1")] and fleet.released() == set()
+
+
+def test_a_worker_whose_leave_was_taken_for_a_release_waits_for_the_decisions():
+    fleet = SlowStopFleet({"w0", "w1"})
+    sync = _release_w1_then_choose_it_again(fleet)
+    sync.observe(_coordinator("activation", active=["w0"]), now=5.8)
+    sync.observe(_coordinator("worker_left", worker_id="w1", released=True), now=6.0)  # still a candidate
+    fleet.stopping.clear()
+    sync.step(now=8.0)
+    assert fleet.calls == [("release", "w1")] and fleet.released() == {"w1"}
+
+
+def test_a_worker_that_departed_by_itself_is_not_acquired_back():
+    fleet = SlowStopFleet({"w0", "w1"})
+    sync = _sync(fleet)
+    sync.observe(_coordinator("activation", active=["w0", "w1"]), now=0.0)
+    sync.observe(_coordinator("worker_left", worker_id="w1", released=False), now=1.0)
+    sync.observe(_coordinator("activation", active=["w0"]), now=1.5)
+    sync.step(now=100.0)
+    assert fleet.calls == []

@@ -39,8 +39,8 @@ class Run:
         self.sync = FleetSync(self.provider, RELEASE_AFTER_S)
         self.registered: list[tuple[float, str]] = []
         self.fleet.on_registered = self._registered
-        self.fleet.on_left = lambda w, released: self.record("worker_left" if released else "worker_lost",
-                                                             worker_id=w.id)
+        self.fleet.on_left = lambda w, released: (self.record("worker_left", worker_id=w.id, released=True)
+                                                  if released else self.record("worker_lost", worker_id=w.id))
         for w in self.fleet.workers:  # both machines can be had from the start; none is rented
             self.loop.at(0.0, self.fleet.join, w, 0.0)
 

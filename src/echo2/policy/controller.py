@@ -13,7 +13,8 @@ credited with all of the demand while other measured workers are live (`policy.c
 also integrates cost: a worker bills for every second it is rented, active or idle, until its
 fleet provider releases it (policy/fleet_sync.py), plus the learner.
 
-Pure and torch-free (the policy core), with no I/O: the coordinator's desks drive it.
+Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
+heartbeats and submissions; it keeps no I/O of its own.
 """
 
 from __future__ import annotations
@@ -23,23 +24,22 @@ from dataclasses import replace
 
 from echo2.config.activation import ActivationConfig
 from echo2.config.catalog import PlanConfig
-from echo2.planner import Offer, activate, base_throughput_rps, covers, fleet_totals, keep_or_switch
+from echo2.planner import (
+    Offer,
+    activate,
+    base_throughput_rps,
+    covers,
+    fleet_totals,
+    keep_or_switch,
+    min_staleness,
+    swapped_lateness_s,
+)
 from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover, window_decision
 from echo2.policy.credit import capped_offers, checked, credited_rps, note_checked, note_rate
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
 from echo2.policy.rewards import measured_uninformative_share
-from echo2.policy.worker_view import (
-    ControlDecision,
-    Ewma,
-    WorkerView,
-    candidate,
-    delivering,
-    measured_s_min,
-    note_choice,
-    released_on_leave,
-    value_or_zero,
-)
+from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView, candidate, delivering, value_or_zero
 
 __all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
 
@@ -86,7 +86,7 @@ class ActivationController:
         else:  # a returning worker keeps its history, its bill and its audit record (failures stay with the id)
             self.workers[worker_id] = replace(old, price_per_hour=price_per_hour, alive=True,
                                               active=active or old.active, worker_class=worker_class,
-                                              released=False, last_counters=(0, 0.0), last_idle_s=0.0)
+                                              released=False, last_counters=(0, 0.0))
 
     def offer(self, worker_id: str, price_per_hour: float, worker_class: str | None) -> None:
         """A worker its provider can acquire when chosen (not running, billing nothing): what a
@@ -100,19 +100,13 @@ class ActivationController:
         view = self.workers.get(worker_id)
         if view is not None:
             view.losses += view.alive
-            view.alive, view.idle_since = False, None
+            view.alive = False
 
     def release(self, worker_id: str) -> None:
         """The worker left because its provider released it: not live, but still an offer."""
         view = self.workers.get(worker_id)
         if view is not None:
-            view.alive, view.active, view.released, view.idle_since = False, False, True, None
-
-    def released_on_leave(self, worker_id: str, now: float) -> bool:
-        """Whether a worker leaving cleanly under a releasable provider was released (`worker_view`)."""
-        view = self.workers.get(worker_id)
-        return view is not None and released_on_leave(view, now, release_after_s=self.cfg.release_after_s,
-                                                      control_period_s=self.cfg.control_period_s)
+            view.alive, view.active, view.released = False, False, True
 
     def is_released(self, worker_id: str) -> bool:
         view = self.workers.get(worker_id)
@@ -297,8 +291,6 @@ class ActivationController:
             if view.active and candidate(view):
                 previous.add(worker_id)
             view.active = worker_id in active
-            if view.alive:
-                note_choice(view, view.active, now)
         decision.changed = active != previous
         if decision.changed:
             self.last_change = now
@@ -376,11 +368,18 @@ class ActivationController:
         return [Offer(worker_id, v.price_per_hour, credited_rps(v) * (1.0 - stall)) for worker_id, v in measured]
 
     def s_min(self) -> int | None:
-        """The S the measured fleet needs (`worker_view.measured_s_min`); None until measured."""
-        step_s = self.step_time_s.value if self.step_time_s.samples else None
-        segment_s = self.segment_s.value if self.segment_s.samples else None
-        return measured_s_min(self.workers.values(), step_time_s=step_s, segment_s=segment_s,
-                              max_masked_fraction=self.max_masked_fraction)
+        """Smallest S whose window hides the fleet's mean dissemination + generation latency
+        (the overlap condition; with segment swaps measured, the planner's swap rule on them),
+        from measurements; None until they exist."""
+        latencies = [(v.dissemination_s.value, v.generation_s.value) for v in self.workers.values()
+                     if v.alive and v.dissemination_s.samples and v.generation_s.samples]
+        if not latencies or self.step_time_s.samples == 0:
+            return None
+        dis = sum(d for d, _ in latencies) / len(latencies)
+        gen = sum(g for _, g in latencies) / len(latencies)
+        swapped = None if not self.segment_s.samples else swapped_lateness_s(
+            gen, segment_s=self.segment_s.value, max_masked_fraction=self.max_masked_fraction)
+        return min_staleness(dis, gen, self.step_time_s.value, swapped_s=swapped)
 
     def snapshot(self) -> dict:
         return {

@@ -8,7 +8,10 @@ decision as an `activation` metric event. `FleetSync` follows those decisions: a
 for `release_after_s` is released (its machine handed back: it bills nothing), and a released
 worker the controller chooses again is acquired (started again under the same worker id; it
 registers, loads the current weights and trains). The coordinator keeps a released worker's
-measured rate, so the controller can still price it and choose it.
+measured rate, so the controller can still price it and choose it. A release reaches its worker
+late (an SSH stop takes seconds): if the controller chose the worker again meanwhile, the
+coordinator takes its leave for a departure (it cannot tell that leave from one by hand) and
+will not choose it, so `FleetSync` acquires it back once the release is done.
 
 A provider implements the members of `FleetProvider`: `releasable`, `worker_ids()`, `released()`,
 `release(id)` (stop or hand back the machine; the worker process must get SIGTERM so it leaves the
@@ -58,6 +61,10 @@ class FleetSync:
         self.inactive_since: dict[str, float] = {}
         # registered and not gone: only these are released (one still loading is not idle)
         self.joined: set[str] = set()
+        self.leaving: set[str] = set()  # released here, their leave not recorded yet
+        # released here, but chosen again before their leave reached the coordinator, which took it
+        # for a departure (they are no candidate now): acquired back once their release is done
+        self.wanted_back: set[str] = set()
 
     def observe(self, record: dict, now: float) -> None:
         """One metrics record; `now` is the caller's monotonic clock."""
@@ -67,6 +74,9 @@ class FleetSync:
             self.on_registered(record["worker_id"], now)
         elif record["kind"] in ("worker_left", "worker_lost"):  # gone by itself: not ours to release
             self.joined.discard(record["worker_id"])
+            if record["worker_id"] in self.leaving and record.get("released") is False:
+                self.wanted_back.add(record["worker_id"])  # we released it; the coordinator saw a departure
+            self.leaving.discard(record["worker_id"])
             self.inactive_since.pop(record["worker_id"], None)  # away is not idle: a return starts afresh
         elif record["kind"] == "activation":
             self.on_activation(record["active"], now)
@@ -94,12 +104,14 @@ class FleetSync:
             return
         released = self.provider.released()
         for worker_id in sorted(self.provider.worker_ids()):
-            if worker_id in self.active:
+            if worker_id in self.active or worker_id in self.wanted_back:
                 if worker_id in released:
-                    self.provider.acquire(worker_id)
+                    self.provider.acquire(worker_id)  # a no-op while its release is under way
             elif self._releasable(worker_id, released) and now >= self._release_at(worker_id, now):
                 self.inactive_since.pop(worker_id, None)
+                self.leaving.add(worker_id)
                 self.provider.release(worker_id)
+        self.wanted_back &= self.provider.released()  # acquired: the decisions rule it again
 
     def release_due_s(self) -> float | None:
         """The earliest time at which `step` would release a worker if no record came first

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from echo2.planner import Offer, min_staleness, swapped_lateness_s
+from echo2.planner import Offer
 
 MAX_RATE_NOTES = 1024
 """Rate notes kept per worker (`WorkerView.rate_notes`), one per buffered group since its newest
@@ -76,42 +75,11 @@ class WorkerView:
     cost: float = 0.0
     last_counters: tuple[int, float] = (0, 0.0)
     """(rollouts, working seconds) at the last rate sample."""
-    idle_since: float | None = None
-    """Since when the decisions have left it out while live (None: chosen, or not live)."""
-    chosen_again_at: float = -math.inf
-    last_idle_s: float = 0.0
-    """When the decisions last chose it after leaving it out, and for how long they had."""
 
     def stale_share(self) -> float:
         """Share of its working time it could not work because its weights were too stale."""
         total_s = self.busy_s_total + self.stale_s_total
         return self.stale_s_total / total_s if total_s > 0 else 0.0
-
-
-RELEASE_REACHES_WORKER_S = 120.0
-"""The longest a provider's release takes to reach the worker (an SSH stop, a cloud's
-termination): a worker that leaves this soon after the decisions chose it again, having idled
-long enough to be released, was being released when they did."""
-
-
-def note_choice(view: WorkerView, chosen: bool, now: float) -> None:
-    """Keep a live worker's idle clock, as the fleet rule keeps it (policy.fleet_sync)."""
-    if chosen and view.idle_since is not None:
-        view.last_idle_s, view.chosen_again_at, view.idle_since = now - view.idle_since, now, None
-    elif not chosen and view.idle_since is None:
-        view.idle_since = now
-
-
-def released_on_leave(view: WorkerView, now: float, *, release_after_s: float, control_period_s: float) -> bool:
-    """Whether a worker leaving cleanly under a releasable provider was released: left out of the
-    decisions, or chosen again after idling `release_after_s` (the provider's rule) less than
-    RELEASE_REACHES_WORKER_S ago: the provider acts on decisions it reads a moment late, so its
-    release of an idle worker can reach the worker after the controller chose it again. (The idle
-    time is seen a decision late, so up to one control period short.)"""
-    if not view.active:
-        return True
-    idled_long_enough = view.last_idle_s >= release_after_s - control_period_s
-    return idled_long_enough and now - view.chosen_again_at <= RELEASE_REACHES_WORKER_S
 
 
 @dataclass
@@ -146,19 +114,3 @@ def candidate(view: WorkerView) -> bool:
 
 def value_or_zero(ewma: Ewma) -> float:
     return ewma.value if ewma.samples else 0.0
-
-
-def measured_s_min(views: Iterable[WorkerView], *, step_time_s: float | None, segment_s: float | None,
-                   max_masked_fraction: float) -> int | None:
-    """Smallest S whose window hides the live fleet's mean dissemination + generation latency
-    (the overlap condition; with segment swaps measured, the planner's swap rule on them), from
-    measurements; None until they exist."""
-    latencies = [(v.dissemination_s.value, v.generation_s.value) for v in views
-                 if v.alive and v.dissemination_s.samples and v.generation_s.samples]
-    if not latencies or step_time_s is None:
-        return None
-    dis = sum(d for d, _ in latencies) / len(latencies)
-    gen = sum(g for _, g in latencies) / len(latencies)
-    swapped = None if segment_s is None else swapped_lateness_s(gen, segment_s=segment_s,
-                                                                max_masked_fraction=max_masked_fraction)
-    return min_staleness(dis, gen, step_time_s, swapped_s=swapped)

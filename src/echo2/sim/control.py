@@ -112,7 +112,10 @@ class Controller:
     def _left(self, w: SimWorker, released: bool) -> None:
         assert self.core is not None
         (self.core.release if released else self.core.vanish)(worker_id(w))
-        self._record("worker_left" if released else "worker_lost", worker_id=worker_id(w))
+        if released:
+            self._record("worker_left", worker_id=worker_id(w), released=True)
+        else:
+            self._record("worker_lost", worker_id=worker_id(w))
 
     def _record(self, kind: str, **values) -> None:
         """A coordinator metrics record, as FleetSync reads it from a real run's metrics."""

@@ -124,11 +124,9 @@ class WorkerDesk:
     def leave(self, req: LeaveRequest) -> None:
         """A worker shutting down cleanly: its leases go back at once, no timeout needed. With a
         releasable provider an idle worker leaving was released: it stays a candidate the
-        controller may choose again (an active one leaving is a departure, unless it was being
-        released when the controller chose it again: `worker_view.released_on_leave`)."""
+        controller may choose again (an active one leaving is a departure, as always)."""
         record = self.registry.live(req.worker_id)
-        fleet_release = (self.cfg.activation.provider != "static"
-                         and self.controller.released_on_leave(req.worker_id, self.clock()))
+        fleet_release = self.cfg.activation.provider != "static" and not self.controller.is_active(req.worker_id)
         record.alive = False
         (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
         released = self.fleet.release_leases(req.worker_id, reason="worker_left")
