@@ -103,13 +103,17 @@ def test_the_news_line_tells_a_version_as_it_is_published_and_heartbeats_are_ans
 def test_activation_reaches_the_news_line_of_the_workers_it_changes(tmp_path, tiny_model_dir):
     """A worker idled by the controller hears so on its line at the next decision, without a
     heartbeat; a worker opening a second line ends its first."""
-    state = _state(tmp_path, tiny_model_dir)
+    # one decision, the upkeep's first: a later one could undo the idling below before it is told
+    state = _state(tmp_path, tiny_model_dir, config={"activation": {"control_period_s": 3600.0}})
+    decisions = []
+    control = state.fleet_desk.control
+    state.fleet_desk.control = lambda *args, **kwargs: (decisions.append(1), control(*args, **kwargs))[1]
 
     async def scenario(session, url, runner):
         headers = await _join(session, url, "w0")
         first: list = []
         listening = asyncio.create_task(_lines(session, url, headers, first))
-        await _until(lambda: first)
+        await _until(lambda: first and decisions and not state.fleet_desk.control_due)
         state.controller.workers["w0"].active = False  # what a decision idling it leaves
         request_news(runner.app)
         await _until(lambda: len(first) >= 2)
@@ -120,6 +124,7 @@ def test_activation_reaches_the_news_line_of_the_workers_it_changes(tmp_path, ti
         return first, second
 
     first, second = _with_server(state, scenario)
+    assert len(decisions) == 1
     assert first[0][1]["active"] and not first[1][1]["active"]
     assert not second[0][1]["active"]
 
