@@ -12,7 +12,7 @@ import pytest
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
 from echo2.coordinator.http.news import JsonPieces, reply_bytes
-from echo2.protocol.messages import Heartbeat, RegisterRequest
+from echo2.protocol.messages import Heartbeat, LeaveRequest, RegisterRequest
 
 
 def _calls(work) -> int:
@@ -70,3 +70,18 @@ def test_the_count_sees_work_that_grows_with_the_fleet(tmp_path, tiny_model_dir)
     plain = _calls(lambda: state.worker_desk.heartbeat(beat))
     walking = _calls(lambda: (state.worker_desk.heartbeat(beat), state.registry.peers(max_age_s=0)))
     assert walking > plain + 900, (plain, walking)
+
+
+def _leave_calls(state, worker_id: str) -> int:
+    return _calls(lambda: state.worker_desk.leave(LeaveRequest(worker_id=worker_id)))
+
+
+def test_a_leave_does_the_same_work_at_10_and_10000_workers(tmp_path, tiny_model_dir):
+    """A whole fleet stopping sends its leaves at once: each must cost the coordinator the same
+    few lookups however many are registered, and no store write when it held no lease."""
+    small = _fleet(tmp_path / "small", tiny_model_dir, 10)
+    large = _fleet(tmp_path / "large", tiny_model_dir, 10_000)
+    _leave_calls(small, "w0"), _leave_calls(large, "w0")  # the first leave's one-time imports and caches
+    writes = large.store.db.total_changes
+    assert _leave_calls(small, "w3") == _leave_calls(large, "w3")
+    assert large.store.db.total_changes == writes

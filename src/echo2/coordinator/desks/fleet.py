@@ -42,6 +42,8 @@ class FleetDesk:
         return len(mine)
 
     def requeue(self, leases: list[Lease], reason: ev.RequeueReason) -> None:
+        if not leases:  # most workers leave holding none: no transaction for nothing (a fleet leaving at once)
+            return
         with self.store.tx():
             self.leases_book.requeue(leases)
             self.counters.leases_expired += len(leases)
