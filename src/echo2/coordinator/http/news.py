@@ -110,6 +110,8 @@ class NewsLines:
         self.pieces = JsonPieces()
         self.lines: dict[str, _Line] = {}
         self.told_active: dict[str, bool] = {}
+        self.told_order: dict[str, None] = {}
+        """The open lines, the one told longest ago first (a dict keeps insertion order)."""
         self.closed = False
         self._pending = asyncio.Event()
         self._version_news = self._activity_news = False
@@ -133,8 +135,7 @@ class NewsLines:
         worker opens another, or a write to it fails."""
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
         await response.prepare(request)
-        self._end(worker_id)
-        line = self.lines[worker_id] = _Line(response, request.transport)
+        line = self.open(worker_id, response, request.transport)
         try:
             await self._write(worker_id, line, self._encode(worker_id, first))
             if not self.closed:
@@ -143,13 +144,32 @@ class NewsLines:
             if self.lines.get(worker_id) is line:
                 del self.lines[worker_id]
                 self.told_active.pop(worker_id, None)
+                self.told_order.pop(worker_id, None)
         return response
+
+    def open(self, worker_id: str, response: web.StreamResponse, transport: asyncio.Transport | None) -> _Line:
+        """`worker_id`'s new line, in its first one's place (which ends); it is told first thing."""
+        self._end(worker_id)
+        line = self.lines[worker_id] = _Line(response, transport)
+        self.told_order.pop(worker_id, None)
+        self.told_order[worker_id] = None
+        return line
 
     def open_for(self, *, first: Callable[[str], bool] | None = None) -> list[str]:
         """The workers with an open line; those `first` picks ahead of the rest, in their order."""
         if first is None:
             return list(self.lines)
         return sorted(self.lines, key=lambda worker_id: not first(worker_id))
+
+    def longest_untold(self, count: int, *, skip: set[str]) -> list[str]:
+        """Up to `count` open lines not in `skip`, the ones told longest ago first."""
+        chosen: list[str] = []
+        for worker_id in self.told_order:
+            if len(chosen) >= count:
+                break
+            if worker_id not in skip:
+                chosen.append(worker_id)
+        return chosen
 
     async def tell(self, news: Iterable[tuple[str, WorkerNews | None]]) -> int:
         """Write each worker its news (a slice at a time, yielding between slices); a worker with
@@ -190,6 +210,8 @@ class NewsLines:
 
     def _encode(self, worker_id: str, news: WorkerNews) -> bytes:
         self.told_active[worker_id] = news.active
+        self.told_order.pop(worker_id, None)
+        self.told_order[worker_id] = None
         return reply_bytes(self.pieces, news) + b"\n"
 
     def _end(self, worker_id: str) -> None:

@@ -1,7 +1,7 @@
 """The coordinator's own loops, beside the requests it answers: the sweep of silent workers and
 overdue leases (which excuses the coordinator's own stalls) with the activation decisions and
-the gauges; the news crier, which tells every open news line of a new version and each worker
-whose activation changed; the keepalive of the news lines; and the load watch, which measures
+the gauges; the news crier, which tells open news lines of a new version (`version_news_to`)
+and each worker whose activation changed; the keepalive of the news lines; and the load watch, which measures
 how late the event loop runs and stretches spare heartbeats (and refuses registrations) while
 it is behind, so that rollouts and the learner's batches keep their pace."""
 
@@ -11,12 +11,16 @@ import asyncio
 import gc
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from echo2.coordinator.http.base import HISTORY_KEY, METRICS_KEY, NEWS_KEY, STATE_KEY, write_events
-from echo2.coordinator.http.news import NEWS_KEEPALIVE_S
+from echo2.coordinator.http.news import NEWS_KEEPALIVE_S, WRITES_PER_SLICE, NewsLines
 from echo2.coordinator.http.view import snapshot, stats_event
+
+if TYPE_CHECKING:
+    from echo2.coordinator.state import CoordinatorState
 
 log = logging.getLogger("echo2.coordinator")
 
@@ -62,21 +66,38 @@ async def housekeeping(app: web.Application) -> None:
 
 
 async def cry_news(app: web.Application) -> None:
-    """Tell the open news lines what changed: every line a newly published version (with its
-    fetch and sources), the workers whose activation changed theirs. What changes during a
-    round is told in the next (each round tells the news as of its start). A version goes to the
-    active workers first: the learner's next batches wait on their fetch, and telling 10,000
-    lines takes the loop a good part of a second."""
+    """Tell the open news lines what changed: a newly published version (with its fetch and
+    sources), the workers whose activation changed theirs. What changes during a round is told
+    in the next (each round tells the news as of its start)."""
     state, lines = app[STATE_KEY], app[NEWS_KEY]
+    loop = asyncio.get_running_loop()
+    last_version_at = loop.time()
     while True:
         version, activity = await lines.next_round()
         desk = state.worker_desk
         if version:
             await plan_newest(app)
             lines.pieces.clear()  # the JSON of the last plan's objects: let them go
-            await lines.tell((w, desk.news_of(w)) for w in lines.open_for(first=state.controller.is_active))
+            now = loop.time()
+            told = version_news_to(state, lines, since_last_s=now - last_version_at)
+            last_version_at = now
+            await lines.tell((w, desk.news_of(w)) for w in told)
         elif activity:
             await lines.tell_changed_activity(state.controller.is_active, desk.news_of)
+
+
+def version_news_to(state: CoordinatorState, lines: NewsLines, *, since_last_s: float) -> list[str]:
+    """Who hears of a new version now, in order: the active workers (the learner's next batches
+    wait on their fetch), then the plan's relays (others pull from them), then the idle workers
+    told longest ago, as many as coordinator.idle_news_per_s allows since the last version (at
+    least WRITES_PER_SLICE). Below that rate every worker hears every version; a larger idle
+    fleet hears every few versions (a heartbeat's reply carries the newest too), and a publish
+    costs the loop a few thousand lines, not one per worker."""
+    is_active, relays = state.controller.is_active, state.versions.dissemination.relays
+    active = [w for w in lines.open_for() if is_active(w)]
+    prompt = active + [w for w in relays if w in lines.lines and not is_active(w)]
+    budget = max(WRITES_PER_SLICE, int(state.cfg.coordinator.idle_news_per_s * since_last_s))
+    return prompt + lines.longest_untold(budget, skip=set(prompt))
 
 
 async def plan_newest(app: web.Application) -> None:

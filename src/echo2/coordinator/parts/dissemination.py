@@ -35,6 +35,8 @@ class Dissemination:
         self.config = config
         self.learner_upload_bps = learner_upload_bps
         self.plan: BroadcastPlan | None = None
+        self.relays: frozenset[str] = frozenset()
+        """The workers the newest plan has others pull from."""
         self.newest = -1
         """The newest version planned or published: what reports and assignments expire against."""
         self.reporters: dict[str, dict[str, int]] = {}
@@ -158,6 +160,7 @@ class Dissemination:
         self._advance(plan.version)
         self._late.clear()
         self.plan = plan
+        self.relays = frozenset(a.worker_id for a in plan.assignments if a.children)
         return plan
 
     def assignment(self, worker_id: str, version: int, origin_url: str, peers: LivePeers | Iterable[PeerLike], *,
