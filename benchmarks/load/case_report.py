@@ -11,8 +11,11 @@ from typing import NamedTuple
 from load import report
 from load.stats import Merged
 
-RECOVERY_WINDOW_S = 10.0
-"""Trailing window the mass-join recovery is judged on (steps/min over this many seconds)."""
+RECOVERY_WINDOW_S = 30.0
+"""Trailing window the mass-join recovery is judged on (steps/min over this many seconds). It
+must hold enough steps to resolve the 5% tolerance: at about a step a second a 10 s window
+counts in steps of 6/min, so 95% of 60/min took 10 steps in every window, and even the
+unharmed 100-worker join never "recovered"; a 30 s window counts in steps of 2/min."""
 
 
 def case_section(*, plan, run_dir: Path, cfg: dict, samples: dict, workers: Merged, learner: Merged,

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from load import report  # noqa: E402
 from load.answers import AnswerBook  # noqa: E402
+from load.case_report import RECOVERY_WINDOW_S  # noqa: E402
 from load.fake_learner import FakeLearner  # noqa: E402
 from load.scenarios import CaseSettings, plan_case, source_ip  # noqa: E402
 from load.sim_worker import SimSettings, SimWorker  # noqa: E402
@@ -109,6 +110,16 @@ def test_recovery_is_when_the_pace_is_back_for_good():
     assert slowest == 0.0
     unharmed, _ = report.recovery_s([float(t) for t in range(120)], 60.0, 119.0, before_per_min=60.0, window_s=10.0)
     assert unharmed == 0.0
+
+
+def test_a_pace_within_the_tolerance_counts_as_recovered_over_the_benchmarks_window():
+    """A step a second, then 3% slower from the join (a step every 1.03 s), within the 5%
+    tolerance: over RECOVERY_WINDOW_S it never left full pace; over 10 s windows, which hold
+    9 or 10 steps (54 or 60/min), it seems to fall behind whenever a window holds 9."""
+    steps = [float(t) for t in range(60)] + [60.0 + 1.03 * i for i in range(58)]
+    assert report.recovery_s(steps, 60.0, 119.0, before_per_min=60.0, window_s=RECOVERY_WINDOW_S)[0] == 0.0
+    ten_s_verdict, slowest = report.recovery_s(steps, 60.0, 119.0, before_per_min=60.0, window_s=10.0)
+    assert slowest == 54.0 and (ten_s_verdict is None or ten_s_verdict >= 30.0)
 
 
 def test_plan_spreads_joins_and_mass_join_lands_within_a_second():
