@@ -27,11 +27,21 @@ def _version(package: str) -> str | None:
         return None
 
 
+RESULTS = "benchmarks/results"
+"""What the benchmarks write, not code: a result saved by the first part of a benchmark run must
+not make the tree the next part measures count as dirty (its runs would never join the first's)."""
+
+
+def dirty(root: Path) -> bool:
+    """Whether a tracked file other than the benchmarks' results differs from the commit."""
+    return bool(_git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS}"))
+
+
 def provenance(root: Path, argv: list[str]) -> dict:
     return {
         "git_commit": _git(root, "rev-parse", "HEAD"),
         "git_branch": _git(root, "rev-parse", "--abbrev-ref", "HEAD"),
-        "git_dirty": bool(_git(root, "status", "--porcelain", "--untracked-files=no")),
+        "git_dirty": dirty(root),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),

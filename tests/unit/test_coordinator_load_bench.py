@@ -133,3 +133,26 @@ def test_plan_spreads_joins_and_mass_join_lands_within_a_second():
     joined = mass.join_at[100:]
     assert len(joined) == 1000 and max(joined) - min(joined) < 1.0 and min(joined) == mass.window[0]
     assert len({source_ip(i) for i in range(20000)}) == 20000
+
+
+def test_a_saved_result_does_not_make_the_measured_tree_dirty(tmp_path):
+    """A benchmark run in parts saves its first part's result before the next part starts:
+    only code counts as a change, or no second part could ever join the first."""
+    import subprocess
+
+    from load.provenance import dirty
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, timeout=30)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "src").mkdir()
+    for path in ("benchmarks/results/load.json", "src/code.py"):
+        (tmp_path / path).write_text("1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    (tmp_path / "benchmarks" / "results" / "load.json").write_text("2\n")
+    assert not dirty(tmp_path)
+    (tmp_path / "src" / "code.py").write_text("2\n")
+    assert dirty(tmp_path)
