@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from load.provenance import provenance  # benchmarks/ is the script's directory
+
 from echo2.config.sim import load_scenario
 from echo2.sim.simulator import Simulator
 
@@ -103,6 +105,7 @@ def main() -> None:
              for name in args.scenarios.split(",")]
     goals = ("saving_ok", "utilization_ok", "changes_ok", "first_wait_ok")
     print(json.dumps({
+        "benchmark": "online_vs_plan", "provenance": provenance(ROOT, sys.argv[1:]),
         "goals": {"saving_within_points_of_plan": GOAL_SAVING_POINTS, "utilization_steady_min": GOAL_UTILIZATION,
                   "changes_per_200_steps_max": GOAL_CHANGES_PER_200_STEPS,
                   "first_wait": "at most plan mode's plus one control period",

@@ -16,8 +16,11 @@ quotes it).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
+
+from load.provenance import provenance  # benchmarks/ is the script's directory
 
 from echo2.config.sim import load_scenario
 from echo2.sim.simulator import simulate
@@ -87,7 +90,7 @@ def staleness() -> dict | None:
 def main() -> None:
     started = time.perf_counter()
     out = {
-        "benchmark": "paper_claims", "paper": PAPER,
+        "benchmark": "paper_claims", "provenance": provenance(ROOT, sys.argv[1:]), "paper": PAPER,
         "dissemination": dissemination(),
         "cost_saving": [run(name) for name in SCENARIOS],
         "launch_qwen3_30b_a3b": run("qwen3_30b_a3b"),

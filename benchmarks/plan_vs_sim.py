@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+from load.provenance import provenance  # benchmarks/ is the script's directory
 
 from echo2.config.sim import load_scenario
 from echo2.planner.plan import make_plan
@@ -45,6 +48,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "benchmark": "plan_vs_sim", "provenance": provenance(ROOT, sys.argv[1:]),
                 "goal_points": GOAL_POINTS,
                 "compared_on": "steady utilization (first step's wait left out); whole-run also given",
                 "worst_difference_points": worst,
