@@ -18,13 +18,10 @@ off (a 10,000-worker plan allocates ~100,000 objects, which can set off a full c
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from load.provenance import provenance  # noqa: E402
 from tests.unit import controller_reference, topology_reference  # noqa: E402
 
 from echo2.broadcast.topology import fastest_first, late_joiner_assignment, plan_broadcast  # noqa: E402
@@ -196,17 +194,6 @@ def dataplane_rows(n: int) -> list[dict]:
              "admits_us": round(admits * 1000 / calls, 2)}]
 
 
-def provenance(argv: list[str]) -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
-            "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "cores": os.cpu_count(), "cores_allowed": sorted(os.sched_getaffinity(0)),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "load_average_1_5_15_before": [round(x, 2) for x in os.getloadavg()],
-            "command": "PYTHONPATH=src python benchmarks/policy_scale.py " + " ".join(argv)}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -216,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pin:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    out: dict = {"benchmark": "policy_scale", "provenance": provenance(argv), "rows": []}
+    out: dict = {"benchmark": "policy_scale", "provenance": provenance(ROOT, argv), "rows": []}
     for n in SIZES[:2] if args.quick else SIZES:
         repeats_old = 1 if n >= 10_000 else 3
         out["rows"] += topology_rows(n, repeats_old) + controller_rows(n) + dataplane_rows(n)
