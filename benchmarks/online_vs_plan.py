@@ -34,6 +34,9 @@ from echo2.config.sim import load_scenario
 from echo2.sim.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURES = ("src/echo2/planner", "src/echo2/sim", "src/echo2/policy", "src/echo2/config", "configs/sim",
+            "benchmarks/online_vs_plan.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 SCENARIOS = ("qwen3_4b", "qwen3_8b", "qwen3_32b")
 GOAL_SAVING_POINTS = 5.0
 GOAL_UTILIZATION = 0.95

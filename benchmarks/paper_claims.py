@@ -27,6 +27,9 @@ from echo2.sim.simulator import simulate
 from echo2.sim.sweeps import dissemination_vs_workers
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURES = ("src/echo2/planner", "src/echo2/sim", "src/echo2/policy", "src/echo2/config", "src/echo2/broadcast",
+            "configs/sim", "benchmarks/paper_claims.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = ("qwen3_4b", "qwen3_8b", "qwen3_32b")
 PAPER = {

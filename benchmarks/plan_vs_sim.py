@@ -25,6 +25,9 @@ from echo2.planner.plan import make_plan
 from echo2.sim.plan_check import plan_vs_sim
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURES = ("src/echo2/planner", "src/echo2/sim", "src/echo2/policy", "src/echo2/config", "configs/sim",
+            "benchmarks/plan_vs_sim.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 SCENARIOS = ("qwen3_4b", "qwen3_8b", "qwen3_32b")
 MAX_STALENESS = 6
 """ECHO-2 trained stably up to S = 6."""
