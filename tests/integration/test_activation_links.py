@@ -27,6 +27,11 @@ def _run(tmp_path, name: str, per_worker: list[dict]) -> dict:
         coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 3.0},
         activation={"control_period_s": 0.5, "min_samples": 2, "scale_down_after_s": 2.0},
         workers={"count": len(per_worker), "per_worker": per_worker},
+        # every trained group audited: the slow worker's only admitted groups are its first few
+        # (later ones arrive too stale), and a worker is measured only after two pass the audit.
+        # At the default half, a run where the audit sampled one of them kept it on probation
+        # throughout and recorded no decision that measured it
+        audit={"recompute_fraction": 1.0},
     )
     config = write_config(tmp_path / f"{name}.toml", cfg)
     with processes() as start:
