@@ -78,7 +78,7 @@ def test_reports_from_real_children_drop_a_relay_and_expire():
     assert diss.suspects == set() and diss.reporters == {}  # version 8: the reports for version 5 are gone
     assert {a.worker_id: a.sources[0].peer_id for a in expired.assignments}["c0"] == "hub"
     assert diss.report("hub", "c0", 5) == "none"  # too old to count now
-    assert all(version > 5 for versions in diss.assigned.values() for version in versions)  # bounded record
+    assert all(version > 5 for version in diss.assigned)  # bounded record
 
 
 
@@ -146,7 +146,12 @@ def test_a_plan_over_the_same_workers_is_the_last_tree_for_the_new_version():
     fleet = peers(6)
     first = diss.make_plan(3, ORIGIN, fleet, set())
     again = diss.make_plan(4, ORIGIN, fleet, set())
-    assert again == fresh.make_plan(4, ORIGIN, fleet, set()) and again.for_worker("w3").version == 4
+    made = fresh.adopt(fresh.make_plan(4, ORIGIN, fleet, set()))
+    assert (again.version, again.origin_children) == (made.version, made.origin_children)
+    diss.adopt(again)  # each worker is given what a plan made from scratch gives it, for version 4
+    for p in fleet:
+        given = diss.assignment(p.worker_id, 4, ORIGIN, fleet)
+        assert given == made.for_worker(p.worker_id) and given.version == 4
     assert diss._planned_from[1] is first  # the tree was not made again
     slower = [Peer(p.worker_id, p.relay_address, p.upload_bps / 10, p.download_bps, p.version) for p in fleet]
     assert diss.make_plan(5, ORIGIN, slower, set()) == fresh.make_plan(5, ORIGIN, slower, set())

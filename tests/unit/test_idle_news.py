@@ -1,6 +1,7 @@
-"""Who hears of a new version at once (`upkeep.version_news_to`): every active worker and every
-relay of the plan, then idle workers by turns, the ones told longest ago first, at
-coordinator.idle_news_per_s; a fleet whose idle workers fit one round hears every version."""
+"""Who hears of a new version at once (`upkeep.version_news_to`): every active worker, then idle
+workers by turns (a run of the relay tree's depth-first order, at coordinator.idle_news_per_s),
+each after the relays it pulls from; a fleet whose idle workers fit one round hears every
+version."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
 from echo2.coordinator.http.news import WRITES_PER_SLICE, NewsLines
 from echo2.coordinator.http.upkeep import version_news_to
+from echo2.coordinator.parts.news_order import tree_order
 from echo2.protocol.messages import RegisterRequest
 
 
@@ -54,25 +56,26 @@ def _round(state, lines: NewsLines, version: int, since_last_s: float) -> list[s
     return told
 
 
-def test_active_workers_and_relays_hear_every_version_and_idle_ones_take_turns(tmp_path, tiny_model_dir):
+def test_active_workers_hear_every_version_and_idle_ones_take_turns_after_their_relays(tmp_path, tiny_model_dir):
     state, lines = _fleet(tmp_path, tiny_model_dir, workers=3_000, active=20, idle_news_per_s=1_000.0)
-    relays = state.versions.dissemination
     told_at: dict[str, list[int]] = {}
     for version in range(1, 9):
-        told = _round(state, lines, version, since_last_s=0.5)  # 500 idle lines a round
+        told = _round(state, lines, version, since_last_s=0.5)  # a turn of 500 idle workers
+        order = tree_order(state.versions.dissemination.plan)
         active = {w for w in told if state.controller.is_active(w)}
-        assert len(active) == 20 and set(told[:20]) == active  # the active first
-        assert relays.relays and relays.relays <= set(told)  # every relay of this version's plan
-        idle = [w for w in told if not state.controller.is_active(w) and w not in relays.relays]
-        assert len(idle) == 500 and len(told) == len(set(told))
+        assert len(active) == 20 and len(told) == len(set(told))
+        # no one before the relay it pulls from: each parent in the plan told earlier this round
+        place = {w: i for i, w in enumerate(told)}
+        assert all(place.get(order.parent[w], -1) < place[w] for w in told if w in order.parent)
+        # the turn and the relays above it: a few lines more than the turn, not half the tree
+        assert 500 <= len(told) - len(active) <= 500 + 20 * 12 + 12
         for w in told:
             told_at.setdefault(w, []).append(version)
-    # by turns: after a first round told everyone, every idle worker is told again within
-    # ceil(idle / 500) rounds, the one told longest ago first
+    # by turns: every worker is told within ceil(3,000 / 500) rounds of the last time
     assert set(told_at) == {f"w{i}" for i in range(3_000)}
-    leaves = [w for w in told_at if w not in relays.relays and not state.controller.is_active(w)]
-    gaps = [b - a for w in leaves for a, b in itertools.pairwise(told_at[w])]
-    assert max(gaps) <= -(-len(leaves) // 500) + 1
+    assert all(told_at[w] == list(range(1, 9)) for w in active)
+    gaps = [b - a for w in told_at for a, b in itertools.pairwise(told_at[w])]
+    assert max(gaps) <= 6
 
 
 def test_a_fleet_whose_idle_workers_fit_a_round_hears_every_version(tmp_path, tiny_model_dir):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import BaseModel
 
+from echo2.coordinator.parts.news_order import IdleTurns
 from echo2.protocol.messages import PROTOCOL_VERSION, HeartbeatResponse
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class NewsLines:
         self.told_active: dict[str, bool] = {}
         self.told_order: dict[str, None] = {}
         """The open lines, the one told longest ago first (a dict keeps insertion order)."""
+        self.idle_turns = IdleTurns()
+        """Where the idle workers' next turn of version news starts (upkeep.version_news_to)."""
         self.closed = False
         self._pending = asyncio.Event()
         self._version_news = self._activity_news = False

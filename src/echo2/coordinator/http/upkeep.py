@@ -18,6 +18,7 @@ from aiohttp import web
 from echo2.coordinator.http.base import HISTORY_KEY, METRICS_KEY, NEWS_KEY, STATE_KEY, write_events
 from echo2.coordinator.http.news import NEWS_KEEPALIVE_S, WRITES_PER_SLICE, NewsLines
 from echo2.coordinator.http.view import snapshot, stats_event
+from echo2.coordinator.parts.news_order import tree_order
 
 if TYPE_CHECKING:
     from echo2.coordinator.state import CoordinatorState
@@ -87,17 +88,23 @@ async def cry_news(app: web.Application) -> None:
 
 
 def version_news_to(state: CoordinatorState, lines: NewsLines, *, since_last_s: float) -> list[str]:
-    """Who hears of a new version now, in order: the active workers (the learner's next batches
-    wait on their fetch), then the plan's relays (others pull from them), then the idle workers
-    told longest ago, as many as coordinator.idle_news_per_s allows since the last version (at
-    least WRITES_PER_SLICE). Below that rate every worker hears every version; a larger idle
-    fleet hears every few versions (a heartbeat's reply carries the newest too), and a publish
-    costs the loop a few thousand lines, not one per worker."""
-    is_active, relays = state.controller.is_active, state.versions.dissemination.relays
+    """Who hears of a new version now, in order (`parts.news_order`): the active workers (the
+    learner's next batches wait on their fetch), then the idle workers' next turn, a run of the
+    relay tree's depth-first order as long as coordinator.idle_news_per_s allows since the last
+    version (at least WRITES_PER_SLICE), each worker after the relays it pulls from. A fleet
+    whose idle workers fit one turn hears every version; a larger one hears every few versions
+    (a heartbeat's reply carries the newest too), and a publish costs the loop a few thousand
+    lines, not one per worker. Without a plan: the lines told longest ago, as many."""
+    is_active = state.controller.is_active
     active = [w for w in lines.open_for() if is_active(w)]
-    prompt = active + [w for w in relays if w in lines.lines and not is_active(w)]
     budget = max(WRITES_PER_SLICE, int(state.cfg.coordinator.idle_news_per_s * since_last_s))
-    return prompt + lines.longest_untold(budget, skip=set(prompt))
+    order = tree_order(state.versions.dissemination.plan)
+    if not order.preorder:
+        return active + lines.longest_untold(budget, skip=set(active))
+    chosen: dict[str, None] = {}
+    order.with_ancestors(active, chosen)
+    order.with_ancestors(lines.idle_turns.next_run(order, budget), chosen)
+    return [w for w in chosen if w in lines.lines]
 
 
 async def plan_newest(app: web.Application) -> None:

@@ -23,6 +23,7 @@ from itertools import islice
 from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retained
 from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
+from echo2.coordinator.parts.news_order import tree_order
 from echo2.coordinator.parts.peers import LivePeers, PeerLike, live_peers
 from echo2.planner.dissemination import bytes_per_s
 from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
@@ -35,14 +36,13 @@ class Dissemination:
         self.config = config
         self.learner_upload_bps = learner_upload_bps
         self.plan: BroadcastPlan | None = None
-        self.relays: frozenset[str] = frozenset()
-        """The workers the newest plan has others pull from."""
         self.newest = -1
         """The newest version planned or published: what reports and assignments expire against."""
         self.reporters: dict[str, dict[str, int]] = {}
         """peer id -> the workers whose report of it counts, each with the version it was for."""
-        self.assigned: dict[str, dict[int, tuple[str, ...]]] = {}
-        """worker id -> version -> the peer ids it was given as sources: whom it can report."""
+        self.assigned: dict[int, dict[str, tuple[str, ...]]] = {}
+        """version -> worker id -> the peer ids it was given as sources: whom it can report (by
+        version first, so a version that stops counting goes in one step)."""
         self.offers: dict[tuple[int, Form], tuple[VersionInfo, ServedForm]] = {}
         """The forms the learner's origin serves (the same rule as its relay: catchup.retained)."""
         self.full_bytes = 0
@@ -54,6 +54,8 @@ class Dissemination:
         versions (or there is none): the next publish reply asks the learner for an anchor."""
         self._planned_from: tuple[tuple, BroadcastPlan] | None = None
         """The last plan made in full, with what it was made from."""
+        self._in_plan: dict[str, Assignment] = {}
+        """The newest plan's assignments made for its version, by worker (`_placed`)."""
         self._late: dict[tuple[str, int], Assignment] = {}
         """Sources given to workers outside the newest plan, by worker and version (made anew
         with each plan)."""
@@ -152,6 +154,7 @@ class Dissemination:
             return _for_version(last[1], version)
         infos = [self._peer_info(p, reachable=bool(p.relay_address) and p.worker_id not in suspects) for p in peers]
         plan = plan_broadcast(version, self._origin(origin_url), infos, self.config)
+        tree_order(plan)  # the order its news goes out in, made here on the planning thread
         self._planned_from = (inputs, plan)  # one reference swapped whole: safe to read from the loop
         return plan
 
@@ -159,8 +162,8 @@ class Dissemination:
         """`plan` is the newest version's tree from now on."""
         self._advance(plan.version)
         self._late.clear()
+        self._in_plan.clear()
         self.plan = plan
-        self.relays = frozenset(a.worker_id for a in plan.assignments if a.children)
         return plan
 
     def assignment(self, worker_id: str, version: int, origin_url: str, peers: LivePeers | Iterable[PeerLike], *,
@@ -172,21 +175,28 @@ class Dissemination:
         if self._live(version):  # whom it may report; kept only while a report for it can count
             # tuples of strings: the collector stops tracking them (thousands of workers, each
             # with an entry per live version, would otherwise lengthen every full collection)
-            given = self.assigned.setdefault(worker_id, {})
+            given = self.assigned.setdefault(version, {})
             sources = tuple(s.peer_id for s in assignment.sources)
-            if version not in given:
-                given[version] = sources
-            elif not set(sources) <= set(given[version]):
-                given[version] = tuple(dict.fromkeys(given[version] + sources))  # bounded by the live workers
+            if worker_id not in given:
+                given[worker_id] = sources
+            elif not set(sources) <= set(given[worker_id]):
+                given[worker_id] = tuple(dict.fromkeys(given[worker_id] + sources))  # bounded by the live workers
         return assignment
 
     def _placed(self, worker_id: str, version: int, origin_url: str, peers: LivePeers, *,
                 in_plan: bool, joiner: PeerLike | None) -> Assignment:
         if in_plan and self.plan is not None and self.plan.version == version:
-            try:
-                return self._without_suspects(self.plan.for_worker(worker_id), origin_url, worker_id)
-            except ValueError:
-                pass  # not in the plan: a late joiner
+            placed = self._in_plan.get(worker_id)
+            if placed is None:
+                try:
+                    placed = self.plan.for_worker(worker_id)
+                except ValueError:
+                    placed = None  # not in the plan: a late joiner
+                if placed is not None and placed.version != version:  # the tree of an earlier version
+                    placed = placed.model_copy(update={"version": version})
+            if placed is not None:
+                self._in_plan[worker_id] = placed  # its JSON is made once per version too
+                return self._without_suspects(placed, origin_url, worker_id)
         made = self._late.get((worker_id, version))
         if made is not None:  # one per worker and version: its JSON is made once too
             return self._without_suspects(made, origin_url, worker_id)
@@ -211,7 +221,7 @@ class Dissemination:
         nothing), "reporter" or "everyone"."""
         if peer_id == ORIGIN_ID or peer_id == reporter_id or not self._live(version):
             return "none"
-        if peer_id not in self.assigned.get(reporter_id, {}).get(version, ()):
+        if peer_id not in self.assigned.get(version, {}).get(reporter_id, ()):
             return "none"  # never sent there for that version: nothing it says of the peer counts
         reporters = self.reporters.setdefault(peer_id, {})
         reporters[reporter_id] = max(version, reporters.get(reporter_id, version))
@@ -225,7 +235,8 @@ class Dissemination:
     def forget(self, worker_id: str) -> None:
         """A worker gone for good: its reports, the reports against it and its assignments go too."""
         self.reporters.pop(worker_id, None)
-        self.assigned.pop(worker_id, None)
+        for given in self.assigned.values():
+            given.pop(worker_id, None)
         for reporters in self.reporters.values():
             reporters.pop(worker_id, None)
 
@@ -240,10 +251,7 @@ class Dissemination:
             for reporter_id in [r for r, v in reporters.items() if not self._live(v)]:
                 del reporters[reporter_id]
         self.reporters = {peer_id: reporters for peer_id, reporters in self.reporters.items() if reporters}
-        for versions in self.assigned.values():
-            for old in [v for v in versions if not self._live(v)]:
-                del versions[old]
-        self.assigned = {worker_id: versions for worker_id, versions in self.assigned.items() if versions}
+        self.assigned = {v: given for v, given in self.assigned.items() if self._live(v)}
 
     def _suspected(self, peer_id: str) -> bool:
         counted = self.reporters.get(peer_id, {})
@@ -278,6 +286,8 @@ class Dissemination:
 
 
 def _for_version(plan: BroadcastPlan, version: int) -> BroadcastPlan:
-    """`plan`'s tree for another version (every field but the version is the tree's)."""
-    return plan.model_copy(update={"version": version, "assignments": [
-        a.model_copy(update={"version": version}) for a in plan.assignments]})
+    """`plan`'s tree for another version. Its assignments stay the tree's, made for the version
+    it was planned for: a worker's is made for this version when it is asked for (`_placed`),
+    so a version costs the workers told of it, not one copy per worker (10,000 of them held
+    the event loop's share of the interpreter for tens of milliseconds a version)."""
+    return plan.model_copy(update={"version": version})
