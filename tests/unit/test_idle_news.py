@@ -1,6 +1,7 @@
-"""Who hears of a new version at once (`upkeep.version_news_to`): every active worker, then idle
-workers by turns (a run of the relay tree's depth-first order, at coordinator.idle_news_per_s),
-each after the relays it pulls from; a fleet whose idle workers fit one round hears every
+"""Who hears of a new version, and when: every active worker at once (`upkeep.version_news_to`),
+then the idle workers by turns (`upkeep.idle_news_next`: a run of the relay tree's depth-first
+order), each after the relays it pulls from, paced at coordinator.idle_news_per_s
+(`upkeep.cry_idle_news`); a fleet whose idle workers fit in a version's time hears every
 version."""
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from aiohttp import web
 from tests.unit.coordinator_helpers import FakeClock, make_state, publish
 
+from echo2.coordinator.http.base import NEWS_KEY, STATE_KEY
 from echo2.coordinator.http.news import WRITES_PER_SLICE, NewsLines
-from echo2.coordinator.http.upkeep import version_news_to
+from echo2.coordinator.http.upkeep import cry_idle_news, idle_news_next, version_news_to
 from echo2.coordinator.parts.news_order import tree_order
 from echo2.protocol.messages import RegisterRequest
 
@@ -44,23 +47,30 @@ def _fleet(tmp_path, tiny_model_dir, workers: int, active: int, idle_news_per_s:
     return state, lines
 
 
-def _round(state, lines: NewsLines, version: int, since_last_s: float) -> list[str]:
+def _tell(state, lines: NewsLines, workers: list[str]) -> None:
+    asyncio.run(lines.tell((w, state.worker_desk.news_of(w)) for w in workers))
+
+
+def _round(state, lines: NewsLines, version: int, idle_lines: int) -> list[str]:
+    """Publish `version`, tell the active workers, then `idle_lines` idle ones: who was told, in order."""
     publish(state, version)
     info = state.learner_desk.unplanned()  # planned as upkeep.plan_newest plans it
     if info is not None:
         dissemination = state.versions.dissemination
         state.learner_desk.adopt_plan(dissemination.make_plan(info.version, info.origin_url, list(
             state.registry.peers()), dissemination.suspects_for(info.version)))
-    told = version_news_to(state, lines, since_last_s=since_last_s)
-    asyncio.run(lines.tell((w, state.worker_desk.news_of(w)) for w in told))
-    return told
+    told = version_news_to(state, lines)
+    _tell(state, lines, told)
+    idle = idle_news_next(state, lines, idle_lines)
+    _tell(state, lines, idle)
+    return told + idle
 
 
 def test_active_workers_hear_every_version_and_idle_ones_take_turns_after_their_relays(tmp_path, tiny_model_dir):
     state, lines = _fleet(tmp_path, tiny_model_dir, workers=3_000, active=20, idle_news_per_s=1_000.0)
     told_at: dict[str, list[int]] = {}
     for version in range(1, 9):
-        told = _round(state, lines, version, since_last_s=0.5)  # a turn of 500 idle workers
+        told = _round(state, lines, version, idle_lines=500)  # the crier's lines before the next version
         order = tree_order(state.versions.dissemination.plan)
         active = {w for w in told if state.controller.is_active(w)}
         assert len(active) == 20 and len(told) == len(set(told))
@@ -78,7 +88,31 @@ def test_active_workers_hear_every_version_and_idle_ones_take_turns_after_their_
     assert max(gaps) <= 6
 
 
-def test_a_fleet_whose_idle_workers_fit_a_round_hears_every_version(tmp_path, tiny_model_dir):
-    state, lines = _fleet(tmp_path, tiny_model_dir, workers=WRITES_PER_SLICE, active=2, idle_news_per_s=1.0)
+def test_idle_workers_all_hear_a_version_once_when_they_fit_in_its_time(tmp_path, tiny_model_dir):
+    state, lines = _fleet(tmp_path, tiny_model_dir, workers=600, active=2, idle_news_per_s=1.0)
     for version in (1, 2, 3):
-        assert len(_round(state, lines, version, since_last_s=0.001)) == WRITES_PER_SLICE
+        told = _round(state, lines, version, idle_lines=WRITES_PER_SLICE)
+        while more := idle_news_next(state, lines, WRITES_PER_SLICE):
+            _tell(state, lines, more)
+            told += more
+        assert sorted(told) == sorted(lines.lines)  # each open line once
+        assert all(v == version for v in lines.told_version.values())
+
+
+def test_the_idle_crier_keeps_its_pace(tmp_path, tiny_model_dir):
+    """At 1,000 lines a second, 0.3 s into a version 3,000 idle workers are not all told: about
+    300 are, a slice at a time, and the loop is free between slices."""
+    state, lines = _fleet(tmp_path, tiny_model_dir, workers=3_000, active=0, idle_news_per_s=1_000.0)
+    _round(state, lines, 1, idle_lines=0)
+    app = web.Application()
+    app[STATE_KEY], app[NEWS_KEY] = state, lines
+
+    async def a_while() -> int:
+        lines.idle_due.set()
+        crier = asyncio.create_task(cry_idle_news(app))
+        await asyncio.sleep(0.3)
+        crier.cancel()
+        return sum(1 for v in lines.told_version.values() if v == 1)
+
+    told = asyncio.run(a_while())
+    assert WRITES_PER_SLICE <= told <= 300 + 2 * WRITES_PER_SLICE, told

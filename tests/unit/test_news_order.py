@@ -41,9 +41,20 @@ def test_a_worker_comes_after_its_ancestors_root_first_each_chosen_once():
 
 
 def test_idle_turns_take_runs_of_the_order_and_wrap_around():
+    order, turns, nobody = tree_order(_plan()), IdleTurns(), lambda worker_id: False
+    assert turns.next_run(order, 2, told=nobody) == ["a", "b"]
+    assert turns.next_run(order, 2, told=nobody) == ["c", "d"]
+    assert turns.next_run(order, 2, told=nobody) == ["e", "a"]  # wrapped
+    assert turns.next_run(order, 9, told=nobody) == ["b", "c", "d", "e", "a"]  # each worker once at most
+    assert IdleTurns().next_run(TreeOrder(), 3, told=nobody) == []
+
+
+def test_idle_turns_pass_over_the_workers_told_already():
     order, turns = tree_order(_plan()), IdleTurns()
-    assert turns.next_run(order, 2) == ["a", "b"]
-    assert turns.next_run(order, 2) == ["c", "d"]
-    assert turns.next_run(order, 2) == ["e", "a"]  # wrapped
-    assert turns.next_run(order, 9) == ["b", "c", "d", "e", "a"]  # each worker once at most
-    assert IdleTurns().next_run(TreeOrder(), 3) == []
+    told = {"b", "c"}.__contains__
+    assert turns.next_run(order, 2, told=told) == ["a", "d"]
+    assert turns.next_run(order, 2, told=told) == ["e", "a"]
+    assert turns.next_run(order, 9, told=lambda worker_id: True) == []  # everyone heard: nothing
+    chosen = {}
+    order.with_ancestors(["c"], chosen, told={"a"}.__contains__)
+    assert list(chosen) == ["b", "c"]  # a chain stops at an ancestor told already

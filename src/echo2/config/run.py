@@ -159,9 +159,9 @@ class CoordinatorConfig(Frozen):
     of one core for these requests, whatever the fleet's size."""
     idle_news_per_s: float = Field(2000.0, gt=0)
     """News lines a second the coordinator writes its idle workers of new versions, the whole
-    fleet together (active workers and the relays they pull from hear every version at once): a
-    larger idle fleet hears every few versions, by turns along the relay tree, each worker
-    after its relays, and each heartbeat's reply carries the newest."""
+    fleet together, a slice at a time (active workers and the relays they pull from hear every
+    version at once): a larger idle fleet hears every few versions, by turns along the relay
+    tree, each worker after its relays, and each heartbeat's reply carries the newest."""
     worker_timeout_s: float = Field(30.0, gt=0)
     """A worker silent for this long is dead: its leases go back to the queue. Several heartbeat
     intervals, so one slow heartbeat under CPU contention does not evict a live worker."""

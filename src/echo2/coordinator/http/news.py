@@ -113,8 +113,12 @@ class NewsLines:
         self.told_active: dict[str, bool] = {}
         self.told_order: dict[str, None] = {}
         """The open lines, the one told longest ago first (a dict keeps insertion order)."""
+        self.told_version: dict[str, int] = {}
+        """The newest version each open line was told of (-1: none yet)."""
         self.idle_turns = IdleTurns()
-        """Where the idle workers' next turn of version news starts (upkeep.version_news_to)."""
+        """Where the idle workers' next turn of version news starts (upkeep.cry_idle_news)."""
+        self.idle_due = asyncio.Event()
+        """Set while some open line may not have heard of the newest version."""
         self.closed = False
         self._pending = asyncio.Event()
         self._version_news = self._activity_news = False
@@ -148,6 +152,7 @@ class NewsLines:
                 del self.lines[worker_id]
                 self.told_active.pop(worker_id, None)
                 self.told_order.pop(worker_id, None)
+                self.told_version.pop(worker_id, None)
         return response
 
     def open(self, worker_id: str, response: web.StreamResponse, transport: asyncio.Transport | None) -> _Line:
@@ -164,13 +169,18 @@ class NewsLines:
             return list(self.lines)
         return sorted(self.lines, key=lambda worker_id: not first(worker_id))
 
-    def longest_untold(self, count: int, *, skip: set[str]) -> list[str]:
-        """Up to `count` open lines not in `skip`, the ones told longest ago first."""
+    def told_of(self, version: int) -> Callable[[str], bool]:
+        """Whether a worker's open line was told of `version` (or a newer one) already."""
+        told = self.told_version
+        return lambda worker_id: told.get(worker_id, -1) >= version
+
+    def longest_untold(self, count: int, *, told: Callable[[str], bool]) -> list[str]:
+        """Up to `count` open lines `told` is False for, the ones told longest ago first."""
         chosen: list[str] = []
         for worker_id in self.told_order:
             if len(chosen) >= count:
                 break
-            if worker_id not in skip:
+            if not told(worker_id):
                 chosen.append(worker_id)
         return chosen
 
@@ -213,6 +223,7 @@ class NewsLines:
 
     def _encode(self, worker_id: str, news: WorkerNews) -> bytes:
         self.told_active[worker_id] = news.active
+        self.told_version[worker_id] = news.latest.version if news.latest is not None else -1
         self.told_order.pop(worker_id, None)
         self.told_order[worker_id] = None
         return reply_bytes(self.pieces, news) + b"\n"

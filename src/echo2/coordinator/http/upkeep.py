@@ -1,7 +1,8 @@
 """The coordinator's own loops, beside the requests it answers: the sweep of silent workers and
 overdue leases (which excuses the coordinator's own stalls) with the activation decisions and
-the gauges; the news crier, which tells open news lines of a new version (`version_news_to`)
-and each worker whose activation changed; the keepalive of the news lines; and the load watch, which measures
+the gauges; the news criers, which tell open news lines of a new version (the active workers at
+once, `version_news_to`; the idle ones by turns, `cry_idle_news`) and each worker whose
+activation changed; the keepalive of the news lines; and the load watch, which measures
 how late the event loop runs and stretches spare heartbeats (and refuses registrations) while
 it is behind, so that rollouts and the learner's batches keep their pace."""
 
@@ -68,42 +69,63 @@ async def housekeeping(app: web.Application) -> None:
 
 async def cry_news(app: web.Application) -> None:
     """Tell the open news lines what changed: a newly published version (with its fetch and
-    sources), the workers whose activation changed theirs. What changes during a round is told
-    in the next (each round tells the news as of its start)."""
+    sources) to the active workers and the relays they pull from at once, then to the idle
+    workers by turns (`cry_idle_news`); the workers whose activation changed theirs. What
+    changes during a round is told in the next (each round tells the news as of its start)."""
     state, lines = app[STATE_KEY], app[NEWS_KEY]
-    loop = asyncio.get_running_loop()
-    last_version_at = loop.time()
     while True:
         version, activity = await lines.next_round()
         desk = state.worker_desk
         if version:
             await plan_newest(app)
             lines.pieces.clear()  # the JSON of the last plan's objects: let them go
-            now = loop.time()
-            told = version_news_to(state, lines, since_last_s=now - last_version_at)
-            last_version_at = now
-            await lines.tell((w, desk.news_of(w)) for w in told)
+            await lines.tell((w, desk.news_of(w)) for w in version_news_to(state, lines))
+            lines.idle_due.set()
         elif activity:
             await lines.tell_changed_activity(state.controller.is_active, desk.news_of)
 
 
-def version_news_to(state: CoordinatorState, lines: NewsLines, *, since_last_s: float) -> list[str]:
-    """Who hears of a new version now, in order (`parts.news_order`): the active workers (the
-    learner's next batches wait on their fetch), then the idle workers' next turn, a run of the
-    relay tree's depth-first order as long as coordinator.idle_news_per_s allows since the last
-    version (at least WRITES_PER_SLICE), each worker after the relays it pulls from. A fleet
-    whose idle workers fit one turn hears every version; a larger one hears every few versions
-    (a heartbeat's reply carries the newest too), and a publish costs the loop a few thousand
-    lines, not one per worker. Without a plan: the lines told longest ago, as many."""
+def version_news_to(state: CoordinatorState, lines: NewsLines) -> list[str]:
+    """Who hears of a new version as soon as it is published: the active workers (the learner's
+    next batches wait on their fetch), each after the relays it pulls from (`parts.news_order`)."""
     is_active = state.controller.is_active
     active = [w for w in lines.open_for() if is_active(w)]
-    budget = max(WRITES_PER_SLICE, int(state.cfg.coordinator.idle_news_per_s * since_last_s))
-    order = tree_order(state.versions.dissemination.plan)
-    if not order.preorder:
-        return active + lines.longest_untold(budget, skip=set(active))
     chosen: dict[str, None] = {}
-    order.with_ancestors(active, chosen)
-    order.with_ancestors(lines.idle_turns.next_run(order, budget), chosen)
+    tree_order(state.versions.dissemination.plan).with_ancestors(active, chosen)
+    return [w for w in chosen if w in lines.lines]
+
+
+async def cry_idle_news(app: web.Application) -> None:
+    """The idle workers hear of the newest version by turns, paced at coordinator.idle_news_per_s
+    (the whole fleet together): a slice of lines, then a pause as long as the rate allows. A
+    publish to 10,000 workers so costs the event loop a slice at a time, spread over the version,
+    not a burst that the learner's batch and the active workers' rollouts queue behind. A fleet
+    whose idle workers all fit in a version's time hears every version; a larger one hears
+    every few (a heartbeat's reply carries the newest too)."""
+    state, lines = app[STATE_KEY], app[NEWS_KEY]
+    while True:
+        await lines.idle_due.wait()
+        run = idle_news_next(state, lines, WRITES_PER_SLICE)
+        if not run:  # every open line has heard of the newest version
+            lines.idle_due.clear()
+            continue
+        written = await lines.tell((w, state.worker_desk.news_of(w)) for w in run)
+        await asyncio.sleep(max(written, 1) / state.cfg.coordinator.idle_news_per_s)
+
+
+def idle_news_next(state: CoordinatorState, lines: NewsLines, count: int) -> list[str]:
+    """The next `count` open lines not yet told of the newest version, in the relay tree's
+    depth-first order from where the last turn stopped, each after the relays it pulls from that
+    were not told either (none until the newest version's tree is planned)."""
+    plan = state.versions.dissemination.plan
+    if plan is None or plan.version != state.versions.current:
+        return []  # its tree is being planned: cry_news tells the active workers, then wakes us
+    told = lines.told_of(state.versions.current)
+    order = tree_order(plan)
+    if not order.preorder:
+        return lines.longest_untold(count, told=told)
+    chosen: dict[str, None] = {}
+    order.with_ancestors(lines.idle_turns.next_run(order, count, told=told), chosen, told)
     return [w for w in chosen if w in lines.lines]
 
 
@@ -184,7 +206,8 @@ async def run_upkeep(app: web.Application):
     """Start the loops with the app; on shutdown stop them and write the final state."""
     collections = app[COLLECTIONS_KEY] = FullCollections()
     gc.callbacks.append(collections)
-    tasks = [asyncio.create_task(loop(app)) for loop in (housekeeping, cry_news, keep_lines_alive, watch_load)]
+    tasks = [asyncio.create_task(loop(app)) for loop in (housekeeping, cry_news, cry_idle_news, keep_lines_alive,
+                                                          watch_load)]
     stop_history = asyncio.Event()
     history = asyncio.create_task(app[HISTORY_KEY].follow(stop_history))
     yield

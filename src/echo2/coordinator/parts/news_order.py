@@ -4,14 +4,15 @@ tree read depth first, so a worker is never told before the relay it pulls from.
 A told worker fetches at once from its parent in the plan (its first source). A parent not yet
 told holds the child's stream open for up to broadcast.announce_wait_s before it fails over, so
 whoever is told, its ancestors are told in the same round, root first. The active workers and
-their ancestors are told every version (the learner's next batches wait on their fetch); idle
-workers take turns, a contiguous run of the tree's depth-first order at a time (`IdleTurns`).
-A contiguous run needs few extra lines: every parent outside it lies on the path from the root
-to its first worker (preorder lists a subtree as one run, its root first)."""
+their ancestors are told as soon as a version is published (the learner's next batches wait on
+their fetch); the idle workers not yet told of it take turns, a run of the tree's depth-first
+order at a time (`IdleTurns`). A contiguous run needs few extra lines: every parent outside it
+lies on the path from the root to its first worker (preorder lists a subtree as one run, its
+root first)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from echo2.protocol.broadcast import BroadcastPlan
@@ -29,15 +30,16 @@ class TreeOrder:
     parent: dict[str, str] = field(default_factory=dict)
     """Worker id -> the worker it pulls from in the plan (absent: the learner feeds it)."""
 
-    def with_ancestors(self, workers: Iterable[str], chosen: dict[str, None]) -> None:
-        """Add each of `workers` to `chosen` (an ordered set) after its ancestors, root first;
-        a chain stops at the first ancestor already chosen (its own are then chosen too)."""
+    def with_ancestors(self, workers: Iterable[str], chosen: dict[str, None],
+                       told: Callable[[str], bool] = lambda worker_id: False) -> None:
+        """Add each of `workers` to `chosen` (an ordered set) after its ancestors, root first; a
+        chain stops at the first ancestor already chosen or `told` (its own are then told too)."""
         for worker_id in workers:
             if worker_id in chosen:
                 continue
             chain = [worker_id]
             parent = self.parent.get(worker_id)
-            while parent is not None and parent not in chosen:
+            while parent is not None and parent not in chosen and not told(parent):
                 chain.append(parent)
                 parent = self.parent.get(parent)
             for member in reversed(chain):
@@ -75,15 +77,16 @@ class IdleTurns:
     def __init__(self) -> None:
         self.cursor = 0
 
-    def next_run(self, order: TreeOrder, count: int) -> list[str]:
-        """The next `count` workers of `order.preorder` from the cursor, wrapping around once at
-        most; the cursor moves past them."""
+    def next_run(self, order: TreeOrder, count: int, *, told: Callable[[str], bool]) -> list[str]:
+        """The next `count` workers of `order.preorder` from the cursor that are not `told`,
+        looking once around the order at most; the cursor moves past the workers looked at."""
         workers = order.preorder
-        if not workers:
-            return []
-        start = self.cursor % len(workers)
-        run = list(workers[start:start + count])
-        if len(run) < count:
-            run += workers[:min(start, count - len(run))]
-        self.cursor = (start + len(run)) % len(workers)
+        run: list[str] = []
+        looked = 0
+        while looked < len(workers) and len(run) < count:
+            worker_id = workers[(self.cursor + looked) % len(workers)]
+            looked += 1
+            if not told(worker_id):
+                run.append(worker_id)
+        self.cursor = (self.cursor + looked) % len(workers) if workers else 0
         return run
