@@ -43,6 +43,7 @@ from load.scenarios import CASE_RAW, CaseSettings, case_from_run_dir, progress, 
 
 BENCH_OVERRIDES = ("warmstart.steps=0", "evaluation.where=learner", "train.steps=1000000")
 RESULT = ROOT / "benchmarks" / "results" / "coordinator_load.json"
+MASS_JOIN_RESULT = ROOT / "benchmarks" / "results" / "coordinator_load_mass_join.json"
 MEASURES = ("src/echo2/coordinator", "!src/echo2/coordinator/scoring/agent_replay.py", "src/echo2/policy",
             "src/echo2/protocol", "src/echo2/broadcast/signing.py", "src/echo2/config", "benchmarks/load",
             "benchmarks/coordinator_load.py", "configs/demo.toml")
@@ -75,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.toml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config field for the coordinator (repeatable)")
-    p.add_argument("--save", action="store_true", help=f"also write {RESULT.relative_to(ROOT)}")
+    p.add_argument("--save", action="store_true", help=f"also write {RESULT.relative_to(ROOT)} (with --mass-join: "
+                                                       f"{MASS_JOIN_RESULT.relative_to(ROOT)})")
     p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--rebuild", metavar="RUN_ROOT", help="make the JSON again from an earlier invocation's run dirs "
                                                           "(runs/coordinator_load/STAMP) instead of running")
@@ -229,6 +231,11 @@ def _one_line(c: dict) -> str:
             f"core {r['others_on_coordinator_cores_s_per_s']} CPU s/s")
 
 
+def saved_path(args: argparse.Namespace) -> Path:
+    """Where --save writes: each scenario its own file, so a mass join never replaces the steady cases."""
+    return MASS_JOIN_RESULT if args.mass_join else RESULT
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -243,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     result = rebuild(args) if args.rebuild else run_all(args, argv)
     text = json.dumps(result, indent=2)
     print(text)
-    for path in ([RESULT] if args.save else []) + ([Path(args.out)] if args.out else []):
+    for path in ([saved_path(args)] if args.save else []) + ([Path(args.out)] if args.out else []):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
         progress(f"written to {path}")

@@ -156,3 +156,12 @@ def test_a_saved_result_does_not_make_the_measured_tree_dirty(tmp_path):
     assert not dirty(tmp_path)
     (tmp_path / "src" / "code.py").write_text("2\n")
     assert dirty(tmp_path)
+
+
+def test_save_writes_each_scenario_to_its_own_result():
+    """A mass join saved with --save once replaced the steady cases' coordinator_load.json."""
+    import coordinator_load
+
+    steady = coordinator_load.saved_path(coordinator_load.parse_args(["--save"]))
+    mass = coordinator_load.saved_path(coordinator_load.parse_args(["--mass-join", "--save"]))
+    assert steady.name == "coordinator_load.json" and mass.name == "coordinator_load_mass_join.json"
