@@ -5,9 +5,10 @@ demo by default, with the benchmark's overrides below and --set), pinned to ONE 
 scoring processes inherit the pinning); a fake learner (benchmarks/load/fake_learner.py: the
 real learner's requests, real signed manifests, a sleep for each step) and client processes of
 simulated workers (benchmarks/load/sim_worker.py: the real worker protocol over loopback, a
-sleep for each generation and fetch), pinned to the other cores. The 100-worker case (the
-reference, --reference-workers) is always measured in the same invocation, and each case's
-learner pace is given as a ratio to it.
+sleep for each generation and fetch), pinned to the other cores, the clients niced
+(--client-nice) so that the learner, on its own machine in a real run, is not queued behind
+them. The 100-worker case (the reference, --reference-workers) is always measured in the same
+invocation, and each case's learner pace is given as a ratio to it.
 
 Prints JSON (and writes benchmarks/results/coordinator_load.json with --save, or --out FILE):
 per case, p50/p99 latency per request kind, errors by HTTP status and by timeout or connection
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers-per-address", type=int, default=1, help="workers sharing one loopback source address")
     p.add_argument("--coordinator-cores", default="0")
     p.add_argument("--client-cores", default="1", help="the fake learner's and the clients' cores")
+    p.add_argument("--client-nice", type=int, default=5,
+                   help="niceness of the client processes: they stand for remote machines, so the fake learner, "
+                        "which shares their core here, runs first when both are ready (0: equal)")
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.toml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config field for the coordinator (repeatable)")
@@ -105,7 +109,7 @@ def case_settings(args: argparse.Namespace, runs_root: Path) -> CaseSettings:
                         base_workers=args.base_workers, train_s=args.train_s, sim=sim,
                         workers_per_client=args.workers_per_client, workers_per_address=args.workers_per_address,
                         coordinator_cores=_cores(args.coordinator_cores), client_cores=_cores(args.client_cores),
-                        runs_root=runs_root)
+                        runs_root=runs_root, client_nice=args.client_nice)
 
 
 def cases(args: argparse.Namespace) -> list[int]:
@@ -167,7 +171,8 @@ def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
             "duration_s": args.duration_s, "warmup_s": args.warmup_s, "ramp_s": args.ramp_s,
             "train_s": args.train_s, "simulated_worker": settings.sim, "workers_per_client": args.workers_per_client,
             "workers_per_address": args.workers_per_address, "coordinator_cores": sorted(settings.coordinator_cores),
-            "client_cores": sorted(settings.client_cores), "reference_workers": args.reference_workers,
+            "client_cores": sorted(settings.client_cores), "client_nice": settings.client_nice,
+            "reference_workers": args.reference_workers,
             "mass_join": {"base_workers": args.base_workers, "before_s": args.before_s} if args.mass_join else None,
             "notes": ["latency percentiles are over answered requests (any status); timeouts and connection errors "
                       "are counted under errors only",

@@ -28,6 +28,9 @@ def case_section(*, plan, run_dir: Path, cfg: dict, samples: dict, workers: Merg
         body = _mass_join(plan, Seen(samples, workers, learner, client_names, records, step_times))
     body["errors"]["leave"] = report.errors_section(workers, ("leave",)).get("leave", {})
     body["latency_ms"]["leave"] = workers.histogram("leave", ("leave",)).summary()
+    # every worker leaves at once at the end: the clients' loops lag most then, and a leave
+    # they answer late reads as slow (or timed out) whatever the coordinator did
+    body["clients"]["loop_lag_ms_leaving"] = report.lag_section(workers, ("leave",))
     return {
         "scenario": plan.scenario, "workers": plan.workers, "run_dir": str(run_dir), **plan.notes,
         "window_s": round(plan.window[1] - plan.window[0], 1),

@@ -81,10 +81,12 @@ async def _main(cfg: dict) -> dict:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     recorder = Recorder([(name, at) for name, at in cfg["phases"]])
-    ticker = asyncio.create_task(lag_ticker(recorder, stop))
+    left = asyncio.Event()  # every worker has left (or given up): the lag is measured until then
+    ticker = asyncio.create_task(lag_ticker(recorder, left))
     watch = asyncio.create_task(watch_news_lines(stop))
     freezer = asyncio.create_task(freeze_survivors(stop))
     errors = await run_workers(cfg, recorder, stop)
+    left.set()
     await asyncio.gather(ticker, watch, freezer)
     return {"recorder": recorder.to_dict(), "workers": len(cfg["workers"]),
             "bugs": [f"{type(e).__name__}: {e}"[:500] for e in errors[:20]], "bug_count": len(errors)}

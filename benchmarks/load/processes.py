@@ -61,20 +61,24 @@ def raise_open_files_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def _pinned(cores: set[int]):
+def _pinned(cores: set[int], nice: int):
     def setup() -> None:  # runs in the child between fork and exec
         os.sched_setaffinity(0, cores)
+        if nice:
+            os.nice(nice)
         raise_open_files_limit()
 
     return setup
 
 
 def start(name: str, argv: list[str], *, cores: set[int], log_path: Path, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Started:
+          cwd: Path | None = None, nice: int = 0) -> Started:
+    """`argv` started pinned to `cores`, `nice` steps below the default priority, its output
+    in `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, cwd=cwd, preexec_fn=_pinned(cores),
+                                env={**os.environ, **(env or {})}, cwd=cwd, preexec_fn=_pinned(cores, nice),
                                 start_new_session=True)
     return Started(name, proc, log_path)
 

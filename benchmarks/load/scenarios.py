@@ -47,6 +47,10 @@ class CaseSettings:
     coordinator_cores: frozenset[int]
     client_cores: frozenset[int]
     runs_root: Path
+    client_nice: int = 0
+    """Niceness of the client processes. They stand for remote machines and share a core with the
+    fake learner here: niced, the learner runs first when both are ready, as it would on its own
+    machine, and the clients' own lag stays visible in their loop-lag figures."""
 
 
 @dataclass
@@ -179,7 +183,8 @@ def _start_clients(settings: CaseSettings, run_dir: Path, url: str, *, tokens: d
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(client_cfg))
         out.append(procs.start(f"client{k // per}", [sys.executable, str(BENCH / "load" / "client.py"), str(path)],
-                               cores=set(settings.client_cores), log_path=run_dir / "logs" / f"client{k // per}.log"))
+                               cores=set(settings.client_cores), log_path=run_dir / "logs" / f"client{k // per}.log",
+                               nice=settings.client_nice))
     progress(f"{plan.scenario} N={plan.workers}: {len(out)} client process(es) started; "
              f"{len(plan.join_at)} workers join from +{CLIENT_START_S:.0f} s")
     return out
