@@ -50,7 +50,7 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
     single = Dissemination(BroadcastConfig(max_sources=1), learner_upload_bps=1e9)
     single.plan_version(3, ORIGIN, peers(2))
     assert [s.peer_id for s in single.assignment("w1", 3, ORIGIN, peers(2)).sources] == ["w0"]
-    assert single.report("w0", "w1", 3) == "reporter"
+    assert single.report("w0", "w1", 3, standing=True) == "reporter"
     only = single.assignment("w1", 3, ORIGIN, peers(2)).sources
     assert [(s.peer_id, s.url) for s in only] == [("origin", ORIGIN)]
 
@@ -58,9 +58,10 @@ def test_the_origin_cannot_be_reported_and_no_assignment_is_left_without_a_sourc
 def test_one_lying_reporter_cannot_cut_an_honest_relay_off():
     diss = Dissemination(BroadcastConfig(), learner_upload_bps=1e9)
     diss.plan_version(3, ORIGIN, peers(4))
-    assert diss.report("w0", "w3", 3) == "none"  # w3 was not sent to w0 for version 3 (it had not asked yet)
+    # w3 was not sent to w0 for version 3 (it had not asked yet)
+    assert diss.report("w0", "w3", 3, standing=True) == "none"
     assert "w0" in [s.peer_id for s in diss.assignment("w3", 3, ORIGIN, peers(4)).sources]  # a fallback of its
-    assert diss.report("w0", "w3", 3) == "reporter"  # w3 lies about w0, one of its sources now
+    assert diss.report("w0", "w3", 3, standing=True) == "reporter"  # w3 lies about w0, one of its sources now
     assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources][0] == "w0"
     plan = diss.plan_version(4, ORIGIN, peers(4))
     assert plan.origin_children == ["w0"]  # w0 still relays the next version

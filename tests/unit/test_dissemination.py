@@ -33,13 +33,13 @@ def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     assert [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources][-1] == "origin"
     assert {s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources} >= {"w0"}
     assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources] == ["w0", "origin"]
-    assert diss.report("w0", "w1", 3) == "reporter"  # one report: only the reporter avoids w0
+    assert diss.report("w0", "w1", 3, standing=True) == "reporter"  # one report: only the reporter avoids w0
     assert "w0" not in [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources]
     assert "w0" in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
-    assert diss.report("w0", "w1", 3) == "reporter"  # the same reporter again is still one
-    assert diss.report("w0", "late", 3) == "everyone"  # a second, different reporter: no one uses it
+    assert diss.report("w0", "w1", 3, standing=True) == "reporter"  # the same reporter again is still one
+    assert diss.report("w0", "late", 3, standing=True) == "everyone"  # a second, different reporter: no one uses it
     assert "w0" not in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
-    assert diss.report("w1", "w1", 3) == "none"  # reporting oneself means nothing
+    assert diss.report("w1", "w1", 3, standing=True) == "none"  # reporting oneself means nothing
 
 
 def test_a_report_counts_only_from_a_worker_sent_to_that_peer_for_that_version():
@@ -49,9 +49,9 @@ def test_a_report_counts_only_from_a_worker_sent_to_that_peer_for_that_version()
     given = {w: [s.peer_id for s in diss.assignment(w, 3, ORIGIN, peers(4)).sources] for w in ("w1", "w3")}
     assert given["w1"] == ["w0", "origin"] and "w0" not in given["w3"]
     # w3 and a registered id that never asked for version 3 report w0: neither was sent there
-    assert diss.report("w0", "w3", 3) == "none" and diss.report("w0", "w2", 3) == "none"
-    assert diss.report("w0", "w1", 2) == "none"  # its real parent, but for a version it was not assigned
-    assert diss.report("w0", "w1", 10**9) == "none"  # a made-up version has no assignment either
+    assert diss.report("w0", "w3", 3, standing=True) == "none" and diss.report("w0", "w2", 3, standing=True) == "none"
+    assert diss.report("w0", "w1", 2, standing=True) == "none"  # its real parent, but for a version it was not assigned
+    assert diss.report("w0", "w1", 10**9, standing=True) == "none"  # a made-up version has no assignment either
     assert diss.suspects == set() and diss.reporters == {}
     assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources] == ["w0", "origin"]
     assert [s.peer_id for s in diss.assignment("w3", 3, ORIGIN, peers(4)).sources] == given["w3"]
@@ -67,17 +67,18 @@ def test_reports_from_real_children_drop_a_relay_and_expire():
     assert {a.worker_id: a.sources[0].peer_id for a in plan.assignments} == {"hub": "origin", "c0": "hub", "c1": "hub"}
     for child in ("c0", "c1"):
         assert diss.assignment(child, 5, ORIGIN, star).sources[0].peer_id == "hub"
-    assert diss.report("hub", "c0", 5) == "reporter" and diss.report("hub", "c1", 5) == "everyone"
+    assert diss.report("hub", "c0", 5, standing=True) == "reporter"
+    assert diss.report("hub", "c1", 5, standing=True) == "everyone"
     assert diss.suspects == {"hub"}
     for version in (6, 7):  # the report for version 5 counts for versions 5, 6 and 7
         later = diss.plan_version(version, ORIGIN, [Peer(p.worker_id, p.relay_address, p.upload_bps, p.download_bps,
                                                           version - 1) for p in star])
         assert all("hub" not in [s.peer_id for s in a.sources] for a in later.assignments), version
-    assert diss.report("hub", "c0", 5) == "everyone"  # within its window a report still counts
+    assert diss.report("hub", "c0", 5, standing=True) == "everyone"  # within its window a report still counts
     expired = diss.plan_version(8, ORIGIN, star)
     assert diss.suspects == set() and diss.reporters == {}  # version 8: the reports for version 5 are gone
     assert {a.worker_id: a.sources[0].peer_id for a in expired.assignments}["c0"] == "hub"
-    assert diss.report("hub", "c0", 5) == "none"  # too old to count now
+    assert diss.report("hub", "c0", 5, standing=True) == "none"  # too old to count now
     assert all(version > 5 for version in diss.assigned)  # bounded record
 
 

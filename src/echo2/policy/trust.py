@@ -21,6 +21,8 @@ meanwhile; and a worker returning groups without generating them fills whole bat
   before it could ever be measured, and slow start already bounds what a new id can hold.
 - batch shares: no worker's groups fill more than `max_worker_share` of a batch
   (`batch_share_cap`, applied by `DataPlane.take_batch`).
+- reports: a worker's bad-peer reports count towards dropping a relay for everyone only once
+  `REPORT_STANDING_GROUPS` of its groups were accepted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 NEW_WORKER_LEASES = 1
+REPORT_STANDING_GROUPS = 4
+"""Groups of a registration accepted before its bad-peer reports count towards dropping a relay
+for everyone (coordinator.parts.dissemination): a handful of fresh ids, joined a moment ago with
+nothing delivered, cannot cut an honest relay off; an honest worker passes this within its first
+few leases."""
 NEW_WORKERS_WINDOW_SHARE = 0.25
 DEADLINE_FLOOR_S = 30.0
 DEADLINE_FACTOR = 4.0
@@ -56,10 +63,14 @@ class LeaseTrust:
         standing = self.standing.get(worker_id)
         return standing is None or standing.accepted == 0
 
+    def accepted(self, worker_id: str) -> int:
+        """Groups of this registration admitted at submission."""
+        standing = self.standing.get(worker_id)
+        return standing.accepted if standing is not None else 0
+
     def allowance(self, worker_id: str, cap: int) -> int:
         """Leases the worker may hold at once: one while new, doubling per accepted group, at most `cap`."""
-        accepted = self.standing[worker_id].accepted if worker_id in self.standing else 0
-        return min(cap, NEW_WORKER_LEASES << min(accepted, 32))
+        return min(cap, NEW_WORKER_LEASES << min(self.accepted(worker_id), 32))
 
     @staticmethod
     def new_pool(window_groups: int) -> int:

@@ -22,6 +22,7 @@ from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
 from echo2.policy.dataplane import LeaseGrant
+from echo2.policy.trust import REPORT_STANDING_GROUPS
 from echo2.protocol.broadcast import Assignment
 from echo2.protocol.messages import (
     MAX_HEARTBEAT_INTERVAL_S,
@@ -186,11 +187,13 @@ class WorkerDesk:
 
     def bad_peer(self, req: BadPeerRequest) -> None:
         """A worker caught a source sending bytes that fail verification: it avoids the source, and
-        with enough reporters everyone does, if the coordinator sent it there (dissemination.report);
-        a report that changes nothing is recorded as such (took_effect False)."""
+        with enough reporters of standing (accepted groups) everyone does, if the coordinator sent
+        it there (dissemination.report); a report that changes nothing is recorded as such
+        (took_effect False)."""
         self.registry.live(req.report.reporter_id)
         said = req.report
-        effect = self.versions.dissemination.report(said.peer_id, said.reporter_id, said.version)
+        standing = self.groups.trust.accepted(said.reporter_id) >= REPORT_STANDING_GROUPS
+        effect = self.versions.dissemination.report(said.peer_id, said.reporter_id, said.version, standing=standing)
         report = req.report.model_dump(exclude={"kind"})
         self.events.append(ev.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
 

@@ -10,9 +10,10 @@ Bad-peer reports come from untrusted workers, so one counts only when the coordi
 reported peer to the reporter as a source for that version (a bounded record of what each
 worker was assigned, for the versions a report can still count for), and only for
 `broadcast.report_lifetime_versions` versions from the one it was made for. A counted report
-keeps the reporter away from the peer; `broadcast.reporters_to_suspect` different reporters drop
-it for everyone. So ids that never pulled from a relay cannot drop it, one lying child cannot
-cut an honest relay off, and no report outlives its window. The learner's origin is never
+keeps the reporter away from the peer; `broadcast.reporters_to_suspect` different reporters with
+standing (accepted groups) drop it for everyone. So ids that never pulled from a relay cannot
+drop it, nor can ids that joined a moment ago and delivered nothing; one lying child cannot cut
+an honest relay off, and no report outlives its window. The learner's origin is never
 dropped."""
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class Dissemination:
         self.plan: BroadcastPlan | None = None
         self.newest = -1
         """The newest version planned or published: what reports and assignments expire against."""
-        self.reporters: dict[str, dict[str, int]] = {}
-        """peer id -> the workers whose report of it counts, each with the version it was for."""
+        self.reporters: dict[str, dict[str, tuple[int, bool]]] = {}
+        """peer id -> the workers whose report of it counts, each with the version it was for and
+        whether the reporter had standing then (only those count towards dropping it for everyone)."""
         self.assigned: dict[int, dict[str, tuple[str, ...]]] = {}
         """version -> worker id -> the peer ids it was given as sources: whom it can report (by
         version first, so a version that stops counting goes in one step)."""
@@ -211,20 +213,23 @@ class Dissemination:
             version, self._info(joiner), holders, origin=self._origin(origin_url), config=self.config)
         return made
 
-    def report(self, peer_id: str, reporter_id: str, version: int) -> str:
+    def report(self, peer_id: str, reporter_id: str, version: int, *, standing: bool) -> str:
         """`reporter_id` caught `peer_id` sending bad bytes of `version`. It counts only when the
         peer was among the reporter's sources for that version and the version is within
         report_lifetime_versions of the newest; then the reporter is not sent to the peer while
-        the report counts, and no one is once reporters_to_suspect different workers' reports
-        count. The learner's origin is never dropped (a worker's report cannot cut everyone off
-        from the one source every version starts at). Returns the effect: "none" (changed
-        nothing), "reporter" or "everyone"."""
+        the report counts, and no one is once reporters_to_suspect different workers with
+        `standing` (groups of theirs accepted: `policy.trust.REPORT_STANDING_GROUPS`) reported
+        it: ids that joined a moment ago and delivered nothing cannot drop an honest relay for
+        everyone, only stop pulling from it themselves. The learner's origin is never dropped (a
+        worker's report cannot cut everyone off from the one source every version starts at).
+        Returns the effect: "none" (changed nothing), "reporter" or "everyone"."""
         if peer_id == ORIGIN_ID or peer_id == reporter_id or not self._live(version):
             return "none"
         if peer_id not in self.assigned.get(version, {}).get(reporter_id, ()):
             return "none"  # never sent there for that version: nothing it says of the peer counts
         reporters = self.reporters.setdefault(peer_id, {})
-        reporters[reporter_id] = max(version, reporters.get(reporter_id, version))
+        before_version, before_standing = reporters.get(reporter_id, (version, False))
+        reporters[reporter_id] = (max(version, before_version), standing or before_standing)
         return "everyone" if self._suspected(peer_id) else "reporter"
 
     @property
@@ -248,18 +253,19 @@ class Dissemination:
         """A new newest version: the reports and assignments that no longer count are dropped."""
         self.newest = max(self.newest, version)
         for reporters in self.reporters.values():
-            for reporter_id in [r for r, v in reporters.items() if not self._live(v)]:
+            for reporter_id in [r for r, (v, _) in reporters.items() if not self._live(v)]:
                 del reporters[reporter_id]
         self.reporters = {peer_id: reporters for peer_id, reporters in self.reporters.items() if reporters}
         self.assigned = {v: given for v, given in self.assigned.items() if self._live(v)}
 
     def _suspected(self, peer_id: str) -> bool:
         counted = self.reporters.get(peer_id, {})
-        return sum(1 for version in counted.values() if self._live(version)) >= self.config.reporters_to_suspect
+        vouching = sum(1 for version, standing in counted.values() if standing and self._live(version))
+        return vouching >= self.config.reporters_to_suspect
 
     def _avoided(self, peer_id: str, for_worker: str) -> bool:
         mine = self.reporters.get(peer_id, {}).get(for_worker)
-        return self._suspected(peer_id) or (mine is not None and self._live(mine))
+        return self._suspected(peer_id) or (mine is not None and self._live(mine[0]))
 
     def _without_suspects(self, assignment: Assignment, origin_url: str, worker_id: str) -> Assignment:
         if not self.reporters:  # no report counts now: nobody is avoided
