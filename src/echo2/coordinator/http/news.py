@@ -114,7 +114,7 @@ class NewsLines:
         self.told_order: dict[str, None] = {}
         """The open lines, the one told longest ago first (a dict keeps insertion order)."""
         self.told_version: dict[str, int] = {}
-        """The newest version each open line was told of (-1: none yet)."""
+        """The newest version each open line was told of, as the newest or to fetch (-1: none yet)."""
         self.idle_turns = IdleTurns()
         """Where the idle workers' next turn of version news starts (upkeep.cry_idle_news)."""
         self.idle_due = asyncio.Event()
@@ -223,7 +223,10 @@ class NewsLines:
 
     def _encode(self, worker_id: str, news: WorkerNews) -> bytes:
         self.told_active[worker_id] = news.active
-        self.told_version[worker_id] = news.latest.version if news.latest is not None else -1
+        # the newest version the line named, as the newest or as the one to fetch next (the
+        # idle crier tells a line again only of a version newer than that)
+        self.told_version[worker_id] = max(news.latest.version if news.latest is not None else -1,
+                                           news.fetch.version if news.fetch is not None else -1)
         self.told_order.pop(worker_id, None)
         self.told_order[worker_id] = None
         return reply_bytes(self.pieces, news) + b"\n"
