@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=20.0, help="after every worker joined, before measuring")
     p.add_argument("--ramp-s", type=float, default=None,
                    help="joins spread over this long (default: N at the coordinator's 100 a second, at least 5 s)")
+    p.add_argument("--leave-s", type=float, default=None,
+                   help="leaves spread over this long after the measured time (default: N at the coordinator's 100 "
+                        "joins a second, at least 5 s; 0: every worker at once)")
     p.add_argument("--mass-join", action="store_true", help="the mass-join scenario instead of the steady one")
     p.add_argument("--base-workers", type=int, default=100, help="mass join: the fleet running before the join")
     p.add_argument("--before-s", type=float, default=30.0, help="mass join: the pace measured before the join")
@@ -105,7 +108,7 @@ def case_settings(args: argparse.Namespace, runs_root: Path) -> CaseSettings:
     sim = {"gen_s": _pair(args.gen_s), "fetch_s": _pair(args.fetch_s), "tasks_per_lease": args.tasks_per_lease,
            "correct_fraction": args.correct_fraction}
     return CaseSettings(config=args.config, overrides=(*BENCH_OVERRIDES, *args.overrides), duration_s=args.duration_s,
-                        warmup_s=args.warmup_s, ramp_s=args.ramp_s, before_s=args.before_s,
+                        warmup_s=args.warmup_s, ramp_s=args.ramp_s, leave_s=args.leave_s, before_s=args.before_s,
                         base_workers=args.base_workers, train_s=args.train_s, sim=sim,
                         workers_per_client=args.workers_per_client, workers_per_address=args.workers_per_address,
                         coordinator_cores=_cores(args.coordinator_cores), client_cores=_cores(args.client_cores),
@@ -168,7 +171,7 @@ def _settings_json(args: argparse.Namespace, settings: CaseSettings) -> dict:
     config = Path(args.config).resolve()
     return {"config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT)
             else args.config, "overrides": list(settings.overrides), "benchmark_overrides": list(BENCH_OVERRIDES),
-            "duration_s": args.duration_s, "warmup_s": args.warmup_s, "ramp_s": args.ramp_s,
+            "duration_s": args.duration_s, "warmup_s": args.warmup_s, "ramp_s": args.ramp_s, "leave_s": args.leave_s,
             "train_s": args.train_s, "simulated_worker": settings.sim, "workers_per_client": args.workers_per_client,
             "workers_per_address": args.workers_per_address, "coordinator_cores": sorted(settings.coordinator_cores),
             "client_cores": sorted(settings.client_cores), "client_nice": settings.client_nice,

@@ -28,8 +28,8 @@ def case_section(*, plan, run_dir: Path, cfg: dict, samples: dict, workers: Merg
         body = _mass_join(plan, Seen(samples, workers, learner, client_names, records, step_times))
     body["errors"]["leave"] = report.errors_section(workers, ("leave",)).get("leave", {})
     body["latency_ms"]["leave"] = workers.histogram("leave", ("leave",)).summary()
-    # every worker leaves at once at the end: the clients' loops lag most then, and a leave
-    # they answer late reads as slow (or timed out) whatever the coordinator did
+    # the fleet leaves at the end (over plan.leave_s): the clients' loops lag most then, and a
+    # leave they answer late reads as slow (or timed out) whatever the coordinator did
     body["clients"]["loop_lag_ms_leaving"] = report.lag_section(workers, ("leave",))
     return {
         "scenario": plan.scenario, "workers": plan.workers, "run_dir": str(run_dir), **plan.notes,
@@ -79,7 +79,8 @@ def _measured(plan, seen: Seen, *, phases: tuple[str, ...], window: tuple[float,
         "deferred": report.deferred_section(workers, (*phases, *register_phases)),
         "requests": report.requests_section(workers, phases),
         "worker_counts": report.worker_counts(workers, phases),
-        "coordinator": {**report.coordinator_section(seen.records, window, (plan.phases[0][1], plan.leave_at + 30.0)),
+        "coordinator": {**report.coordinator_section(seen.records, window,
+                                                     (plan.phases[0][1], plan.last_leave_at + 30.0)),
                         "cpu_s_per_s": cpu.get("coordinator")},
         "learner": {"steps": sum(1 for t in seen.step_times if window[0] <= t <= window[1]),
                     "steps_per_min": report.steps_per_min(seen.step_times, window), "cpu_s_per_s": cpu.get("learner")},

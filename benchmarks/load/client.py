@@ -1,14 +1,14 @@
 """A client process of the load benchmark: many simulated workers (load.sim_worker) on one
-asyncio loop, each joining at its own time, all stopped at `leave_at` (each then sends its
-leave). Also ticks to measure its own event-loop lag, so a result limited by the client shows.
+asyncio loop, each joining and leaving at its own time (it sends its leave then). Also ticks
+to measure its own event-loop lag, so a result limited by the client shows.
 Raises RLIMIT_NOFILE to the hard limit first (a worker holds up to three connections). Writes its
 Recorder and a few counts to `out` when done.
 
     python benchmarks/load/client.py CONFIG.json
 
-CONFIG: url, join_token, tokenizer (a tokenizer.json), phases [[name, wall time]], leave_at
-(wall time), settings (SimSettings fields but url/join_token), workers [[index, worker id,
-source address, join at (wall time)]], out."""
+CONFIG: url, join_token, tokenizer (a tokenizer.json), phases [[name, wall time]], settings
+(SimSettings fields but url/join_token), workers [[index, worker id, source address, join at,
+leave at (wall times)]], out."""
 
 from __future__ import annotations
 
@@ -36,18 +36,29 @@ def sim_settings(cfg: dict) -> SimSettings:
 
 
 async def run_workers(cfg: dict, recorder: Recorder, stop: asyncio.Event) -> list[BaseException]:
-    """Every worker of `cfg`, each started at its join time, until `stop`; the exceptions that
-    escaped any of them (a bug in the simulation, not the coordinator's doing)."""
+    """Every worker of `cfg`, each from its join time to its leave time (or `stop`, a signal),
+    then `stop` is set; the exceptions that escaped any of them (a bug in the simulation, not
+    the coordinator's doing)."""
     settings, answers = sim_settings(cfg), AnswerBook(Path(cfg["tokenizer"]))
     loop = asyncio.get_running_loop()
+    leaving = [asyncio.Event() for _ in cfg["workers"]]
 
-    async def one(index: int, name: str, source_ip: str, join_at: float) -> None:
+    async def one(mine: asyncio.Event, index: int, name: str, source_ip: str, join_at: float, leave_at: float) -> None:
+        loop.call_later(max(0.0, leave_at - time.time()), mine.set)
         await asyncio.sleep(max(0.0, join_at - time.time()))
-        if not stop.is_set():
-            await SimWorker(index, name, source_ip, settings, recorder=recorder, answers=answers).run(stop)
+        if not mine.is_set():
+            await SimWorker(index, name, source_ip, settings, recorder=recorder, answers=answers).run(mine)
 
-    loop.call_later(max(0.0, cfg["leave_at"] - time.time()), stop.set)
-    results = await asyncio.gather(*(one(*w) for w in cfg["workers"]), return_exceptions=True)
+    async def on_signal() -> None:
+        await stop.wait()
+        for mine in leaving:
+            mine.set()
+
+    signalled = asyncio.create_task(on_signal())
+    results = await asyncio.gather(*(one(mine, *w) for mine, w in zip(leaving, cfg["workers"], strict=True)),
+                                   return_exceptions=True)
+    stop.set()
+    await signalled
     return [r for r in results if isinstance(r, BaseException)]
 
 

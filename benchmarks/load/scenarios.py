@@ -38,6 +38,7 @@ class CaseSettings:
     duration_s: float
     warmup_s: float
     ramp_s: float | None  # None: N / 100 s, within [5, 30]
+    leave_s: float | None  # None: every worker leaves at the pace the coordinator admits joins
     before_s: float
     base_workers: int
     train_s: float
@@ -63,6 +64,17 @@ class Plan:
     window: tuple[float, float]
     before: tuple[float, float] | None = None
     notes: dict = field(default_factory=dict)
+    leave_s: float = 0.0
+    """The workers leave one after another over this long from `leave_at`, in the order they
+    joined (0: all at once)."""
+
+    @property
+    def last_leave_at(self) -> float:
+        return self.leave_at + self.leave_s
+
+    def leave_times(self) -> list[float]:
+        n = len(self.join_at)
+        return [self.leave_at + self.leave_s * i / n for i in range(n)]
 
 
 JOINS_PER_S = 100.0
@@ -74,22 +86,32 @@ def ramp_s(settings: CaseSettings, n: int) -> float:
     return settings.ramp_s if settings.ramp_s is not None else max(5.0, n / JOINS_PER_S)
 
 
+def leave_s(settings: CaseSettings, n: int) -> float:
+    """A fleet leaves at the pace it was admitted (JOINS_PER_S): the teardown is not what a case
+    measures. `--leave-s 0` measures a fleet leaving at once."""
+    return settings.leave_s if settings.leave_s is not None else max(5.0, n / JOINS_PER_S)
+
+
 def plan_case(settings: CaseSettings, scenario: str, n: int, now: float) -> Plan:
     t0 = now + CLIENT_START_S
     if scenario == "steady":
         ramp = ramp_s(settings, n)
         measure = t0 + ramp + settings.warmup_s
         end = measure + settings.duration_s
+        leaving = leave_s(settings, n)
         return Plan(scenario, n, [("join", t0), ("measure", measure), ("leave", end)],
-                    [t0 + ramp * i / n for i in range(n)], end, (measure, end), notes={"ramp_s": ramp})
+                    [t0 + ramp * i / n for i in range(n)], end, (measure, end),
+                    notes={"ramp_s": ramp, "leave_s": leaving}, leave_s=leaving)
     base = settings.base_workers
     ramp = ramp_s(settings, base)
     before = t0 + ramp + settings.warmup_s
     mass = before + settings.before_s
     end = mass + settings.duration_s
     join_at = [t0 + ramp * i / base for i in range(base)] + [mass + i / n for i in range(n)]
+    leaving = leave_s(settings, base + n)
     return Plan(scenario, n, [("join", t0), ("before", before), ("after", mass), ("leave", end)], join_at, end,
-                (mass, end), before=(before, mass), notes={"ramp_s": ramp, "base_workers": base, "mass_join_at": mass})
+                (mass, end), before=(before, mass), leave_s=leaving,
+                notes={"ramp_s": ramp, "leave_s": leaving, "base_workers": base, "mass_join_at": mass})
 
 
 def source_ip(address_index: int) -> str:
@@ -135,7 +157,7 @@ def run_case(settings: CaseSettings, scenario: str, n: int, run_dir: Path) -> di
         clients = _start_clients(settings, run_dir, url, tokens=tokens, plan=plan)
         started[:0] = clients
         samples = _walk_phases(plan, started, coordinator)
-        _wait_clients(clients, plan.leave_at + 30.0)
+        _wait_clients(clients, plan.last_leave_at + 30.0)
         progress(f"{scenario} N={n}: clients done; stopping the learner and the coordinator")
     finally:
         exits = procs.stop_all(started)
@@ -171,12 +193,12 @@ def _start_learner(settings: CaseSettings, cfg: dict, run_dir: Path, *, url: str
 def _start_clients(settings: CaseSettings, run_dir: Path, url: str, *, tokens: dict,
                    plan: Plan) -> list[procs.Started]:
     per = settings.workers_per_client
-    everyone = [[i, f"sim{i:05d}", source_ip(i // settings.workers_per_address), at]
-                for i, at in enumerate(plan.join_at)]
+    everyone = [[i, f"sim{i:05d}", source_ip(i // settings.workers_per_address), at, leave_at]
+                for i, (at, leave_at) in enumerate(zip(plan.join_at, plan.leave_times(), strict=True))]
     out = []
     for k in range(0, len(everyone), per):
         client_cfg = {"url": url, "join_token": tokens["ECHO2_AUTH_TOKEN"], "phases": plan.phases,
-                      "tokenizer": str(run_dir / "base" / "tokenizer.json"), "leave_at": plan.leave_at,
+                      "tokenizer": str(run_dir / "base" / "tokenizer.json"),
                       "settings": settings.sim, "workers": everyone[k:k + per],
                       "out": str(run_dir / "clients" / f"client{k // per}.json")}
         path = run_dir / "clients" / f"client{k // per}_config.json"
@@ -194,7 +216,7 @@ def _walk_phases(plan: Plan, started: list[procs.Started], coordinator: procs.St
     """Sleep to each phase boundary (and the end), sampling every process's CPU there; one
     progress line per phase."""
     samples: dict[str, dict[str, float]] = {}
-    boundaries = plan.phases[1:] + [("end", plan.leave_at + 0.001)]
+    boundaries = plan.phases[1:] + [("end", plan.last_leave_at + 0.001)]
     for name, at in boundaries:
         time.sleep(max(0.0, at - time.time()))
         if coordinator.proc.poll() is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from load import report  # noqa: E402
 from load.answers import AnswerBook  # noqa: E402
 from load.case_report import RECOVERY_WINDOW_S  # noqa: E402
+from load.client import run_workers  # noqa: E402
 from load.fake_learner import FakeLearner  # noqa: E402
 from load.scenarios import CaseSettings, plan_case, source_ip  # noqa: E402
 from load.sim_worker import SimSettings, SimWorker  # noqa: E402
@@ -32,7 +34,7 @@ JOIN, LEARNER, OPERATOR = "bench-join-0123456789", "bench-learner-0123456789", "
 RUN_S = 4.0
 
 
-async def _fleet_against_coordinator(tmp_path: Path, model_dir: Path) -> tuple[Recorder, FakeLearner]:
+async def _coordinator(tmp_path: Path, model_dir: Path) -> tuple[web.AppRunner, str]:
     state = make_state(tmp_path, model_dir, time.monotonic, max_staleness=1, groups_per_step=2)
     app = build_app(state, MetricsWriter(tmp_path / "metrics.jsonl", "coordinator"),
                     Secrets(join=JOIN, learner=LEARNER, operator=OPERATOR), max_request_bytes=1 << 20)
@@ -40,7 +42,11 @@ async def _fleet_against_coordinator(tmp_path: Path, model_dir: Path) -> tuple[R
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def _fleet_against_coordinator(tmp_path: Path, model_dir: Path) -> tuple[Recorder, FakeLearner]:
+    runner, url = await _coordinator(tmp_path, model_dir)
     recorder = Recorder([("measure", 0.0)])
     learner = FakeLearner(url, LEARNER, (model_dir / "model.safetensors").read_bytes(), train_s=0.05,
                           chunk_bytes=64 << 10, checkpoint_every=50, recorder=recorder)
@@ -74,6 +80,29 @@ def test_simulated_fleet_speaks_the_protocol_to_a_real_coordinator(tmp_path, tin
     for kind in ("register", "heartbeat", "lease", "rollout", "leave", "batch", "publish"):
         assert latency[kind]["count"] > 0, kind
     assert latency["leave"]["count"] == 3
+
+
+async def _leaving_at_their_own_times(tmp_path: Path, model_dir: Path) -> Recorder:
+    runner, url = await _coordinator(tmp_path, model_dir)
+    now = time.time()
+    recorder = Recorder([("early", 0.0), ("late", now + 1.8)])
+    cfg = {"url": url, "join_token": JOIN, "tokenizer": str(model_dir / "tokenizer.json"), "settings": {},
+           "workers": [[0, "sim0", source_ip(0), now, now + 1.0], [1, "sim1", source_ip(1), now, now + 2.6]]}
+    try:
+        bugs = await asyncio.wait_for(run_workers(cfg, recorder, asyncio.Event()), timeout=20)
+    finally:
+        await runner.cleanup()
+    assert bugs == []
+    return recorder
+
+
+def test_a_client_process_sends_each_leave_at_its_workers_own_time(tmp_path, tiny_model_dir):
+    merged = Merged()
+    merged.add(asyncio.run(_leaving_at_their_own_times(tmp_path, tiny_model_dir)).to_dict())
+    assert merged.count("registered", ("early",)) == 2
+    assert merged.histogram("leave", ("early",)).summary()["count"] == 1  # sim0, at +1.0 s
+    assert merged.histogram("leave", ("late",)).summary()["count"] == 1  # sim1, at +2.6 s, still working until then
+    assert report.errors_section(merged, ("early", "late")) == {}
 
 
 def test_answer_book_gives_the_sum_as_token_ids(tiny_model_dir):
@@ -122,13 +151,19 @@ def test_a_pace_within_the_tolerance_counts_as_recovered_over_the_benchmarks_win
     assert slowest == 54.0 and (ten_s_verdict is None or ten_s_verdict >= 30.0)
 
 
-def test_plan_spreads_joins_and_mass_join_lands_within_a_second():
-    settings = CaseSettings(config="", overrides=(), duration_s=60, warmup_s=10, ramp_s=None, before_s=30,
-                            base_workers=100, train_s=1.0, sim={}, workers_per_client=2000, workers_per_address=1,
-                            coordinator_cores=frozenset({0}), client_cores=frozenset({1}), runs_root=Path("."))
+def test_plan_spreads_joins_and_leaves_and_mass_join_lands_within_a_second():
+    settings = CaseSettings(config="", overrides=(), duration_s=60, warmup_s=10, ramp_s=None, leave_s=None,
+                            before_s=30, base_workers=100, train_s=1.0, sim={}, workers_per_client=2000,
+                            workers_per_address=1, coordinator_cores=frozenset({0}), client_cores=frozenset({1}),
+                            runs_root=Path("."))
     steady = plan_case(settings, "steady", 1000, now=0.0)
     assert steady.notes["ramp_s"] == 10.0 and steady.window[1] - steady.window[0] == 60
     assert max(steady.join_at) < steady.window[0]
+    leaves = steady.leave_times()  # after the measured window, at the pace of the joins, in join order
+    assert min(leaves) == steady.window[1] == steady.leave_at and leaves == sorted(leaves)
+    assert steady.last_leave_at - max(leaves) < 0.011 and steady.leave_s == steady.notes["leave_s"] == 10.0
+    at_once = plan_case(replace(settings, leave_s=0.0), "steady", 1000, now=0.0)
+    assert set(at_once.leave_times()) == {at_once.leave_at} == {at_once.last_leave_at}
     mass = plan_case(settings, "mass_join", 1000, now=0.0)
     joined = mass.join_at[100:]
     assert len(joined) == 1000 and max(joined) - min(joined) < 1.0 and min(joined) == mass.window[0]

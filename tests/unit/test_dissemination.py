@@ -159,3 +159,35 @@ def test_a_plan_over_the_same_workers_is_the_last_tree_for_the_new_version():
     assert diss._planned_from[1] is not first
     suspected = diss.make_plan(6, ORIGIN, slower, {"w0"})
     assert suspected == fresh.make_plan(6, ORIGIN, slower, {"w0"}) and "w0" not in suspected.origin_children
+
+
+class _NoPass(dict):
+    """A view's workers that fail any pass over them (a plan reused as it should be makes none)."""
+
+    def values(self):
+        raise AssertionError("a pass over the fleet")
+
+    def __iter__(self):
+        raise AssertionError("a pass over the fleet")
+
+
+def test_a_steady_fleet_is_planned_without_a_pass_over_it(tmp_path, tiny_model_dir):
+    """The registry's view for a plan is the last one while no worker joins or leaves, and a
+    plan over it is the last tree without a pass over the workers; a join or a departure
+    (leave, timeout, quarantine all go through `depart`) plans anew over the new fleet."""
+    state = make_state(tmp_path, tiny_model_dir, FakeClock())
+    for i in range(4):
+        state.worker_desk.register(RegisterRequest(worker_id=f"w{i}", engine="hf", relay_address=f"http://10.0.0.{i}:80"))
+    registry, diss = state.registry, Dissemination(BroadcastConfig(max_fanout=2), learner_upload_bps=1e9)
+    view = registry.peers_for_plan()
+    first = diss.adopt(diss.make_plan(3, ORIGIN, view, set()))
+    assert registry.peers_for_plan() is view
+    view.by_id = _NoPass(view.by_id)
+    again = diss.make_plan(4, ORIGIN, registry.peers_for_plan(), set())
+    assert (again.version, again.origin_children) == (4, first.origin_children) and diss._planned_from[1] is first
+    state.worker_desk.register(RegisterRequest(worker_id="w4", engine="hf", relay_address="http://10.0.0.4:80"))
+    grown = diss.make_plan(5, ORIGIN, registry.peers_for_plan(), set())
+    assert {a.worker_id for a in grown.assignments} == {f"w{i}" for i in range(5)}
+    registry.depart(registry.workers["w0"])
+    shrunk = diss.make_plan(6, ORIGIN, registry.peers_for_plan(), set())
+    assert {a.worker_id for a in shrunk.assignments} == {f"w{i}" for i in range(1, 5)}

@@ -147,8 +147,8 @@ class LearnerDesk:
             self.leases_book.redo([g.prompt_index for g in mine])
         released = self.fleet.release_leases(worker_id, reason="worker_quarantined")
         record = self.registry.workers.get(worker_id)
-        if record is not None:
-            record.alive = False
+        if record is not None and record.alive:
+            self.registry.depart(record)
         self.controller.vanish(worker_id)
         self.events.append(ev.WorkerQuarantined(worker_id=worker_id, reason=reason, groups_dropped=len(mine),
                                                 leases_requeued=released))

@@ -128,7 +128,7 @@ class WorkerDesk:
         controller may choose again (an active one leaving is a departure, as always)."""
         record = self.registry.live(req.worker_id)
         fleet_release = self.cfg.activation.provider != "static" and not self.controller.is_active(req.worker_id)
-        record.alive = False
+        self.registry.depart(record)
         (self.controller.release if fleet_release else self.controller.vanish)(req.worker_id)
         released = self.fleet.release_leases(req.worker_id, reason="worker_left")
         self.events.append(ev.WorkerLeft(worker_id=req.worker_id, leases_requeued=released, released=fleet_release))

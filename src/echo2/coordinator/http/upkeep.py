@@ -138,7 +138,7 @@ async def plan_newest(app: web.Application) -> None:
     if info is None:
         return
     dissemination = state.versions.dissemination
-    peers, suspects = list(state.registry.peers()), dissemination.suspects_for(info.version)
+    peers, suspects = state.registry.peers_for_plan(), dissemination.suspects_for(info.version)
     plan = await asyncio.to_thread(dissemination.make_plan, info.version, info.origin_url, peers, suspects)
     state.learner_desk.adopt_plan(plan)
     write_events(app)

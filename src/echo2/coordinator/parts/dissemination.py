@@ -7,8 +7,7 @@ fewest-bytes way from the version it holds to the newest (echo2.broadcast.catchu
 learner for an anchor when that way is too long.
 
 Bad-peer reports come from untrusted workers, so one counts only when the coordinator gave the
-reported peer to the reporter as a source for that version (a bounded record of what each
-worker was assigned, for the versions a report can still count for), and only for
+reported peer to the reporter as a source for that version (a bounded record), and only for
 `broadcast.report_lifetime_versions` versions from the one it was made for. A counted report
 keeps the reporter away from the peer; `broadcast.reporters_to_suspect` different reporters with
 standing (accepted groups) drop it for everyone. So ids that never pulled from a relay cannot
@@ -25,7 +24,7 @@ from echo2.broadcast.catchup import ServedForm, cheapest_path, path_bytes, retai
 from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.parts.news_order import tree_order
-from echo2.coordinator.parts.peers import LivePeers, PeerLike, live_peers
+from echo2.coordinator.parts.peers import LivePeers, PeerLike, fleet_key, live_peers
 from echo2.planner.dissemination import bytes_per_s
 from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
 from echo2.protocol.manifest import Form
@@ -136,21 +135,21 @@ class Dissemination:
 
     def plan_version(self, version: int, origin_url: str, peers: Iterable[PeerLike]) -> BroadcastPlan:
         """The tree for a newly published version, over the workers live at publish time."""
-        return self.adopt(self.make_plan(version, origin_url, list(peers), self.suspects_for(version)))
+        peers = peers if isinstance(peers, LivePeers) else list(peers)
+        return self.adopt(self.make_plan(version, origin_url, peers, self.suspects_for(version)))
 
     def suspects_for(self, version: int) -> set[str]:
         """The peers no one is sent to for `version` (reports too old for it dropped first)."""
         self._advance(version)
         return self.suspects
 
-    def make_plan(self, version: int, origin_url: str, peers: list[PeerLike], suspects: set[str]) -> BroadcastPlan:
+    def make_plan(self, version: int, origin_url: str, peers: LivePeers | list[PeerLike],
+                  suspects: set[str]) -> BroadcastPlan:
         """The tree for `version` over `peers`, `suspects` relaying for no one. It reads nothing
         of this object that changes, so it may run on a thread while the event loop serves (a
-        plan over 10,000 workers takes a few hundred milliseconds). Over the same workers as the
-        last plan (same links, same suspects, same origin) the tree is the last one, for the new
-        version: made again, it would come out the same."""
-        inputs = (origin_url, tuple((p.worker_id, p.relay_address, p.upload_bps, p.download_bps,
-                                     p.worker_id in suspects) for p in peers))
+        plan over 10,000 workers takes a few hundred milliseconds). Over the same workers (a
+        registry view's membership count names them), suspects and origin, it is the last tree."""
+        inputs = (origin_url, frozenset(suspects), fleet_key(peers))
         last = self._planned_from
         if last is not None and last[0] == inputs:
             return _for_version(last[1], version)

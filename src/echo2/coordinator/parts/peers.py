@@ -41,8 +41,11 @@ class LivePeers:
     plan, one by id, and each version's holders fastest uplink first (for late joiners), sorted
     at most once per version however many workers join."""
 
-    def __init__(self, peers: Iterable[PeerLike]) -> None:
+    def __init__(self, peers: Iterable[PeerLike], *, membership: int | None = None) -> None:
+        """`membership`: the registry's count of joins and departures when the view was made
+        (None: a view made by hand). Two views at the same count hold the same workers."""
         self.by_id = {p.worker_id: p for p in peers}
+        self.membership = membership
         self._holders: dict[int, list[PeerLike]] = {}
 
     def __iter__(self) -> Iterator[PeerLike]:
@@ -69,3 +72,12 @@ def live_peers(peers: LivePeers | Iterable[PeerLike]) -> LivePeers:
     return peers if isinstance(peers, LivePeers) else LivePeers(peers)
 
 
+
+
+def fleet_key(peers: LivePeers | list[PeerLike]) -> tuple:
+    """What names a set of workers and the links the relay planner reads: a registry view's
+    membership count (no pass over the fleet), else every worker's link fields."""
+    membership = peers.membership if isinstance(peers, LivePeers) else None
+    if membership is not None:
+        return ("membership", membership)
+    return tuple((p.worker_id, p.relay_address, p.upload_bps, p.download_bps) for p in peers)

@@ -99,6 +99,10 @@ class Registry:
         """The whole run's registration bucket: (tokens, as of)."""
         self.next_slot_at = 0.0
         """When the next refused registration is told to come back (each gets its own slot)."""
+        self.membership = 0
+        """Joins and departures so far: the live set changes only with it, and what the relay
+        planner reads of a worker is fixed at registration, so a tree planned at one count
+        holds until the next."""
         self._peers: LivePeers | None = None
         self._peers_at = 0.0
 
@@ -157,7 +161,13 @@ class Registry:
         self.workers[worker_id] = record
         self.credentials[digest] = worker_id
         self.live_count += 1
+        self.membership += 1
         return record, credential, old
+
+    def depart(self, record: WorkerRecord) -> None:
+        """`record`'s worker is gone (left, timed out or quarantined)."""
+        record.alive = False
+        self.membership += 1
 
     def worker_for_credential(self, credential: str) -> str | None:
         """The worker id a credential was issued to (None: not one this coordinator issued)."""
@@ -193,7 +203,7 @@ class Registry:
         interval each was told), now marked gone; the live count is taken anew."""
         lost = [w for w in self.workers.values() if w.alive and now - w.last_seen > w.silent_after_s]
         for record in lost:
-            record.alive = False
+            self.depart(record)
         self.live_count = sum(1 for w in self.workers.values() if w.alive)
         return [w.worker_id for w in lost]
 
@@ -214,7 +224,16 @@ class Registry:
         to late joiners share one view a second; a version's plan takes a fresh one)."""
         now = self.clock()
         if self._peers is None or max_age_s <= 0 or now - self._peers_at > max_age_s:
-            self._peers, self._peers_at = LivePeers(w for w in self.workers.values() if w.alive), now
+            self._peers, self._peers_at = LivePeers((w for w in self.workers.values() if w.alive),
+                                                    membership=self.membership), now
+        return self._peers
+
+    def peers_for_plan(self) -> LivePeers:
+        """The live workers for a version's relay tree: the last view while no one has joined or
+        left (a plan reads only what is fixed at registration, so a steady fleet of 10,000 costs
+        a version no pass over it)."""
+        if self._peers is None or self._peers.membership != self.membership:
+            return self.peers()
         return self._peers
 
     def alive_versions(self) -> dict[str, int]:
