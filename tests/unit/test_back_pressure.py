@@ -69,6 +69,33 @@ def test_a_large_fleet_beats_at_the_planned_rate(tmp_path, tiny_model_dir):
     assert 9.0 <= interval_s <= 11.0  # 20 workers at 2 beats a second: every 10 s
 
 
+def test_news_of_a_shrunken_fleet_never_shortens_the_silence_owed_to_the_last_beat(tmp_path, tiny_model_dir):
+    """A worker told "beat in 10 s" sleeps 10 s whatever its news line says meanwhile: when the
+    fleet shrinks and the line tells a 1 s interval, the worker is not taken for gone before the
+    beat it owes (a fleet leaving fast timed out hundreds of honest workers at 10,000)."""
+    clock = FakeClock()
+    state = make_state(tmp_path, tiny_model_dir, clock, heartbeats_per_s=2.0, registrations_per_s=1e6,
+                       registrations_per_minute=1e6)
+    publish(state, 0)
+    for i in range(20):
+        register(state, f"w{i}")
+    told_s = state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=0)).heartbeat_interval_s
+    assert told_s >= 9.0
+    for i in range(1, 20):
+        state.worker_desk.leave(LeaveRequest(worker_id=f"w{i}"))
+    state.fleet_desk.sweep()  # the live count taken anew: one worker
+    clock.now += 1.0
+    shorter_s = state.worker_desk.news_of("w0").heartbeat_interval_s
+    assert shorter_s < 1.2
+    clock.now += told_s - 1.0 + 0.01  # the worker beats when it was told to, a moment late
+    state.fleet_desk.sweep()
+    assert state.registry.workers["w0"].alive
+    state.worker_desk.heartbeat(Heartbeat(worker_id="w0", version=0))  # its beat: the 1 s pace from now on
+    clock.now += 10 * shorter_s
+    state.fleet_desk.sweep()
+    assert not state.registry.workers["w0"].alive  # silent ten beats at the pace it was told
+
+
 def test_newcomers_wait_for_the_next_decision_and_departures_coalesce(tmp_path, tiny_model_dir):
     state = make_state(tmp_path, tiny_model_dir, FakeClock())
     publish(state, 0)

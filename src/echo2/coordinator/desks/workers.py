@@ -152,20 +152,25 @@ class WorkerDesk:
         if req.dissemination_s is not None:
             record.claimed_dissemination_s = req.dissemination_s
         self.controller.observe_latencies(req.worker_id, req.dissemination_s, req.generation_s)
-        return self.news(record, held)
+        return self.news(record, held, beat=True)
 
-    def news(self, record: WorkerRecord, held: int | None = None) -> WorkerNews:
+    def news(self, record: WorkerRecord, held: int | None = None, *, beat: bool = False) -> WorkerNews:
         """What `record`'s worker is told: the newest version, what to pull next and from where
         (for the version it holds, `held`: a heartbeat says; for news, the newest it holds or was
         told to fetch), whether to work, and when to beat next (which also sets when it is taken
-        for gone)."""
+        for gone). `beat`: told in a heartbeat's reply, else on its news line."""
         held = max(record.held, record.fetching) if held is None else held
         fetch = self.versions.next_fetch(record.worker_id, held, self.registry.peers(PEERS_MAX_AGE_S), joiner=record)
         if fetch is not None:
             record.fetching = max(record.fetching, fetch[0].version)
         interval_s = self.beat_interval_s() * random.uniform(1.0 - BEAT_JITTER, 1.0 + BEAT_JITTER)
         cfg = self.cfg.coordinator
-        record.silent_after_s = cfg.worker_timeout_s * interval_s / cfg.heartbeat_interval_s
+        allowed_s = cfg.worker_timeout_s * interval_s / cfg.heartbeat_interval_s
+        # a news line is no sign of life, and the worker still sleeps the interval its last beat
+        # was told: the silence allowed is never shortened there (a fleet shrinking fast would
+        # time out workers that beat just when they were told to)
+        since_beat_s = self.clock() - record.last_seen
+        record.silent_after_s = allowed_s if beat else max(record.silent_after_s, since_beat_s + allowed_s)
         # the newest version itself is not sent twice: no `fetch` means "fetch `latest`"
         to_fetch = fetch[0] if fetch is not None and fetch[0] is not self.versions.announced else None
         return WorkerNews(self.versions.announced, to_fetch, fetch[1] if fetch else None,
