@@ -4,7 +4,7 @@ sent to the peer counting, for a bounded number of versions."""
 
 from __future__ import annotations
 
-from tests.unit.coordinator_helpers import FakeClock, make_state, publish
+from tests.unit.coordinator_helpers import FakeClock, make_state, publish, version_info
 
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.parts.dissemination import Dissemination
@@ -26,6 +26,18 @@ def test_equal_links_make_a_chain_with_ancestors_as_fallbacks():
     assert by_worker == {"w0": ["origin"], "w1": ["w0", "origin"], "w2": ["w1", "w0", "origin"]}
 
 
+MANIFEST = version_info(3).signed.unverified_manifest()
+"""What a report is checked against (its version does not matter to Dissemination)."""
+
+
+def _confirmed(diss: Dissemination, peer_id: str, reporter_id: str, version: int) -> str:
+    """A report with standing; the check it asks for (if any) gets bad bytes from the peer."""
+    effect = diss.report(peer_id, reporter_id, version, standing=True, manifest=MANIFEST)
+    if effect == "check":
+        diss.reports.checked(diss.reports.next_check(), "bad")
+    return effect
+
+
 def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     diss = Dissemination(BroadcastConfig(), learner_upload_bps=1e9)
     diss.plan_version(3, ORIGIN, peers(2))
@@ -37,7 +49,7 @@ def test_late_joiner_pulls_from_a_holder_and_suspects_are_skipped():
     assert "w0" not in [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, live).sources]
     assert "w0" in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
     assert diss.report("w0", "w1", 3, standing=True) == "reporter"  # the same reporter again is still one
-    assert diss.report("w0", "late", 3, standing=True) == "everyone"  # a second, different reporter: no one uses it
+    assert _confirmed(diss, "w0", "late", 3) == "check"  # checked, and caught: no one uses it
     assert "w0" not in [s.peer_id for s in diss.assignment("late", 3, ORIGIN, live).sources]
     assert diss.report("w1", "w1", 3, standing=True) == "none"  # reporting oneself means nothing
 
@@ -52,7 +64,7 @@ def test_a_report_counts_only_from_a_worker_sent_to_that_peer_for_that_version()
     assert diss.report("w0", "w3", 3, standing=True) == "none" and diss.report("w0", "w2", 3, standing=True) == "none"
     assert diss.report("w0", "w1", 2, standing=True) == "none"  # its real parent, but for a version it was not assigned
     assert diss.report("w0", "w1", 10**9, standing=True) == "none"  # a made-up version has no assignment either
-    assert diss.suspects == set() and diss.reporters == {}
+    assert diss.suspects == set() and diss.reports.reporters == {}
     assert [s.peer_id for s in diss.assignment("w1", 3, ORIGIN, peers(4)).sources] == ["w0", "origin"]
     assert [s.peer_id for s in diss.assignment("w3", 3, ORIGIN, peers(4)).sources] == given["w3"]
     assert diss.plan_version(4, ORIGIN, peers(4)).origin_children == ["w0"]  # w0 still relays the next version
@@ -67,8 +79,9 @@ def test_reports_from_real_children_drop_a_relay_and_expire():
     assert {a.worker_id: a.sources[0].peer_id for a in plan.assignments} == {"hub": "origin", "c0": "hub", "c1": "hub"}
     for child in ("c0", "c1"):
         assert diss.assignment(child, 5, ORIGIN, star).sources[0].peer_id == "hub"
-    assert diss.report("hub", "c0", 5, standing=True) == "reporter"
-    assert diss.report("hub", "c1", 5, standing=True) == "everyone"
+    assert diss.report("hub", "c0", 5, standing=True) == "reporter"  # no manifest to check against
+    assert diss.suspects == set()
+    assert _confirmed(diss, "hub", "c1", 5) == "check"
     assert diss.suspects == {"hub"}
     for version in (6, 7):  # the report for version 5 counts for versions 5, 6 and 7
         later = diss.plan_version(version, ORIGIN, [Peer(p.worker_id, p.relay_address, p.upload_bps, p.download_bps,
@@ -76,7 +89,7 @@ def test_reports_from_real_children_drop_a_relay_and_expire():
         assert all("hub" not in [s.peer_id for s in a.sources] for a in later.assignments), version
     assert diss.report("hub", "c0", 5, standing=True) == "everyone"  # within its window a report still counts
     expired = diss.plan_version(8, ORIGIN, star)
-    assert diss.suspects == set() and diss.reporters == {}  # version 8: the reports for version 5 are gone
+    assert diss.suspects == set() and diss.reports.reporters == {}  # version 8: the reports for version 5 are gone
     assert {a.worker_id: a.sources[0].peer_id for a in expired.assignments}["c0"] == "hub"
     assert diss.report("hub", "c0", 5, standing=True) == "none"  # too old to count now
     assert all(version > 5 for version in diss.assigned)  # bounded record

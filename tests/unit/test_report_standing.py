@@ -1,7 +1,7 @@
-"""Bad-peer reports drop a relay for everyone only from reporters with standing (issue: two ids
+"""Bad-peer reports ask for the coordinator's check only from reporters with standing (two ids
 that joined after the relays held a version, were assigned an honest relay and both reported
-it, dropped it for every worker with the quorum of two). A reporter without standing still
-stops pulling from the peer itself."""
+it, once dropped it for every worker), and only the check drops a relay for everyone. A
+reporter without standing still stops pulling from the peer itself."""
 
 from __future__ import annotations
 
@@ -53,15 +53,33 @@ def test_late_joiners_without_standing_cannot_drop_an_honest_relay_for_everyone(
     assert _sources(state, "w1")[0] == "w0"  # everyone else still pulls from the honest relay
 
 
-def test_two_reporters_with_standing_drop_the_relay_for_everyone(tmp_path, tiny_model_dir):
+def test_reports_with_standing_drop_nothing_until_the_coordinators_check_confirms_them(tmp_path, tiny_model_dir):
+    """However many reporters with standing: each asks for one check (of that chunk), and only
+    the check's verdict drops the relay for everyone (the fetch itself: test_relay_checks.py)."""
     state = _fleet(tmp_path, tiny_model_dir, workers=4)
     for reporter in ("w1", "w2"):
         assert "w0" in _sources(state, reporter)
         _earn(state, reporter, REPORT_STANDING_GROUPS)
-    assert _report(state, "w1", "w0") == "reporter"
-    assert _report(state, "w2", "w0") == "everyone"
+    assert _report(state, "w1", "w0") == "check" and _report(state, "w2", "w0") == "check"
+    assert state.versions.dissemination.suspects == set()
+    reports = state.versions.dissemination.reports
+    check = reports.next_check()
+    assert check.key == ("w0", 0, "full", 0) and check.reporters == {"w1", "w2"}
+    assert reports.next_check() is None  # one check for both reports
+    state.worker_desk.relay_checked(check, "bad", "sha256 " + "0" * 64)
     assert state.versions.dissemination.suspects == {"w0"}
     assert "w0" not in _sources(state, "w3")
+    assert _report(state, "w2", "w0") == "everyone"  # caught already: no check is asked for
+
+
+def test_a_relay_that_cannot_be_reached_confirms_nothing(tmp_path, tiny_model_dir):
+    state = _fleet(tmp_path, tiny_model_dir, workers=3)
+    _earn(state, "w1", REPORT_STANDING_GROUPS)
+    assert "w0" in _sources(state, "w1") and _report(state, "w1", "w0") == "check"
+    state.worker_desk.relay_checked(state.versions.dissemination.reports.next_check(), "unreachable", "HTTP 503")
+    assert state.versions.dissemination.suspects == set() and state.versions.dissemination.reports.refuted == {}
+    assert _sources(state, "w2")[0] == "w1" and "w0" in _sources(state, "w2")
+    assert _report(state, "w1", "w0") == "reporter"  # the verdict is kept for the version: no second fetch
 
 
 def test_standing_belongs_to_a_registration(tmp_path, tiny_model_dir):
@@ -73,5 +91,6 @@ def test_standing_belongs_to_a_registration(tmp_path, tiny_model_dir):
     state.worker_desk.leave(LeaveRequest(worker_id="w1"))
     state.worker_desk.register(RegisterRequest(worker_id="w1", engine="hf", relay_address="http://10.0.0.1:80"))
     assert "w0" in _sources(state, "w1")
-    assert _report(state, "w1", "w0") == "reporter" and _report(state, "w2", "w0") == "reporter"
-    assert state.versions.dissemination.suspects == set()
+    assert _report(state, "w1", "w0") == "reporter"  # asks for no check: its standing went with its leave
+    assert _report(state, "w2", "w0") == "check"  # w2 kept its registration and its standing
+    assert state.versions.dissemination.reports.next_check().reporters == {"w2"}

@@ -91,7 +91,7 @@ def _evil_event(cls: type[ev.Event]) -> dict:
 
 
 @pytest.mark.parametrize("cls", [ev.WorkerRegistered, ev.WorkerLeft, ev.WorkerLost, ev.VersionPublished,
-                                 ev.Activation, ev.BadPeer])
+                                 ev.Activation, ev.BadPeer, ev.RelayChecked])
 def test_every_console_line_from_worker_fields_is_one_line_with_control_characters_escaped(cls):
     level, text = describe(_evil_event(cls))
     assert CONTROL.search(text) is None, repr(text)
@@ -103,11 +103,19 @@ def test_the_console_lines_read_as_before_for_honest_fields():
     joined = ev.WorkerRegistered(worker_id="w1", engine="hf", price_per_hour=0.5, relay_address="http://10.0.0.1:80",
                                  source="10.0.0.9").record()
     assert describe(joined)[1] == "worker w1 joined from 10.0.0.9 (engine hf, $0.5/h, relay http://10.0.0.1:80)"
-    report = dict(version=4, reporter_id="w2", peer_id="w1", url="", chunk_index=0, reason="corrupt_chunk", detail="")
+    report = dict(version=4, reporter_id="w2", peer_id="w1", url="", chunk_index=0, form="full", got_sha256="",
+                  reason="corrupt_chunk", detail="")
     ignored = describe(ev.BadPeer(**report, took_effect=False, avoided_by="none").record())[1]
-    assert ignored.startswith("bad peer reported: w1 by w2 (version 4): no effect")
-    counted = describe(ev.BadPeer(**report, took_effect=True, avoided_by="everyone").record())[1]
-    assert counted == "bad peer reported: w1 by w2 (version 4): no one is sent to it now"
+    assert ignored.startswith("bad peer reported: w1 by w2 (version 4, chunk 0): no effect")
+    checking = describe(ev.BadPeer(**report, took_effect=True, avoided_by="check").record())[1]
+    assert checking == ("bad peer reported: w1 by w2 (version 4, chunk 0): the reporter is not sent to it again; "
+                        "the coordinator fetches the chunk itself to check")
+    checked = dict(peer_id="w1", version=4, form="full", chunk_index=0, seen="sha256 " + "ab" * 32,
+                   reporters=["w2", "w3"])
+    caught = describe(ev.RelayChecked(**checked, verdict="bad", refuted=[]).record())[1]
+    assert caught == f"checked w1's chunk 0 of version 4 (sha256 {'ab' * 32}): bad bytes; no one is sent to it now"
+    genuine = describe(ev.RelayChecked(**checked, verdict="good", refuted=["w2", "w3"]).record())[1]
+    assert genuine.endswith("genuine; the reports of w2, w3 count against them")
 
 
 # ---- finding 2: the probe as a port scanner --------------------------------------------------

@@ -35,7 +35,7 @@ async def check_chunk(session: aiohttp.ClientSession, url: str, manifest: Manife
     params = {"version": str(manifest.version), "start": str(index), "form": manifest.form}
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url + wire.CHUNKS_PATH, params=params, headers=headers,
+            async with session.get(url + wire.CHUNKS_PATH, params=params, headers=headers, allow_redirects=False,
                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 if response.status != 200:
                     return "unreachable", f"HTTP {response.status}"

@@ -188,7 +188,8 @@ class _Fetch:
             return
         report = BadPeerReport(
             version=self.buffer.version, reporter_id=self.worker_id, peer_id=source.peer_id, url=source.url,
-            chunk_index=exc.chunk_index, reason=exc.reason, detail=str(exc)[:500],  # type: ignore[arg-type]
+            chunk_index=exc.chunk_index, form=self.buffer.manifest.form, got_sha256=exc.got_sha256,
+            reason=exc.reason, detail=str(exc)[:500],  # type: ignore[arg-type]
         )
         try:
             await asyncio.wait_for(self.report(report), self.config.report_timeout_s)

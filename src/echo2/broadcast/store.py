@@ -19,7 +19,7 @@ import mmap
 from typing import Literal
 
 from echo2.broadcast.wire import SourceMisbehaved
-from echo2.protocol.manifest import Manifest, verify_chunk
+from echo2.protocol.manifest import Manifest, sha256_hex, verify_chunk
 
 State = Literal["receiving", "complete", "failed"]
 
@@ -54,9 +54,8 @@ class VersionBuffer:
         if index != self.verified_chunks:
             raise ValueError(f"chunk {index} added out of order; next missing is {self.verified_chunks}")
         if not verify_chunk(self.manifest, index, data):
-            raise SourceMisbehaved(
-                f"chunk {index} of version {self.version} fails its sha256", reason="corrupt_chunk", chunk_index=index
-            )
+            raise SourceMisbehaved(f"chunk {index} of version {self.version} fails its sha256", reason="corrupt_chunk",
+                                   chunk_index=index, got_sha256=sha256_hex(data))
         start, end = self.manifest.chunk_span(index)
         self._view[start:end] = data
         self.verified_chunks += 1

@@ -69,10 +69,11 @@ class SourceMisbehaved(SourceError):
     """A source sent something no honest relay sends (a chunk failing its sha256, an oversized or
     out-of-order frame): never retried for this version, and reported to the coordinator."""
 
-    def __init__(self, message: str, *, reason: str, chunk_index: int) -> None:
+    def __init__(self, message: str, *, reason: str, chunk_index: int, got_sha256: str = "") -> None:
         super().__init__(message)
         self.reason = reason
         self.chunk_index = chunk_index
+        self.got_sha256 = got_sha256  # of the whole chunk it sent, when it sent one
 
 
 class BroadcastFailed(Exception):

@@ -79,12 +79,10 @@ class BroadcastConfig(Frozen):
     """A relay asked for a version it has not been told about yet keeps the child waiting (with
     keepalives) this long: the coordinator sends a version to parents and children at about the
     same time, but a parent's control loop may be a few heartbeats behind."""
-    reporters_to_suspect: int = Field(2, ge=1)
-    """Different workers that must report a relay for bad bytes before no one is sent to it
-    (a reporter itself is not sent to a relay it reported). A report counts only from a worker
-    the coordinator gave that relay as a source for that version, so ids that never pulled from
-    it cannot drop it. One lying worker cannot cut an honest relay off; with 1, any single
-    report does (a fleet you control)."""
+    report_check_timeout_s: float = Field(10.0, gt=0)
+    """How long the coordinator waits for a reported relay to send it the chunk a bad-peer
+    report names (`broadcast.chunk_check`): a relay that does not answer in time confirms
+    nothing, against itself or the reporter."""
     report_lifetime_versions: int = Field(8, ge=1)
     """A bad-peer report counts for this many versions from the one it was made for (a report
     for version v, until version v + 8 is published); then the relay is a source again. A relay

@@ -21,8 +21,8 @@ meanwhile; and a worker returning groups without generating them fills whole bat
   before it could ever be measured, and slow start already bounds what a new id can hold.
 - batch shares: no worker's groups fill more than `max_worker_share` of a batch
   (`batch_share_cap`, applied by `DataPlane.take_batch`).
-- reports: a worker's bad-peer reports count towards dropping a relay for everyone only once
-  `REPORT_STANDING_GROUPS` of its groups were accepted.
+- reports: a worker's bad-peer reports ask for the coordinator's own check of the relay
+  (coordinator.parts.relay_reports) only once `REPORT_STANDING_GROUPS` of its groups were accepted.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 
 NEW_WORKER_LEASES = 1
 REPORT_STANDING_GROUPS = 4
-"""Groups of a registration accepted before its bad-peer reports count towards dropping a relay
-for everyone (coordinator.parts.dissemination): a handful of fresh ids, joined a moment ago with
-nothing delivered, cannot cut an honest relay off; an honest worker passes this within its first
-few leases."""
+"""Groups of a registration accepted before its bad-peer reports make the coordinator check the
+relay (coordinator.parts.relay_reports): a handful of fresh ids, joined a moment ago with nothing
+delivered, cannot make the coordinator fetch from relays on their word; an honest worker passes
+this within its first few leases."""
 NEW_WORKERS_WINDOW_SHARE = 0.25
 DEADLINE_FLOOR_S = 30.0
 DEADLINE_FACTOR = 4.0

@@ -103,5 +103,10 @@ class BadPeerReport(_Model):
     peer_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     url: str = Field("", max_length=512)
     chunk_index: int = Field(ge=0)
+    form: Literal["full", "delta"] = "full"
+    """The form of the version the reporter was fetching: the coordinator asks the peer for the
+    same chunk of the same form to confirm the report."""
+    got_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    """The sha256 of the chunk the reporter received (empty: it received no whole chunk)."""
     reason: Literal["corrupt_chunk", "protocol_violation"]
     detail: str = Field("", max_length=1000)

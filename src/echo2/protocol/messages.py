@@ -20,7 +20,7 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
     6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
@@ -30,6 +30,8 @@ PROTOCOL_CHANGES = {
     8: "version news and activation reach a worker on its open news line (GET /v1/news), not a held "
        "heartbeat; a heartbeat is answered at once and its reply says when to beat next "
        "(heartbeat_interval_s, stretched for large fleets and under load)",
+    9: "a bad-peer report names the form fetched and the sha256 of the chunk received (form, got_sha256); "
+       "the coordinator fetches that chunk from the peer itself before it drops the peer for everyone",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -48,7 +50,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[8] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[9] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):

@@ -62,6 +62,9 @@ def test_relay_corrupting_a_chunk_is_bypassed_and_reported() -> None:
             [report] = cluster.reports
             assert (report.peer_id, report.reporter_id, report.chunk_index, report.reason) == ("w1", "w2", 5,
                                                                                               "corrupt_chunk")
+            # what the coordinator checks the report by: the form fetched and the hash of what came
+            assert report.form == "full" and len(report.got_sha256) == 64
+            assert report.got_sha256 != results["w2"].manifest.chunk_sha256[5]
             # the corrupt chunk was never forwarded: w3 streamed from w2 without a single failure
             assert results["w3"].metrics.source_failures == [] and results["w3"].metrics.bad_peers == []
         finally:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
+from echo2.coordinator.parts.relay_reports import CheckVerdict, RelayCheck, ReportEffect
 from echo2.coordinator.records import events as ev
 from echo2.coordinator.records.errors import RequestError
 from echo2.policy.dataplane import LeaseGrant
@@ -190,17 +191,31 @@ class WorkerDesk:
         return min(MAX_HEARTBEAT_INTERVAL_S / (1.0 + BEAT_JITTER),
                    cfg.heartbeat_interval_s * max(1.0, fleet) * self.load_stretch)
 
-    def bad_peer(self, req: BadPeerRequest) -> None:
-        """A worker caught a source sending bytes that fail verification: it avoids the source, and
-        with enough reporters of standing (accepted groups) everyone does, if the coordinator sent
-        it there (dissemination.report); a report that changes nothing is recorded as such
-        (took_effect False)."""
+    def bad_peer(self, req: BadPeerRequest) -> ReportEffect:
+        """A worker caught a source sending bytes that fail verification: it avoids the source
+        if the coordinator sent it there, and a report from a reporter with standing (accepted
+        groups) asks for the coordinator's own check of the chunk (parts.relay_reports). A
+        report that changes nothing is recorded as such (took_effect False)."""
         self.registry.live(req.report.reporter_id)
-        said = req.report
+        said, dissemination = req.report, self.versions.dissemination
+        manifest = dissemination.manifest(said.version, said.form)
+        if manifest is not None and said.chunk_index >= manifest.num_chunks:
+            raise RequestError(422, f"report.chunk_index: {said.chunk_index}, but version {said.version} "
+                                    f"({said.form}) has {manifest.num_chunks} chunks")
         standing = self.groups.trust.accepted(said.reporter_id) >= REPORT_STANDING_GROUPS
-        effect = self.versions.dissemination.report(said.peer_id, said.reporter_id, said.version, standing=standing)
+        effect = dissemination.report(said.peer_id, said.reporter_id, said.version, standing=standing,
+                                      form=said.form, chunk_index=said.chunk_index, manifest=manifest)
         report = req.report.model_dump(exclude={"kind"})
         self.events.append(ev.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
+        return effect
+
+    def relay_checked(self, check: RelayCheck, verdict: CheckVerdict, seen: str) -> None:
+        """The coordinator's own fetch of a reported chunk came back (`http/relay_checks`)."""
+        refuted = self.versions.dissemination.reports.checked(check, verdict)
+        peer_id, version, form, chunk_index = check.key
+        self.events.append(ev.RelayChecked(peer_id=peer_id, version=version, form=form, chunk_index=chunk_index,
+                                           verdict=verdict, seen=seen, reporters=sorted(check.reporters),
+                                           refuted=refuted))
 
     def lease(self, req: LeaseRequest) -> LeaseResponse:
         """Work for a worker: the run's exact evaluations (versions 0 and last) first, then

@@ -66,6 +66,7 @@ METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
+RELAY_TOKEN_KEY = web.AppKey("relay_token", str)  # what relays take from any worker: the join token
 HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)
 NEWS_KEY = web.AppKey("news", NewsLines)

@@ -72,16 +72,36 @@ def describe(event: dict) -> tuple[int, str] | None:
                                  "grpo.drop_uninformative_groups = false")
     if kind == "bad_peer":
         return logging.WARNING, _bad_peer_line(e, event.get("avoided_by"))
+    if kind == "relay_checked":
+        return logging.WARNING, _relay_checked_line(e, event.get("verdict"))
     return None
 
 
+_REPORT_EFFECTS = {
+    "everyone": "no one is sent to it now (a check caught it)",
+    "reporter": "the reporter is not sent to it again",
+    "check": "the reporter is not sent to it again; the coordinator fetches the chunk itself to check",
+    "refuted": "a check found that chunk genuine: the report counts against the reporter",
+}
+
+
 def _bad_peer_line(e: _Shown, avoided_by: object) -> str:
-    said = f"bad peer reported: {e.get('peer_id')} by {e.get('reporter_id')} (version {e.get('version')})"
-    if avoided_by == "everyone":
-        return f"{said}: no one is sent to it now"
-    if avoided_by == "reporter":
-        return f"{said}: the reporter is not sent to it again"
+    said = (f"bad peer reported: {e.get('peer_id')} by {e.get('reporter_id')} (version {e.get('version')}, "
+            f"chunk {e.get('chunk_index')})")
+    effect = _REPORT_EFFECTS.get(str(avoided_by))
+    if effect is not None:
+        return f"{said}: {effect}"
     return f"{said}: no effect ({e.get('peer_id')} is the origin, the reporter itself or not among its sources)"
+
+
+def _relay_checked_line(e: _Shown, verdict: object) -> str:
+    checked = (f"checked {e.get('peer_id')}'s chunk {e.get('chunk_index')} of version {e.get('version')} "
+               f"({e.get('seen')})")
+    if verdict == "bad":
+        return f"{checked}: bad bytes; no one is sent to it now"
+    if verdict == "good":
+        return f"{checked}: genuine; the reports of {e.joined('refuted')} count against them"
+    return f"{checked}: could not be fetched; that confirms nothing"
 
 
 class _Shown:

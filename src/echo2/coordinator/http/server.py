@@ -20,6 +20,7 @@ from echo2.coordinator.http.base import (
     LIMIT_KEY,
     METRICS_KEY,
     NEWS_KEY,
+    RELAY_TOKEN_KEY,
     ROOM_KEY,
     SCORING_KEY,
     STATE_KEY,
@@ -46,6 +47,7 @@ from echo2.coordinator.http.long_polls import (
 )
 from echo2.coordinator.http.news import NewsLines
 from echo2.coordinator.http.prometheus import add_metrics_route
+from echo2.coordinator.http.relay_checks import CHECKS_WAKE_KEY, wake_checks
 from echo2.coordinator.http.upkeep import run_upkeep
 from echo2.coordinator.http.view import snapshot
 from echo2.coordinator.parts.credentials import (
@@ -153,7 +155,8 @@ async def handle_leave(request: web.Request) -> web.Response:
 
 
 async def handle_bad_peer(request: web.Request) -> web.Response:
-    request.app[STATE_KEY].worker_desk.bad_peer(await worker_body(request, BadPeerRequest))
+    if request.app[STATE_KEY].worker_desk.bad_peer(await worker_body(request, BadPeerRequest)) == "check":
+        wake_checks(request.app)
     return typed_reply(OkResponse())
 
 
@@ -235,6 +238,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[STATE_KEY], app[METRICS_KEY], app[CHANGED_KEY] = state, metrics, asyncio.Condition()
     app[LIMIT_KEY] = max_request_bytes
     app[TLS_KEY] = tls_config or TLSConfig()
+    app[RELAY_TOKEN_KEY], app[CHECKS_WAKE_KEY] = secrets.join, asyncio.Event()
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()
     app[NEWS_KEY] = NewsLines()

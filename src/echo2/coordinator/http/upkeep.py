@@ -18,6 +18,7 @@ from aiohttp import web
 
 from echo2.coordinator.http.base import HISTORY_KEY, METRICS_KEY, NEWS_KEY, STATE_KEY, write_events
 from echo2.coordinator.http.news import NEWS_KEEPALIVE_S, WRITES_PER_SLICE, NewsLines
+from echo2.coordinator.http.relay_checks import check_reported_relays
 from echo2.coordinator.http.view import snapshot, stats_event
 from echo2.coordinator.parts.news_order import tree_order
 
@@ -207,7 +208,7 @@ async def run_upkeep(app: web.Application):
     collections = app[COLLECTIONS_KEY] = FullCollections()
     gc.callbacks.append(collections)
     tasks = [asyncio.create_task(loop(app)) for loop in (housekeeping, cry_news, cry_idle_news, keep_lines_alive,
-                                                          watch_load)]
+                                                          watch_load, check_reported_relays)]
     stop_history = asyncio.Event()
     history = asyncio.create_task(app[HISTORY_KEY].follow(stop_history))
     yield

@@ -7,12 +7,9 @@ fewest-bytes way from the version it holds to the newest (echo2.broadcast.catchu
 learner for an anchor when that way is too long.
 
 Bad-peer reports come from untrusted workers, so one counts only when the coordinator gave the
-reported peer to the reporter as a source for that version (a bounded record), and only for
-`broadcast.report_lifetime_versions` versions from the one it was made for. A counted report
-keeps the reporter away from the peer; `broadcast.reporters_to_suspect` different reporters with
-standing (accepted groups) drop it for everyone. So ids that never pulled from a relay cannot
-drop it, nor can ids that joined a moment ago and delivered nothing; one lying child cannot cut
-an honest relay off, and no report outlives its window. The learner's origin is never
+reported peer to the reporter as a source for that version (a bounded record of what each
+worker was given); what a counted report does, and the coordinator's check that must confirm it
+before a peer is dropped for everyone, is `parts.relay_reports`. The learner's origin is never
 dropped."""
 
 from __future__ import annotations
@@ -25,9 +22,10 @@ from echo2.broadcast.topology import late_joiner_assignment, plan_broadcast
 from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.parts.news_order import tree_order
 from echo2.coordinator.parts.peers import LivePeers, PeerLike, fleet_key, live_peers
+from echo2.coordinator.parts.relay_reports import RelayReports, ReportEffect
 from echo2.planner.dissemination import bytes_per_s
 from echo2.protocol.broadcast import ORIGIN_ID, Assignment, BroadcastPlan, OriginInfo, PeerInfo, Source
-from echo2.protocol.manifest import Form
+from echo2.protocol.manifest import Form, Manifest
 from echo2.protocol.messages import VersionInfo
 
 
@@ -38,9 +36,7 @@ class Dissemination:
         self.plan: BroadcastPlan | None = None
         self.newest = -1
         """The newest version planned or published: what reports and assignments expire against."""
-        self.reporters: dict[str, dict[str, tuple[int, bool]]] = {}
-        """peer id -> the workers whose report of it counts, each with the version it was for and
-        whether the reporter had standing then (only those count towards dropping it for everyone)."""
+        self.reports = RelayReports(config)
         self.assigned: dict[int, dict[str, tuple[str, ...]]] = {}
         """version -> worker id -> the peer ids it was given as sources: whom it can report (by
         version first, so a version that stops counting goes in one step)."""
@@ -90,6 +86,12 @@ class Dissemination:
     def stored_offers(self) -> dict[tuple[int, str], str]:
         """The forms served now as (version, form) -> VersionInfo JSON, for the store."""
         return {key: info.model_dump_json() for key, (info, _) in self.offers.items()}
+
+    def manifest(self, version: int, form: str) -> Manifest | None:
+        """`version`'s manifest in `form` while the learner's origin serves it (verified when
+        the version was published), else None."""
+        offered = self.offers.get((version, form))  # type: ignore[call-overload]
+        return offered[0].signed.unverified_manifest() if offered is not None else None
 
     def announced(self, info: VersionInfo) -> VersionInfo:
         """`info` as workers are told of it: the form its relay tree carries, the very object
@@ -206,70 +208,50 @@ class Dissemination:
             raise ValueError(f"worker {worker_id!r} is not live")
         # the fastest usable holders, as many as it may be given (the rest are never looked at)
         usable = (self._info(p) for p in peers.holders(version)
-                  if p.worker_id != worker_id and p.relay_address and not self._avoided(p.worker_id, worker_id))
+                  if p.worker_id != worker_id and p.relay_address and not self.reports.avoided(p.worker_id, worker_id))
         holders = list(islice(usable, max(0, self.config.max_sources - 1)))
         made = self._late[worker_id, version] = late_joiner_assignment(
             version, self._info(joiner), holders, origin=self._origin(origin_url), config=self.config)
         return made
 
-    def report(self, peer_id: str, reporter_id: str, version: int, *, standing: bool) -> str:
-        """`reporter_id` caught `peer_id` sending bad bytes of `version`. It counts only when the
-        peer was among the reporter's sources for that version and the version is within
-        report_lifetime_versions of the newest; then the reporter is not sent to the peer while
-        the report counts, and no one is once reporters_to_suspect different workers with
-        `standing` (groups of theirs accepted: `policy.trust.REPORT_STANDING_GROUPS`) reported
-        it: ids that joined a moment ago and delivered nothing cannot drop an honest relay for
-        everyone, only stop pulling from it themselves. The learner's origin is never dropped (a
-        worker's report cannot cut everyone off from the one source every version starts at).
-        Returns the effect: "none" (changed nothing), "reporter" or "everyone"."""
+    def report(self, peer_id: str, reporter_id: str, version: int, *, standing: bool, form: str = "full",
+               chunk_index: int = 0, manifest: Manifest | None = None) -> ReportEffect:
+        """`reporter_id` says `peer_id` sent bad bytes of `version` (chunk `chunk_index` of its
+        `form`, whose manifest is `manifest`). It counts only when the peer was among the
+        reporter's sources for that version and the version's reports still count; then
+        `RelayReports.report` says what it does. `standing`: groups of the reporter's accepted."""
         if peer_id == ORIGIN_ID or peer_id == reporter_id or not self._live(version):
             return "none"
         if peer_id not in self.assigned.get(version, {}).get(reporter_id, ()):
             return "none"  # never sent there for that version: nothing it says of the peer counts
-        reporters = self.reporters.setdefault(peer_id, {})
-        before_version, before_standing = reporters.get(reporter_id, (version, False))
-        reporters[reporter_id] = (max(version, before_version), standing or before_standing)
-        return "everyone" if self._suspected(peer_id) else "reporter"
+        return self.reports.report(peer_id, reporter_id, version, standing=standing, form=form,
+                                   chunk_index=chunk_index, manifest=manifest)
 
     @property
     def suspects(self) -> set[str]:
         """The peers no one is sent to now."""
-        return {peer_id for peer_id in self.reporters if self._suspected(peer_id)}
+        return self.reports.suspects
 
     def forget(self, worker_id: str) -> None:
         """A worker gone for good: its reports, the reports against it and its assignments go too."""
-        self.reporters.pop(worker_id, None)
+        self.reports.forget(worker_id)
         for given in self.assigned.values():
             given.pop(worker_id, None)
-        for reporters in self.reporters.values():
-            reporters.pop(worker_id, None)
 
     def _live(self, version: int) -> bool:
         """A report for `version` still counts (and what was assigned for it is still kept)."""
-        return version > self.newest - self.config.report_lifetime_versions
+        return self.reports.live(version)
 
     def _advance(self, version: int) -> None:
         """A new newest version: the reports and assignments that no longer count are dropped."""
         self.newest = max(self.newest, version)
-        for reporters in self.reporters.values():
-            for reporter_id in [r for r, (v, _) in reporters.items() if not self._live(v)]:
-                del reporters[reporter_id]
-        self.reporters = {peer_id: reporters for peer_id, reporters in self.reporters.items() if reporters}
+        self.reports.advance(version)
         self.assigned = {v: given for v, given in self.assigned.items() if self._live(v)}
 
-    def _suspected(self, peer_id: str) -> bool:
-        counted = self.reporters.get(peer_id, {})
-        vouching = sum(1 for version, standing in counted.values() if standing and self._live(version))
-        return vouching >= self.config.reporters_to_suspect
-
-    def _avoided(self, peer_id: str, for_worker: str) -> bool:
-        mine = self.reporters.get(peer_id, {}).get(for_worker)
-        return self._suspected(peer_id) or (mine is not None and self._live(mine[0]))
-
     def _without_suspects(self, assignment: Assignment, origin_url: str, worker_id: str) -> Assignment:
-        if not self.reporters:  # no report counts now: nobody is avoided
+        if not self.reports:  # no report counts now: nobody is avoided
             return assignment
-        sources = [s for s in assignment.sources if not self._avoided(s.peer_id, worker_id)]
+        sources = [s for s in assignment.sources if not self.reports.avoided(s.peer_id, worker_id)]
         if len(sources) == len(assignment.sources):
             return assignment
         if not sources:  # every source a suspect (max_sources = 1): the learner serves it itself
@@ -281,7 +263,7 @@ class Dissemination:
         return OriginInfo(url=url, upload_bytes_per_s=bytes_per_s(self.learner_upload_bps))
 
     def _info(self, peer: PeerLike) -> PeerInfo:
-        return self._peer_info(peer, reachable=bool(peer.relay_address) and not self._suspected(peer.worker_id))
+        return self._peer_info(peer, reachable=bool(peer.relay_address) and not self.reports.suspected(peer.worker_id))
 
     def _peer_info(self, peer: PeerLike, *, reachable: bool) -> PeerInfo:
         return PeerInfo(peer_id=peer.worker_id, url=peer.relay_address if reachable else "",

@@ -62,10 +62,27 @@ class BadPeer(Event):
     peer_id: str
     url: str
     chunk_index: int
+    form: str
+    got_sha256: str
     reason: str
     detail: str
     took_effect: bool
     avoided_by: str
+
+
+@dataclass(frozen=True)
+class RelayChecked(Event):
+    """The coordinator fetched a reported chunk from the peer itself and judged it."""
+
+    kind: ClassVar[str] = "relay_checked"
+    peer_id: str
+    version: int
+    form: str
+    chunk_index: int
+    verdict: str
+    seen: str
+    reporters: list[str]
+    refuted: list[str]
 
 
 @dataclass(frozen=True)
