@@ -23,6 +23,7 @@ from echo2.config.broadcast import BroadcastConfig
 from echo2.coordinator.http.log_lines import describe
 from echo2.coordinator.parts.probe import NOT_REACHED, REACHED, own_address
 from echo2.coordinator.records import events as ev
+from echo2.coordinator.records import relay_events
 from echo2.protocol.messages import PROTOCOL_VERSION
 
 EVIL = "w1\nFAKE LINE: worker w9 joined\r\x1b[31m\x00\x07\x7f\x9b[2J\u2028end"
@@ -91,7 +92,7 @@ def _evil_event(cls: type[ev.Event]) -> dict:
 
 
 @pytest.mark.parametrize("cls", [ev.WorkerRegistered, ev.WorkerLeft, ev.WorkerLost, ev.VersionPublished,
-                                 ev.Activation, ev.BadPeer, ev.RelayChecked])
+                                 ev.Activation, relay_events.BadPeer, relay_events.RelayChecked])
 def test_every_console_line_from_worker_fields_is_one_line_with_control_characters_escaped(cls):
     level, text = describe(_evil_event(cls))
     assert CONTROL.search(text) is None, repr(text)
@@ -105,16 +106,16 @@ def test_the_console_lines_read_as_before_for_honest_fields():
     assert describe(joined)[1] == "worker w1 joined from 10.0.0.9 (engine hf, $0.5/h, relay http://10.0.0.1:80)"
     report = dict(version=4, reporter_id="w2", peer_id="w1", url="", chunk_index=0, form="full", got_sha256="",
                   reason="corrupt_chunk", detail="")
-    ignored = describe(ev.BadPeer(**report, took_effect=False, avoided_by="none").record())[1]
+    ignored = describe(relay_events.BadPeer(**report, took_effect=False, avoided_by="none").record())[1]
     assert ignored.startswith("bad peer reported: w1 by w2 (version 4, chunk 0): no effect")
-    checking = describe(ev.BadPeer(**report, took_effect=True, avoided_by="check").record())[1]
+    checking = describe(relay_events.BadPeer(**report, took_effect=True, avoided_by="check").record())[1]
     assert checking == ("bad peer reported: w1 by w2 (version 4, chunk 0): the reporter is not sent to it again; "
                         "the coordinator fetches the chunk itself to check")
     checked = dict(peer_id="w1", version=4, form="full", chunk_index=0, seen="sha256 " + "ab" * 32,
                    reporters=["w2", "w3"])
-    caught = describe(ev.RelayChecked(**checked, verdict="bad", refuted=[]).record())[1]
+    caught = describe(relay_events.RelayChecked(**checked, verdict="bad", refuted=[]).record())[1]
     assert caught == f"checked w1's chunk 0 of version 4 (sha256 {'ab' * 32}): bad bytes; no one is sent to it now"
-    genuine = describe(ev.RelayChecked(**checked, verdict="good", refuted=["w2", "w3"]).record())[1]
+    genuine = describe(relay_events.RelayChecked(**checked, verdict="good", refuted=["w2", "w3"]).record())[1]
     assert genuine.endswith("genuine; the reports of w2, w3 count against them")
 
 

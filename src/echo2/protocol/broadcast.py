@@ -106,7 +106,7 @@ class BadPeerReport(_Model):
     form: Literal["full", "delta"] = "full"
     """The form of the version the reporter was fetching: the coordinator asks the peer for the
     same chunk of the same form to confirm the report."""
-    got_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    got_sha256: str = Field("", max_length=64, pattern=r"^([0-9a-f]{64})?$")
     """The sha256 of the chunk the reporter received (empty: it received no whole chunk)."""
     reason: Literal["corrupt_chunk", "protocol_violation"]
     detail: str = Field("", max_length=1000)

@@ -21,6 +21,7 @@ from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
 from echo2.coordinator.parts.relay_reports import CheckVerdict, RelayCheck, ReportEffect
 from echo2.coordinator.records import events as ev
+from echo2.coordinator.records import relay_events
 from echo2.coordinator.records.errors import RequestError
 from echo2.policy.dataplane import LeaseGrant
 from echo2.policy.trust import REPORT_STANDING_GROUPS
@@ -206,16 +207,16 @@ class WorkerDesk:
         effect = dissemination.report(said.peer_id, said.reporter_id, said.version, standing=standing,
                                       form=said.form, chunk_index=said.chunk_index, manifest=manifest)
         report = req.report.model_dump(exclude={"kind"})
-        self.events.append(ev.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
+        self.events.append(relay_events.BadPeer(**report, took_effect=effect != "none", avoided_by=effect))
         return effect
 
     def relay_checked(self, check: RelayCheck, verdict: CheckVerdict, seen: str) -> None:
         """The coordinator's own fetch of a reported chunk came back (`http/relay_checks`)."""
         refuted = self.versions.dissemination.reports.checked(check, verdict)
         peer_id, version, form, chunk_index = check.key
-        self.events.append(ev.RelayChecked(peer_id=peer_id, version=version, form=form, chunk_index=chunk_index,
-                                           verdict=verdict, seen=seen, reporters=sorted(check.reporters),
-                                           refuted=refuted))
+        self.events.append(relay_events.RelayChecked(
+            peer_id=peer_id, version=version, form=form, chunk_index=chunk_index, verdict=verdict, seen=seen,
+            reporters=sorted(check.reporters), refuted=refuted))
 
     def lease(self, req: LeaseRequest) -> LeaseResponse:
         """Work for a worker: the run's exact evaluations (versions 0 and last) first, then

@@ -1,7 +1,8 @@
 """The coordinator's events: one frozen record type per kind, its fields what `metrics.jsonl`
 gets under that kind (role "coordinator"). The state machine appends them; the server logs and
 writes them (`http.base.write_events`) before the reply that caused them leaves. Readers of
-metrics.jsonl (summary, history, plots, benchmarks) key on these `kind` names."""
+metrics.jsonl (summary, history, plots, benchmarks) key on these `kind` names. The relay
+reports' events are in `records.relay_events`."""
 
 from __future__ import annotations
 
@@ -52,37 +53,6 @@ class WorkerQuarantined(Event):
     reason: str
     groups_dropped: int
     leases_requeued: int
-
-
-@dataclass(frozen=True)
-class BadPeer(Event):
-    kind: ClassVar[str] = "bad_peer"
-    version: int
-    reporter_id: str
-    peer_id: str
-    url: str
-    chunk_index: int
-    form: str
-    got_sha256: str
-    reason: str
-    detail: str
-    took_effect: bool
-    avoided_by: str
-
-
-@dataclass(frozen=True)
-class RelayChecked(Event):
-    """The coordinator fetched a reported chunk from the peer itself and judged it."""
-
-    kind: ClassVar[str] = "relay_checked"
-    peer_id: str
-    version: int
-    form: str
-    chunk_index: int
-    verdict: str
-    seen: str
-    reporters: list[str]
-    refuted: list[str]
 
 
 @dataclass(frozen=True)
