@@ -189,8 +189,11 @@ def test_the_emulated_slowdown_paces_each_decode_step_and_changes_no_token(tiny_
     timed = {}
     for slowdown in (1.0, 4.0):
         engine.slowdown = slowdown
-        started = time.perf_counter()
-        timed[slowdown] = (engine.generate(requests), time.perf_counter() - started)
+        runs = []
+        for _ in range(3):  # the fastest of three: a loaded machine (make test on 2 cores) stalls single runs
+            started = time.perf_counter()
+            runs.append((engine.generate(requests), time.perf_counter() - started))
+        timed[slowdown] = (runs[0][0], min(t for _, t in runs))
     assert [c.token_ids for c in timed[1.0][0][0]] == [c.token_ids for c in timed[4.0][0][0]]
     assert timed[4.0][1] > 2.0 * timed[1.0][1]
 
