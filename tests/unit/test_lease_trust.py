@@ -22,7 +22,13 @@ from tests.unit.coordinator_helpers import (
 from tests.unit.metrics_fixtures import synthetic_run
 
 from echo2.policy import DataPlane
-from echo2.policy.trust import DEADLINE_FACTOR, DEADLINE_FLOOR_S, LeaseTrust, batch_share_cap
+from echo2.policy.trust import (
+    DEADLINE_FACTOR,
+    DEADLINE_FLOOR_S,
+    DELIVERY_MARGIN_GROUPS,
+    LeaseTrust,
+    batch_share_cap,
+)
 from echo2.protocol.messages import Heartbeat, LeaveRequest
 from echo2.report.render import render_summary
 from echo2.report.summary import summarize
@@ -75,7 +81,9 @@ def test_a_new_id_gets_one_lease_until_a_group_of_it_is_accepted_then_more(tmp_p
     assert again.tasks == [] and "holding 1 leases (allowed 1 until more of its groups are accepted)" in again.reason
     state.intake.submit(submission(state, "new", state.leases_book.held_by("new")[0].lease_id, 0))
     assert work(state, "new", max_tasks=10) == 2  # one group accepted: twice the allowance
-    assert work(state, "new", max_tasks=10) == 8  # three accepted: 2**3, here the per-worker cap (P = 8)
+    # three accepted: slow start allows 2**3, its delivery 3 groups within a deadline plus the margin
+    assert work(state, "new", max_tasks=10) == 3 + DELIVERY_MARGIN_GROUPS
+    assert work(state, "new", max_tasks=10) == 8  # eight delivered: the per-worker cap (P = 8)
     # standing belongs to a registration: the same id registered again starts over
     state.worker_desk.leave(LeaveRequest(worker_id="new"))
     register(state, "new")

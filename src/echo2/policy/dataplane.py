@@ -89,6 +89,7 @@ class DataPlane(Generic[G]):
         tokens_of: Callable[[G], Mapping[int, int]] | None = None,
         max_masked_fraction: float = 1.0,
         segment_swaps: bool = False,
+        trust: LeaseTrust | None = None,
     ) -> None:
         """`max_leases_per_worker` 0: P (a worker may hold one step's worth). `fresh_leases`:
         lease only as far ahead as keeps the learner from waiting (`policy.window`); else the
@@ -97,7 +98,8 @@ class DataPlane(Generic[G]):
         tokens per version that sampled them (None: one version sampled each group, its
         `version_of`), bounded by `max_masked_fraction`. `segment_swaps`: workers swap newer
         versions in mid-generation (sampling.segment_tokens), so leases may reach
-        `ahead_steps()` steps past the window (False: every group trained by its version + S)."""
+        `ahead_steps()` steps past the window (False: every group trained by its version + S).
+        `trust`: what each worker earned (None: slow start alone, no clock to measure delivery)."""
         self.segment_swaps = segment_swaps
         self.generations: deque[tuple[float, float]] = deque(maxlen=GENERATIONS_KEPT)
         """Recent leases' (seconds held, seconds per segment), for `ahead_steps`."""
@@ -106,7 +108,7 @@ class DataPlane(Generic[G]):
         self.max_staleness, self.groups_per_step, self.version_of = max_staleness, groups_per_step, version_of
         self.max_leases_per_worker = max_leases_per_worker or groups_per_step
         self.worker_of, self.max_worker_share = worker_of, max_worker_share
-        self.trust = LeaseTrust()
+        self.trust = trust or LeaseTrust()
         """What each worker id earned: its lease allowance and deadline (`policy.trust`)."""
         self.buffer: list[G] = list(buffer)
         """Admitted groups waiting for a batch, oldest submission first."""

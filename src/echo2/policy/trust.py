@@ -11,6 +11,11 @@ meanwhile; and a worker returning groups without generating them fills whole bat
   `NEW_WORKER_LEASES` lease; each accepted group doubles its allowance, up to the per-worker cap
   (coordinator.max_leases_per_worker). Standing belongs to a registration: an id that registers
   again starts over, so a departed honest worker's id is worth nothing to whoever takes it.
+- delivery: with a clock, a worker also holds no more than its delivery justifies: the groups
+  its measured rate (groups accepted over the last `DELIVERY_WINDOW_S`, over at least a lease
+  deadline) returns within a lease's deadline, plus `DELIVERY_MARGIN_GROUPS`. Trust is spent
+  only as fast as it is earned: ids that delivered a few groups and then hold what they lease
+  see their allowance shrink as their deliveries age, to the margin once none is recent.
 - the new workers' pool: all workers without an accepted group together hold at most
   `NEW_WORKERS_WINDOW_SHARE` of the lease window (never less than one lease, so a new worker can
   always get its first lease once the pool has room);
@@ -29,9 +34,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NEW_WORKER_LEASES = 1
+DELIVERY_WINDOW_S = 120.0
+"""A worker's delivery rate counts its groups accepted in the last this long."""
+DELIVERY_MARGIN_GROUPS = 2
+"""Leases beyond what a worker's measured delivery returns within a deadline (a worker whose
+deliveries all aged out may still hold this many, enough to show it is working again)."""
+DELIVERY_SAMPLES = 1024
+"""Accepted groups' times kept per worker (a worker this fast is past any per-worker cap)."""
 REPORT_STANDING_GROUPS = 4
 """Groups of a registration accepted before its bad-peer reports make the coordinator check the
 relay (coordinator.parts.relay_reports): a handful of fresh ids, joined a moment ago with nothing
@@ -52,10 +65,17 @@ class Standing:
     """Groups admitted at submission since this registration."""
     held_s: deque[float] = field(default_factory=lambda: deque(maxlen=DEADLINE_SAMPLES))
     """Its latest lease-to-submit times, on the caller's clock."""
+    accepted_at: deque[float] = field(default_factory=lambda: deque(maxlen=DELIVERY_SAMPLES))
+    """When its latest accepted groups came (with a clock)."""
+    since_s: float | None = None
+    """When its first answered lease was issued (with a clock): what its rate is measured from."""
 
 
 class LeaseTrust:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None, lease_timeout_s: float = math.inf) -> None:
+        """`clock` (None: slow start only): the caller's, for delivery rates. `lease_timeout_s`:
+        coordinator.lease_timeout_s, the longest deadline (`deadline_s`)."""
+        self.clock, self.lease_timeout_s = clock, lease_timeout_s
         self.standing: dict[str, Standing] = {}
 
     def is_new(self, worker_id: str) -> bool:
@@ -69,8 +89,24 @@ class LeaseTrust:
         return standing.accepted if standing is not None else 0
 
     def allowance(self, worker_id: str, cap: int) -> int:
-        """Leases the worker may hold at once: one while new, doubling per accepted group, at most `cap`."""
-        return min(cap, NEW_WORKER_LEASES << min(self.accepted(worker_id), 32))
+        """Leases the worker may hold at once: one while new, doubling per accepted group, no
+        more than its delivery justifies (with a clock: `delivered`), at most `cap`."""
+        earned = min(cap, NEW_WORKER_LEASES << min(self.accepted(worker_id), 32))
+        delivered = self.delivered(worker_id)
+        return earned if delivered is None else min(earned, max(NEW_WORKER_LEASES, delivered))
+
+    def delivered(self, worker_id: str) -> int | None:
+        """The groups the worker's measured rate returns within a lease's deadline, plus the
+        margin (None: no clock, or nothing answered yet)."""
+        standing = self.standing.get(worker_id)
+        if self.clock is None or standing is None or standing.since_s is None:
+            return None
+        now, deadline_s = self.clock(), self.deadline_s(worker_id, self.lease_timeout_s)
+        span_s = min(DELIVERY_WINDOW_S, max(deadline_s, now - standing.since_s))
+        recent = sum(1 for at in standing.accepted_at if at > now - span_s)
+        if len(standing.accepted_at) == DELIVERY_SAMPLES:  # the oldest kept is inside the span
+            span_s = min(span_s, max(deadline_s, now - standing.accepted_at[0]))
+        return math.ceil(recent * deadline_s / span_s) + DELIVERY_MARGIN_GROUPS
 
     @staticmethod
     def new_pool(window_groups: int) -> int:
@@ -82,8 +118,13 @@ class LeaseTrust:
         (`accepted`) or dropped as stale (its time still measures the worker)."""
         standing = self.standing.setdefault(worker_id, Standing())
         standing.held_s.append(max(0.0, held_s))
+        now = self.clock() if self.clock is not None else None
+        if now is not None and standing.since_s is None:
+            standing.since_s = now - max(0.0, held_s)
         if accepted:
             standing.accepted += 1
+            if now is not None:
+                standing.accepted_at.append(now)
 
     def deadline_s(self, worker_id: str, lease_timeout_s: float) -> float:
         """How long a lease issued to the worker now may stay out."""

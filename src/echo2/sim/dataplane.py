@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from echo2.policy import DataPlane, is_admissible, staleness
+from echo2.policy.trust import LeaseTrust
 
 
 @dataclass
@@ -68,8 +69,9 @@ class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
                  fresh_leases: bool = False, *, slow_start: bool = False, uninformative_share: float = 0.0,
                  rng: random.Random | None = None, max_masked_fraction: float = 1.0,
-                 segment_s: float | None = None) -> None:
-        """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start);
+                 segment_s: float | None = None, clock: Callable[[], float] | None = None) -> None:
+        """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start),
+        their delivery measured on `clock` (the simulated time);
         `uninformative_share`: d, drawn per admitted group with `rng`; `max_masked_fraction`: f of
         the per-token rule (workload.max_masked_fraction); `segment_s`: workers swap versions in
         mid-generation at most this far apart (None: between generations only), so leases reach
@@ -78,7 +80,7 @@ class SimDataPlane:
         self.core: DataPlane[SimGroup] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
             fresh_leases=fresh_leases, tokens_of=_tokens, max_masked_fraction=max_masked_fraction,
-            segment_swaps=segment_s is not None,
+            segment_swaps=segment_s is not None, trust=LeaseTrust(clock),
         )
         self.slow_start = slow_start
         self.uninformative_share, self.rng = uninformative_share, rng or random.Random(0)

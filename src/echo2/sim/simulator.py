@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 from echo2.config.sim import ScenarioConfig
 from echo2.planner.cost import SECONDS_PER_HOUR
@@ -33,7 +34,7 @@ class Simulator:
         loop = EventLoop()
 
         # the data plane: the policy core the coordinator drives, over counts
-        data = self._data_plane()
+        data = self._data_plane(clock=lambda: loop.now_s)
 
         # the fleet and the broadcast that feeds it
         fleet = Fleet(scenario, build_workers(scenario), loop, data)
@@ -84,9 +85,9 @@ class Simulator:
             run_s=time.perf_counter() - started,
         )
 
-    def _data_plane(self) -> SimDataPlane:
+    def _data_plane(self, *, clock: Callable[[], float]) -> SimDataPlane:
         work, sim = self.scenario.workload, self.scenario.sim
-        return SimDataPlane(work.max_staleness, work.prompts_per_step, fresh_leases=sim.fresh_leases,
+        return SimDataPlane(work.max_staleness, work.prompts_per_step, fresh_leases=sim.fresh_leases, clock=clock,
                             slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
                             rng=random.Random(f"{sim.seed}:uninformative"),  # its own stream: d = 0 changes no draw
                             max_masked_fraction=work.max_masked_fraction, segment_s=work.segment_s)

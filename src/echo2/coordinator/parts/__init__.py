@@ -47,7 +47,7 @@ class Parts:
         self.versions = VersionDesk(store, cfg.broadcast, cfg.learner.upload_bps)
         self.counters = Counters(**store.get_meta("counters", {}))
         self.leases_book = LeaseBook(store, self.registry.workers, clock)
-        self.groups = GroupBook(store, self.counters, cfg, current_version=self.versions.current)
+        self.groups = GroupBook(store, self.counters, cfg, current_version=self.versions.current, clock=clock)
         self.limits = ScoringLimits(cfg.coordinator.scoring, events=self.events, clock=clock)
 
     def take_events(self) -> list[ev.Event]:

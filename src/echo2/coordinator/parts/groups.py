@@ -10,7 +10,7 @@ transaction (the lease or prompt changes that go with them share it); `advance`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from echo2.config.run import RunConfig
@@ -85,9 +85,11 @@ def _tokens(group: TrainGroup) -> dict[int, int]:
 
 
 class GroupBook:
-    def __init__(self, store: Store, counters: Counters, cfg: RunConfig, *, current_version: int) -> None:
+    def __init__(self, store: Store, counters: Counters, cfg: RunConfig, *, current_version: int,
+                 clock: Callable[[], float]) -> None:
         """The data plane under the run's [train] bounds (S, the per-token bound, fresh leases),
-        its batch (grpo.prompts_per_step), the lease cap per worker and the share cap."""
+        its batch (grpo.prompts_per_step), the lease cap per worker and the share cap, with
+        each worker's delivery measured on `clock`."""
         self.store, self.counters = store, counters
         # steps before the learner's newest checkpoint have no batch left (see `compact`)
         self.durable_step: int = store.get_meta("durable_step", 0)
@@ -98,7 +100,7 @@ class GroupBook:
             steps_taken=max(store.last_batch_step() + 1, self.durable_step), current_version=current_version,
             fresh_leases=cfg.train.fresh_leases, worker_of=_worker, max_worker_share=cfg.activation.max_worker_share,
             tokens_of=_tokens, max_masked_fraction=cfg.train.max_masked_fraction,
-            segment_swaps=cfg.sampling.segment_tokens > 0,
+            segment_swaps=cfg.sampling.segment_tokens > 0, trust=LeaseTrust(clock, cfg.coordinator.lease_timeout_s),
         )
         self.seq = store.max_seq() + 1
         self.since_batch = SinceBatch()
