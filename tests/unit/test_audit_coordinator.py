@@ -95,7 +95,8 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
     state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(g, False, diff=1e-6 * (i + 1))
                                                    for i, g in enumerate(batch)]))
     stats = snapshot(state)["audit"]["workers"]["a"]
-    assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0}
+    assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0,
+                     "version_evidence_nats": 0.0}
     assert not state.audit.quarantined and len(lease(state, "a", 0).tasks) == 1
 
 

@@ -84,7 +84,8 @@ def test_stale_groups_are_recomputed_under_the_version_they_claim(tiny_model_dir
                      for g in sample_groups(engine, tokenizer, version=1, worker_id="liar", seed=6)]
 
     auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=2, secret=b"s")
-    assert auditor.cache.capacity == 3  # the current version and the S older ones a batch may hold
+    # the current version, the S older ones a batch may hold and the older_versions its tokens are weighed against
+    assert auditor.cache.capacity == 2 + 1 + 3
     auditor.published(0, model_payload(model, torch.float32))
     with torch.no_grad():
         for n, p in model.named_parameters():

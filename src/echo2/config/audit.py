@@ -30,9 +30,27 @@ class AuditConfig(Frozen):
     cached_versions: int | None = Field(None, ge=0)
     """Recent versions the learner keeps to recompute stale groups: their published payloads
     (CPU, wire dtype), shared with the origin, so only versions beyond broadcast.keep_versions
-    cost memory. None: train.max_staleness + 1, the current version and every admissible older
-    one. Fewer leaves the oldest admissible groups unaudited (with S = 2 in the demo, most
-    trained groups are two versions old)."""
+    cost memory. None: train.max_staleness + 1 + older_versions, the current version, every
+    admissible older one and the versions before those that groups are compared with. Fewer
+    leaves the oldest admissible groups unaudited (with S = 2 in the demo, most trained groups
+    are two versions old)."""
+    older_versions: int = Field(3, ge=0, le=16)
+    """Versions just before the claimed one that a sampler-checked group's tokens are also
+    compared with (learner.version_check): where a version's choice differs from the claimed
+    one's, an honest worker's token is the claimed version's choice and a worker sampling with
+    an older version than it claims picks the older one's. Each costs a forward pass per checked
+    group, and the learner keeps that many more versions (`cached_versions`). 0: no comparison."""
+    honest_match_rate: float = Field(0.9, gt=0.5, lt=1.0)
+    """The share of an honest worker's tokens, at positions where the claimed version's choice and
+    an older one's differ, that are the claimed version's: the test's model of an honest worker
+    (policy.evidence). An fp32 engine picks the claimed choice at all of them; lower it for
+    engines whose numerics flip more near-ties (tests/unit/test_version_check.py shows the HF
+    engine's). A worker whose tokens match less often than this can be quarantined although
+    honest."""
+    false_positive_rate: float = Field(1e-3, gt=0.0, lt=0.5)
+    """The chance that the version test quarantines an honest worker (one matching at
+    honest_match_rate or more): a worker is quarantined when the likelihood ratio of its tokens
+    under "it samples an older version" against "it samples the claimed one" reaches 1 / this."""
     require_seeded_sampler: bool = True
     """Workers must draw tokens with the seeded sampler (echo2's engines, hf and vllm, do):
     then the audit checks that every token of a recomputed group is the one the lease's seed

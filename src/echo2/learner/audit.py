@@ -39,8 +39,9 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
 from echo2.learner.sampler_audit import groups_shortfalls, violations
+from echo2.learner.version_check import merge, version_checks
 from echo2.models.weights import payload_tensors
-from echo2.protocol.learner_api import GroupAudit
+from echo2.protocol.learner_api import GroupAudit, VersionCheck
 from echo2.protocol.messages import TrainGroup
 from echo2.protocol.token_versions import tokens_by_version
 
@@ -161,12 +162,14 @@ class Auditor:
         self.cfg = cfg
         self.exact_wire = exact_wire
         self.key = audit_key(secret)
-        # the current version and every admissible older one (a group trained at step t may be
-        # from version t - S)
-        capacity = max_staleness + 1 if cfg.cached_versions is None else cfg.cached_versions
+        # the current version, every admissible older one (a group trained at step t may be from
+        # version t - S) and the ones its tokens are compared with (audit.older_versions)
+        capacity = max_staleness + 1 + cfg.older_versions if cfg.cached_versions is None else cfg.cached_versions
         self.cache = VersionCache(capacity if cfg.enabled else 0)
         # this step's sampler checks: lease id -> tokens short of the seeded sampler's choice
         self.sampler_checked: dict[str, int] = {}
+        # and the same tokens against older versions (learner.version_check)
+        self.version_checked: dict[str, list[VersionCheck]] = {}
 
     @property
     def tolerance(self) -> float | None:
@@ -189,7 +192,7 @@ class Auditor:
         training: a failure skips the step before anything is applied)."""
         if not self.cfg.enabled:
             return []
-        self.sampler_checked = {}
+        self.sampler_checked, self.version_checked = {}, {}
         by_version: dict[int, list[TrainGroup]] = {}
         current: list[TrainGroup] = []  # its log-probs are checked inside the step, its sampler here
         for group in groups:
@@ -203,7 +206,7 @@ class Auditor:
             elif group.sampling_seed is not None:
                 current.append(group)
         check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
-        self._check_sampler(model, None, current, **check)
+        self._check_sampler(model, None, current, claimed=step, **check)
         # a sampler violation at the current version is known before the step
         verdicts = [self._verdict(g, 0.0, recomputed=False) for g in current
                     if self.sampler_checked[g.lease_id] > self.cfg.max_sampler_violations]
@@ -217,8 +220,8 @@ class Auditor:
         for version, members in sorted(by_version.items()):
             state = self.cache.get(version)
             sums, tokens = recompute_abs_diff(model, state, members, version=version, **check)
-            self._check_sampler(model, state, [g for g in members if g.sampling_seed is not None], version=version,
-                                **check)
+            self._check_sampler(model, state, [g for g in members if g.sampling_seed is not None], claimed=version,
+                                version=version, **check)
             for group, diff_sum, count in zip(members, sums, tokens, strict=True):
                 entry = totals.setdefault(group.lease_id, [group, 0.0, 0])
                 entry[1] += diff_sum
@@ -227,19 +230,28 @@ class Auditor:
                 for g, total, count in totals.values()]
 
     def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
-                       *, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
+                       *, claimed: int, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
                        version: int | None = None) -> None:
-        """Count each group's tokens that are not the seeded sampler's choice (one version's
-        groups together, in the step's pass layout; `version`: that version's tokens only)."""
+        """Count each group's tokens that are not the seeded sampler's choice under the
+        `claimed` version (`state`: its weights, None: the model's own), and compare them with
+        the choices of the older versions the cache holds (one version's groups together, in the
+        step's pass layout; `version`: that version's tokens only)."""
         if not groups:
             return
-        shortfalls = groups_shortfalls(model, state, groups, temperature=temperature, pad_id=pad_id,
-                                       precision=precision, share_prompts=grpo.share_prompts,
-                                       budget_tokens=grpo.micro_batch_tokens, chunk_tokens=grpo.logprob_chunk_tokens,
-                                       version=version)
-        for group, values in zip(groups, shortfalls, strict=True):
-            found = violations(values, self.cfg.sampler_margin)
-            self.sampler_checked[group.lease_id] = self.sampler_checked.get(group.lease_id, 0) + found
+        found = {"temperature": temperature, "pad_id": pad_id, "precision": precision,
+                 "share_prompts": grpo.share_prompts, "budget_tokens": grpo.micro_batch_tokens,
+                 "chunk_tokens": grpo.logprob_chunk_tokens, "version": version}
+        shortfalls = groups_shortfalls(model, state, groups, **found)
+        older = {}
+        for offset in range(1, self.cfg.older_versions + 1):
+            older_state = self.cache.get(claimed - offset)
+            if older_state is not None:
+                older[offset] = groups_shortfalls(model, older_state, groups, **found)
+        for index, (group, values) in enumerate(zip(groups, shortfalls, strict=True)):
+            count = violations(values, self.cfg.sampler_margin)
+            self.sampler_checked[group.lease_id] = self.sampler_checked.get(group.lease_id, 0) + count
+            checks = version_checks(values, {offset: o[index] for offset, o in older.items()})
+            self.version_checked[group.lease_id] = merge(self.version_checked.get(group.lease_id, []), checks)
 
     def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:
         """Verdicts on the groups generated at the learner's current version, from the mean
@@ -256,7 +268,8 @@ class Auditor:
         failed = diff > self.cfg.max_mean_abs_logprob_diff or (sampler or 0) > self.cfg.max_sampler_violations
         return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version,
                           tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,
-                          recomputed=recomputed, sampler_violations=sampler, failed=failed)
+                          recomputed=recomputed, sampler_violations=sampler,
+                          version_checks=self.version_checked.get(group.lease_id, []), failed=failed)
 
 
 def audit_summary(verdicts: list[GroupAudit]) -> dict:

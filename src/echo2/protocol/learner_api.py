@@ -51,6 +51,18 @@ class RejectBatchRequest(Message):
     audit): they go back to the buffer instead of being retired."""
 
 
+class VersionCheck(BaseModel):
+    """A group's seeded-sampler tokens compared under its claimed version and one `offset`
+    versions older, at the positions where the two versions' choices differ."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    offset: int = Field(ge=1, le=64)
+    claimed: int = Field(ge=0)
+    """Tokens that are the claimed version's choice and not the older one's."""
+    older: int = Field(ge=0)
+    """Tokens that are the older version's choice and not the claimed one's."""
+
+
 class GroupAudit(BaseModel):
     """The learner's check of one trained group: its tokens' mean |log-prob under the claimed
     version - behaviour log-prob|."""
@@ -68,6 +80,9 @@ class GroupAudit(BaseModel):
     """Tokens that fall short of the seeded sampler's choice by more than audit.sampler_margin
     under the claimed version; None: not checked (a free-sampling worker, a multi-turn group, or
     a group the keyed hash did not pick)."""
+    version_checks: list[VersionCheck] = Field([], max_length=64)
+    """Against each older version the learner still holds (learner.version_check); empty where
+    the sampler was not checked."""
     failed: bool
 
 

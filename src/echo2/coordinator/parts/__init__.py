@@ -21,6 +21,7 @@ from echo2.coordinator.scoring.limits import ScoringLimits
 from echo2.coordinator.scoring.scorer import Scorer
 from echo2.policy.controller import ActivationController
 from echo2.policy.credit import MIN_PASSED_AUDITS
+from echo2.policy.evidence import VersionEvidence
 
 
 class Parts:
@@ -42,7 +43,8 @@ class Parts:
         self.cfg, self.store, self.scorer, self.clock = cfg, store, scorer, clock
         self.events = []
         self.controller = _controller(cfg, now=clock())
-        self.audit = AuditLedger(cfg.audit.flags_to_quarantine, store.get_meta("quarantined", {}))
+        self.audit = AuditLedger(cfg.audit.flags_to_quarantine, store.get_meta("quarantined", {}), VersionEvidence(
+            cfg.audit.older_versions, cfg.audit.honest_match_rate, cfg.audit.false_positive_rate))
         self.registry = Registry(cfg.coordinator, clock, self.audit.quarantined)
         self.versions = VersionDesk(store, cfg.broadcast, cfg.learner.upload_bps)
         self.counters = Counters(**store.get_meta("counters", {}))

@@ -1,11 +1,20 @@
 """The coordinator's ledger of the rollout audit: per-worker statistics from the learner's
-verdicts, and the decision to quarantine (echo2.learner.audit computes the verdicts)."""
+verdicts, and the decision to quarantine (echo2.learner.audit computes the verdicts): after
+`flags_to_quarantine` failed groups, or when the evidence that the worker samples with an older
+version than it claims reaches its bound (policy.evidence)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from echo2.protocol.learner_api import AuditReport
+from echo2.policy.evidence import VersionEvidence
+from echo2.protocol.learner_api import AuditReport, GroupAudit
+
+WEIGHED_GROUPS_KEPT = 65_536
+"""Lease ids whose version checks were weighed, kept so a group audited again (handed back by a
+step the audit skipped, a retried report) adds no evidence twice: re-audits come within a few
+steps."""
 
 
 @dataclass
@@ -15,11 +24,16 @@ class WorkerAudit:
     max_passed_diff: float = 0.0
     """The largest mean |difference| among this worker's groups that passed: its honest noise."""
     max_failed_diff: float = 0.0
+    version_evidence_nats: float = 0.0
+    """policy.evidence: above 0 its tokens lean to an older version than it claims."""
 
 
 class AuditLedger:
-    def __init__(self, flags_to_quarantine: int, quarantined: dict[str, str] | None = None) -> None:
+    def __init__(self, flags_to_quarantine: int, quarantined: dict[str, str] | None = None,
+                 evidence: VersionEvidence | None = None) -> None:
         self.flags_to_quarantine = flags_to_quarantine
+        self.evidence = evidence
+        self.weighed: OrderedDict[str, None] = OrderedDict()
         self.workers: dict[str, WorkerAudit] = {}
         self.failed_groups: set[str] = set()
         """Ids of groups that failed: a failure reported twice (a retried request, a step
@@ -32,6 +46,9 @@ class AuditLedger:
         newly: dict[str, str] = {}
         for verdict in report.groups:
             stats = self.workers.setdefault(verdict.worker_id, WorkerAudit())
+            lie = self._weigh(stats, verdict)
+            if lie and verdict.worker_id not in self.quarantined:
+                self.quarantined[verdict.worker_id] = newly[verdict.worker_id] = lie
             if not verdict.failed:
                 stats.audited += 1
                 stats.max_passed_diff = max(stats.max_passed_diff, verdict.mean_abs_logprob_diff)
@@ -47,6 +64,22 @@ class AuditLedger:
                 self.quarantined[verdict.worker_id] = reason
                 newly[verdict.worker_id] = reason
         return newly
+
+    def _weigh(self, stats: WorkerAudit, verdict: GroupAudit) -> str | None:
+        """Add the group's version checks to its worker's evidence, once per group; returns why
+        to quarantine it when the evidence reaches the bound."""
+        if self.evidence is None or not verdict.version_checks or verdict.lease_id in self.weighed:
+            return None
+        self.weighed[verdict.lease_id] = None
+        if len(self.weighed) > WEIGHED_GROUPS_KEPT:
+            self.weighed.popitem(last=False)
+        stats.version_evidence_nats = self.evidence.add(verdict.worker_id, verdict.version_checks)
+        if not self.evidence.lied(verdict.worker_id):
+            return None
+        offset = self.evidence.likeliest_offset(verdict.worker_id)
+        return (f"version audit: its tokens fit the version {offset} older than it claims (latest: claimed "
+                f"{verdict.version}, fits {verdict.version - offset}); evidence {stats.version_evidence_nats:.1f} "
+                f"nats reached the bound of {self.evidence.bound_nats:.1f} (audit.false_positive_rate)")
 
     def snapshot(self) -> dict:
         return {"workers": {w: asdict(s) for w, s in sorted(self.workers.items())},

@@ -1,0 +1,49 @@
+"""Which version a group's tokens fit: its claimed one, or one just before it?
+
+A worker that samples with an older version than it claims passes the per-group checks while the
+versions are near: their log-probs differ by less than the tolerance, and the seeded sampler's
+choice is the same under both at most positions. Where the two versions' choices differ, though,
+the token tells them apart: an honest worker's is the claimed version's choice (an engine's
+numerics flip only near-ties), a liar's the older one's. The learner already computes each
+token's shortfall from the sampler's choice under the claimed version (learner.sampler_audit); the
+same under each older version it holds gives, per offset, the positions where exactly one of
+the two chose the token, and which one did. The coordinator weighs these counts as evidence that
+accumulates per worker (policy.evidence)."""
+
+from __future__ import annotations
+
+import torch
+
+from echo2.protocol.learner_api import VersionCheck
+
+
+def version_checks(claimed_shortfalls: torch.Tensor, older_shortfalls: dict[int, torch.Tensor]) -> list[VersionCheck]:
+    """Per offset (versions older than the claimed one), the tokens that are the claimed
+    version's choice and not the older one's, and the reverse. A shortfall of 0 is the sampler's
+    own choice under those weights (the learner recomputes the argmax, so its own choice is
+    exact)."""
+    mine = claimed_shortfalls == 0
+    out = []
+    for offset, shortfalls in sorted(older_shortfalls.items()):
+        if shortfalls.shape != claimed_shortfalls.shape:
+            raise ValueError(f"shortfalls under the version {offset} older cover {tuple(shortfalls.shape)} tokens, "
+                             f"under the claimed one {tuple(claimed_shortfalls.shape)}")
+        theirs = shortfalls == 0
+        out.append(VersionCheck(offset=offset, claimed=int((mine & ~theirs).sum()), older=int((theirs & ~mine).sum())))
+    return out
+
+
+def merge(checks: list[VersionCheck], more: list[VersionCheck]) -> list[VersionCheck]:
+    """Counts of one group's segments (a generation that straddled versions) added per offset."""
+    totals: dict[int, tuple[int, int]] = {c.offset: (c.claimed, c.older) for c in checks}
+    for c in more:
+        claimed, older = totals.get(c.offset, (0, 0))
+        totals[c.offset] = (claimed + c.claimed, older + c.older)
+    return [VersionCheck(offset=k, claimed=c, older=o) for k, (c, o) in sorted(totals.items())]
+
+
+def fits(version: int, checks: list[VersionCheck]) -> int:
+    """The version the group's tokens fit best: the claimed one unless an older one's choices
+    outnumber it at the positions where they differ."""
+    best = max(checks, key=lambda c: (c.older - c.claimed, -c.offset), default=None)
+    return version - best.offset if best is not None and best.older > best.claimed else version

@@ -1,0 +1,121 @@
+"""The learner's version check (learner.version_check) on real seeded samples from the HF engine,
+with versions one real training step apart: an honest worker's tokens are its claimed version's
+choice wherever an older version would have chosen otherwise, a worker sampling one or two
+versions older than it claims passes every per-group check yet its tokens fit the older version,
+and the coordinator's ledger quarantines it on the evidence of a few groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from echo2.config.audit import AuditConfig
+from echo2.config.run import GRPOConfig
+from echo2.coordinator.parts.audit import AuditLedger
+from echo2.learner.audit import Auditor, recompute_mean_abs_diff
+from echo2.learner.precision import CPU_FP32
+from echo2.learner.step import train_step
+from echo2.learner.version_check import fits, merge, version_checks
+from echo2.models.loading import load_model, load_tokenizer
+from echo2.models.weights import model_payload, payload_tensors
+from echo2.policy.evidence import VersionEvidence
+from echo2.protocol.learner_api import AuditReport, VersionCheck
+from echo2.protocol.messages import RolloutCompletion, TrainGroup
+from echo2.rollout.engine import GenRequest
+from echo2.rollout.hf_engine import HFEngine
+
+GRPO = GRPOConfig(prompts_per_step=4, lr=5e-3)
+STEPS = 3
+
+
+def _seeded(engine: HFEngine, version: int, worker_id: str, seed: int, groups: int = 4) -> list[TrainGroup]:
+    """What a worker holding the engine's weights returns when it says they are `version`."""
+    tok = engine.tokenizer
+    prompts = [tok.encode(f"{(seed + i) % 10}+{i}=", add_special_tokens=False) for i in range(groups)]
+    out = engine.generate([GenRequest(p, 4, 1.0, 8, seed=seed + i) for i, p in enumerate(prompts)])
+    return [TrainGroup(lease_id=f"{worker_id}-{seed}-{i}", prompt_index=i, prompt_ids=p, version=version,
+                       worker_id=worker_id, rewards=[float(k % 2) for k in range(4)], sampling_seed=seed + i,
+                       completions=[RolloutCompletion(token_ids=c.token_ids, logprobs=c.logprobs) for c in comps])
+            for i, (p, comps) in enumerate(zip(prompts, out, strict=True))]
+
+
+@pytest.fixture(scope="module")
+def versions(tiny_model_dir):
+    """The learner's model after STEPS real steps, and every version's published payload."""
+    model = load_model(str(tiny_model_dir), torch.device("cpu"))
+    engine = HFEngine(load_model(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir)))
+    opt = torch.optim.AdamW(model.parameters(), lr=GRPO.lr)
+    payloads = [model_payload(model)]
+    for step in range(STEPS):
+        engine.load_state_dict(payload_tensors(payloads[-1]))
+        train_step(model, opt, _seeded(engine, step, "trainer", 100 * step), step=step, cfg=GRPO, temperature=1.0,
+                   pad_id=engine.tokenizer.pad_token_id)
+        payloads.append(model_payload(model))
+    return model, engine, payloads
+
+
+def _holding(engine: HFEngine, payloads, version: int) -> HFEngine:
+    engine.load_state_dict(payload_tensors(payloads[version]))
+    return engine
+
+
+def _audit(model, payloads, groups: list[TrainGroup]):
+    auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=2, secret=b"s", exact_wire=True)
+    for version, payload in enumerate(payloads):
+        auditor.published(version, payload)
+    assert len(auditor.cache.payloads) == len(payloads)  # S + 1 + older_versions kept by default
+    before = auditor.check_before_step(model, groups, step=STEPS, grpo=GRPO, temperature=1.0,
+                                       pad_id=0, precision=CPU_FP32)
+    # groups claiming the current version: their differences are the step's own (train_step)
+    current = [g for g in groups if g.version == STEPS]
+    diffs = recompute_mean_abs_diff(model, payload_tensors(payloads[STEPS]), current, grpo=GRPO, temperature=1.0,
+                                    pad_id=0)
+    return before + auditor.check_current(current, STEPS, diffs)
+
+
+def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_older_one(versions):
+    model, engine, payloads = versions
+    honest = _seeded(_holding(engine, payloads, STEPS), STEPS, "honest", 7)
+    stale_honest = _seeded(_holding(engine, payloads, 1), 1, "stale", 8)  # honestly one version old
+    lie1 = _seeded(_holding(engine, payloads, STEPS - 1), STEPS, "lie1", 9)
+    lie2 = _seeded(_holding(engine, payloads, STEPS - 2), STEPS, "lie2", 10)
+    verdicts = {v.lease_id: v for v in _audit(model, payloads, honest + stale_honest + lie1 + lie2)}
+
+    def totals(groups) -> list[VersionCheck]:
+        out: list[VersionCheck] = []
+        for g in groups:
+            out = merge(out, verdicts[g.lease_id].version_checks)
+        return out
+
+    for groups, claimed in ((honest, STEPS), (stale_honest, 1)):
+        checks = totals(groups)
+        assert checks and all(c.older == 0 for c in checks), checks
+        assert sum(c.claimed for c in checks) > 0  # the versions do disagree somewhere: the check saw it
+        assert fits(claimed, checks) == claimed
+    assert [c.offset for c in totals(stale_honest)] == [1]  # only version 0 is older than its claim
+    for groups, sampled in ((lie1, STEPS - 1), (lie2, STEPS - 2)):
+        checks = totals(groups)
+        assert fits(STEPS, checks) == sampled, checks
+        assert next(c for c in checks if c.offset == STEPS - sampled).claimed == 0
+        # a small lie: every group passes the per-group checks
+        assert not any(verdicts[g.lease_id].failed for g in groups)
+        assert all(verdicts[g.lease_id].sampler_violations == 0 for g in groups)
+
+    ledger = AuditLedger(2, evidence=VersionEvidence(3, 0.9, 1e-3))
+    newly = ledger.record(AuditReport(step=STEPS, groups=[verdicts[g.lease_id] for g in honest + stale_honest]))
+    assert newly == {} and ledger.workers["honest"].version_evidence_nats < 0
+    for groups, fit in ((lie1, "fits 2"), (lie2, "fits 1")):
+        reports = [ledger.record(AuditReport(step=STEPS, groups=[verdicts[g.lease_id]])) for g in groups]
+        # one group at a time, as steps report them: quarantined once, on the last group or before
+        assert [list(r) for r in reports if r] == [[groups[0].worker_id]]
+        assert fit in next(r for r in reports if r)[groups[0].worker_id]
+
+
+def test_version_checks_count_each_sides_choices_and_refuse_misaligned_tokens():
+    claimed = torch.tensor([0.0, 0.0, 0.3, 0.2, 0.0])
+    older = torch.tensor([0.0, 0.5, 0.0, 0.1, 0.0])
+    assert version_checks(claimed, {1: older}) == [VersionCheck(offset=1, claimed=1, older=1)]
+    assert fits(5, [VersionCheck(offset=1, claimed=1, older=1)]) == 5  # a tie keeps the claim
+    assert fits(5, [VersionCheck(offset=1, claimed=0, older=1), VersionCheck(offset=2, claimed=0, older=3)]) == 3
+    with pytest.raises(ValueError, match="cover"):
+        version_checks(claimed, {1: older[:3]})
