@@ -9,7 +9,9 @@ pytest.importorskip("verifiers.v1")
 
 from tests.integration.test_verifiers_run import run_and_check  # noqa: E402
 
-pytestmark = pytest.mark.integration
+# a minute-long whole run: the system tier (make test-system); tests/unit/test_verifiers_play.py covers
+# the tool episode itself in make test
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 
 def test_the_verifiers_calculator_environment_trains_through_echo2_run(tmp_path):
