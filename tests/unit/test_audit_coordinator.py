@@ -18,7 +18,7 @@ from tests.unit.coordinator_helpers import (
 from echo2.config.activation import ActivationConfig
 from echo2.coordinator.http.view import snapshot
 from echo2.coordinator.records.errors import RequestError
-from echo2.protocol.learner_api import AuditReport, GroupAudit
+from echo2.protocol.learner_api import AuditReport, GroupAudit, VersionCheck
 from echo2.protocol.messages import RegisterRequest
 
 
@@ -95,7 +95,7 @@ def test_honest_verdicts_only_build_statistics(tmp_path, tiny_model_dir, clock):
     state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(g, False, diff=1e-6 * (i + 1))
                                                    for i, g in enumerate(batch)]))
     stats = snapshot(state)["audit"]["workers"]["a"]
-    assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0,
+    assert stats == {"audited": 2, "failed": 0, "max_passed_diff": 2e-6, "max_failed_diff": 0.0, "held_out": 0,
                      "version_evidence_nats": 0.0}
     assert not state.audit.quarantined and len(lease(state, "a", 0).tasks) == 1
 
@@ -115,3 +115,38 @@ def test_the_quarantine_reason_names_the_check_that_failed():
     liar.record(AuditReport(step=0, groups=[failing("a", 0, 2.5)]))
     (why,) = liar.record(AuditReport(step=1, groups=[failing("b", None, 2.5)])).values()
     assert "tokens differ from that version's log-probs by 2.5 nats per token" in why
+
+
+def test_a_new_worker_is_always_audited_and_a_leaning_one_held_out_with_its_prompts_redone(tmp_path, tiny_model_dir,
+                                                                                           clock):
+    state = make_state(tmp_path, tiny_model_dir, clock, groups_per_step=2,
+                       activation=ActivationConfig(max_worker_share=1.0), config={"audit": {"proven_groups": 2}})
+    publish(state, 0)
+    register(state, "w")
+    fill(state, "w", 2)
+    batch = state.learner_desk.take_batch(0)
+    assert [g.audit for g in batch] == ["unproven", "unproven"]  # not yet audited proven_groups times
+    state.learner_desk.record_audit(AuditReport(step=0, groups=[verdict(g, False) for g in batch]))
+    fill(state, "w", 1)
+    assert state.groups.buffer[-1].audit == "by_chance"  # proven: checked by the keyed draw
+
+    # its tokens fit the version 1 older at 3 positions: the evidence leans against it (and one
+    # offset leaning is enough: the other offsets' evidence does not average it away)
+    leaning = verdict(state.groups.buffer[-1], False).model_copy(
+        update={"lease_id": "x", "version_checks": [VersionCheck(offset=1, claimed=0, older=3)], "held_out": True})
+    assert state.learner_desk.record_audit(AuditReport(step=0, groups=[leaning])) == []
+    assert 0 < state.audit.workers["w"].version_evidence_nats < state.audit.evidence.bound_nats
+    fill(state, "w", 1)
+    assert state.groups.buffer[-1].audit == "hold_out"
+    assert snapshot(state)["audit"]["workers"]["w"]["held_out"] == 1
+
+    # the learner held a group out of step 1: the others go back, its prompt is redone, nothing failed
+    publish(state, 1)
+    batch = state.learner_desk.take_batch(1)
+    held = verdict(batch[0], False).model_copy(update={"held_out": True})
+    state.learner_desk.record_audit(AuditReport(step=1, groups=[held]))
+    state.learner_desk.reject_batch(1, "rollout audit: held out", [g.lease_id for g in batch[1:]])
+    assert state.leases_book.queue[0] == batch[0].prompt_index
+    assert [g.lease_id for g in state.groups.buffer][:1] == [batch[1].lease_id]
+    assert state.audit.workers["w"].failed == 0 and state.audit.workers["w"].held_out == 2
+    assert not state.audit.quarantined

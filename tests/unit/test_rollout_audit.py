@@ -174,3 +174,19 @@ def test_the_learner_skips_a_step_over_a_failed_audit_and_hands_back_the_honest_
     first_step, first = io.audits[0]
     assert first_step == 0 and [v.failed for v in first] == [False, True]
     assert all(not v.failed for v in io.audits[1][1])
+
+
+def test_the_learner_redoes_a_step_without_a_group_held_out(tmp_path, tiny_model_dir):
+    cfg = learner_config(tmp_path / "run", tiny_model_dir, audit={"enabled": True}, train={"steps": 1})
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
+    honest = sample_groups(engine, tokenizer, version=0, worker_id="honest", seed=7)
+    leaning = honest[1].model_copy(update={"audit": "hold_out", "worker_id": "leaning"})
+    io = FakeIO([[honest[0], leaning], honest])
+    Learner(cfg, "http://unused", io=io).train()
+
+    assert [v for v, _ in io.published] == [0, 1]  # step 0 trained once, without the held-out group
+    assert len(io.rejected) == 1 and "1 group(s) held out" in io.rejected[0][1] and "leaning" in io.rejected[0][1]
+    assert io.requeued[0] == (honest[0].lease_id,)
+    (step, held), = io.audits[:1]
+    assert step == 0 and [(v.lease_id, v.held_out, v.failed) for v in held] == [(leaning.lease_id, True, False)]

@@ -12,10 +12,10 @@ import torch
 from echo2.config.audit import AuditConfig
 from echo2.config.run import GRPOConfig
 from echo2.coordinator.parts.audit import AuditLedger
-from echo2.learner.audit import Auditor, recompute_mean_abs_diff
+from echo2.learner.audit import Auditor, audit_skip_reason, recompute_mean_abs_diff
 from echo2.learner.precision import CPU_FP32
 from echo2.learner.step import train_step
-from echo2.learner.version_check import fits, merge, version_checks
+from echo2.learner.version_check import fits, may_be_staler, merge, version_checks
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import model_payload, payload_tensors
 from echo2.policy.evidence import VersionEvidence
@@ -97,9 +97,14 @@ def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_ol
         checks = totals(groups)
         assert fits(STEPS, checks) == sampled, checks
         assert next(c for c in checks if c.offset == STEPS - sampled).claimed == 0
-        # a small lie: every group passes the per-group checks
+        # a small lie: every group passes the per-group checks, and those whose own tokens fit the
+        # older version are held out of training (the rest agree with the claimed version's choices)
         assert not any(verdicts[g.lease_id].failed for g in groups)
         assert all(verdicts[g.lease_id].sampler_violations == 0 for g in groups)
+        assert [verdicts[g.lease_id].held_out for g in groups] == [
+            fits(STEPS, verdicts[g.lease_id].version_checks) < STEPS for g in groups]
+        assert any(verdicts[g.lease_id].held_out for g in groups)
+    assert not any(verdicts[g.lease_id].held_out for g in honest + stale_honest)
 
     ledger = AuditLedger(2, evidence=VersionEvidence(3, 0.9, 1e-3))
     newly = ledger.record(AuditReport(step=STEPS, groups=[verdicts[g.lease_id] for g in honest + stale_honest]))
@@ -119,3 +124,35 @@ def test_version_checks_count_each_sides_choices_and_refuse_misaligned_tokens():
     assert fits(5, [VersionCheck(offset=1, claimed=0, older=1), VersionCheck(offset=2, claimed=0, older=3)]) == 3
     with pytest.raises(ValueError, match="cover"):
         version_checks(claimed, {1: older[:3]})
+
+
+def test_the_coordinators_audit_mode_overrides_the_draw_and_holds_out(versions):
+    model, engine, payloads = versions
+    groups = _seeded(_holding(engine, payloads, STEPS - 1), STEPS - 1, "w", 11, groups=3)
+    always, hold, by_chance = (g.model_copy(update={"audit": mode})
+                               for g, mode in zip(groups, ("always", "hold_out", "by_chance"), strict=True))
+    unseeded = hold.model_copy(update={"lease_id": "unseeded", "sampling_seed": None})
+    auditor = Auditor(AuditConfig(recompute_fraction=0.0), max_staleness=2, secret=b"s", exact_wire=True)
+    for version, payload in enumerate(payloads):
+        auditor.published(version, payload)
+    verdicts = {v.lease_id: v for v in auditor.check_before_step(
+        model, [always, hold, by_chance, unseeded], step=STEPS, grpo=GRPO, temperature=1.0, pad_id=0,
+        precision=CPU_FP32)}
+    assert set(verdicts) == {always.lease_id, hold.lease_id, "unseeded"}  # the draw at 0 picks none by chance
+    assert verdicts[always.lease_id].recomputed and not verdicts[always.lease_id].held_out
+    assert verdicts[hold.lease_id].held_out and not verdicts[hold.lease_id].failed
+    assert verdicts["unseeded"].held_out and verdicts["unseeded"].sampler_violations is None
+    assert audit_skip_reason([verdicts[always.lease_id]], 0.15) == ""
+    assert "2 group(s) held out" in audit_skip_reason(list(verdicts.values()), 0.15)
+
+
+def test_a_group_whose_tokens_fit_a_version_staler_than_s_as_well_as_its_claim_is_held_out():
+    def staler(version, step, *checks):
+        return may_be_staler(version, [VersionCheck(offset=o, claimed=c, older=x) for o, c, x in checks],
+                             step=step, max_staleness=2)
+
+    assert staler(7, 7, (3, 1, 1))  # fresh, but its tokens fit version 4 (staleness 3) as well as 7
+    assert not staler(7, 7, (3, 2, 1))  # more of them are version 7's choice
+    assert not staler(7, 7, (1, 0, 3), (2, 0, 3))  # a lie that stays within S: left to the evidence
+    assert staler(5, 7, (1, 4, 0), (2, 0, 2))  # at S already: any older version is too stale
+    assert not staler(5, 7, (1, 0, 0), (2, 0, 0), (3, 0, 0))  # every token the claimed version's choice

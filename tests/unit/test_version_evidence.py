@@ -86,3 +86,28 @@ def test_the_ledger_quarantines_on_evidence_once_per_group_and_says_which_versio
     assert ledger.workers["liar"].failed == 0  # no group failed on its own: the evidence did it
     assert ledger.workers["honest"].version_evidence_nats < 0
     assert ledger.snapshot()["quarantined"] == {"liar": newly["liar"]}
+
+
+def test_a_worker_whose_tokens_match_its_claims_at_every_offset_is_cleared_and_a_liar_never_is():
+    evidence = VersionEvidence(older_versions=2, honest_match_rate=0.9, false_positive_rate=1e-3)
+    evidence.add("honest", [VersionCheck(offset=1, claimed=4, older=0)])
+    assert not evidence.cleared("honest")  # offset 2 has said nothing yet
+    evidence.add("honest", [VersionCheck(offset=2, claimed=3, older=0)])
+    assert not evidence.cleared("honest")  # 3 x 2.2 nats is short of the 6.9 bound
+    evidence.add("honest", [VersionCheck(offset=2, claimed=1, older=0)])
+    assert evidence.cleared("honest") and not evidence.leans("honest")
+    # a liar two versions older: its tokens match the claim where version 1 older differs, never
+    # where its own version does, so one offset leans and it is never cleared
+    evidence.add("liar", [VersionCheck(offset=1, claimed=9, older=0), VersionCheck(offset=2, claimed=0, older=1)])
+    assert evidence.leans("liar") and not evidence.cleared("liar") and not evidence.lied("liar")
+
+
+def test_the_ledger_clears_an_honest_worker_early_and_holds_a_leaning_one():
+    ledger = AuditLedger(2, evidence=VersionEvidence(1, 0.9, 1e-3), proven_groups=100)
+    assert ledger.audit_mode("w") == "unproven"
+    ledger.record(AuditReport(step=1, groups=[_verdict("a", "w", claimed=0, older=0)]))
+    assert ledger.audit_mode("w") == "unproven"  # offset 1 is the only one weighed; offset 2 unknown
+    ledger.evidence.add("w", [VersionCheck(offset=1, claimed=4, older=0)])
+    assert ledger.audit_mode("w") == "by_chance"  # cleared long before 100 audited groups
+    ledger.evidence.add("w", [VersionCheck(offset=1, claimed=0, older=4)])
+    assert ledger.audit_mode("w") == "hold_out"

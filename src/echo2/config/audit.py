@@ -51,6 +51,13 @@ class AuditConfig(Frozen):
     """The chance that the version test quarantines an honest worker (one matching at
     honest_match_rate or more): a worker is quarantined when the likelihood ratio of its tokens
     under "it samples an older version" against "it samples the claimed one" reaches 1 / this."""
+    proven_groups: int = Field(32, ge=0, le=100_000)
+    """A worker is unproven until its version evidence clears it (every offset's evidence at the
+    honest bound, policy.evidence) or this many of its groups have been audited: until then every
+    group of it is checked, whatever recompute_fraction says, so each is held out where its own
+    tokens fit a version staler than S (learner.version_check). 0: new workers are checked by
+    chance like any other. While a worker's version evidence leans against it, its groups are
+    checked and held out of training."""
     require_seeded_sampler: bool = True
     """Workers must draw tokens with the seeded sampler (echo2's engines, hf and vllm, do):
     then the audit checks that every token of a recomputed group is the one the lease's seed

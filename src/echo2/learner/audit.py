@@ -39,7 +39,7 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
 from echo2.learner.sampler_audit import groups_shortfalls, violations
-from echo2.learner.version_check import merge, version_checks
+from echo2.learner.version_check import fits, may_be_staler, merge, version_checks
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit, VersionCheck
 from echo2.protocol.messages import TrainGroup
@@ -161,6 +161,8 @@ class Auditor:
         the masters' dtype), so the step's own log-probs check the current version's groups."""
         self.cfg = cfg
         self.exact_wire = exact_wire
+        self.max_staleness = max_staleness
+        self.step = 0  # the step being checked
         self.key = audit_key(secret)
         # the current version, every admissible older one (a group trained at step t may be from
         # version t - S) and the ones its tokens are compared with (audit.older_versions)
@@ -192,11 +194,11 @@ class Auditor:
         training: a failure skips the step before anything is applied)."""
         if not self.cfg.enabled:
             return []
-        self.sampler_checked, self.version_checked = {}, {}
+        self.step, self.sampler_checked, self.version_checked = step, {}, {}
         by_version: dict[int, list[TrainGroup]] = {}
         current: list[TrainGroup] = []  # its log-probs are checked inside the step, its sampler here
         for group in groups:
-            if not chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
+            if group.audit == "by_chance" and not chosen(self.key, group.lease_id, self.cfg.recompute_fraction):
                 continue
             if self.needs_recompute(group, step):
                 # a generation that straddled versions: each segment under its own version
@@ -207,10 +209,13 @@ class Auditor:
                 current.append(group)
         check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
         self._check_sampler(model, None, current, claimed=step, **check)
-        # a sampler violation at the current version is known before the step
-        verdicts = [self._verdict(g, 0.0, recomputed=False) for g in current
-                    if self.sampler_checked[g.lease_id] > self.cfg.max_sampler_violations]
-        return verdicts + self._recompute(model, by_version, check)
+        # a sampler violation or a hold-out at the current version is known before the step
+        verdicts = [v for v in (self._verdict(g, 0.0, recomputed=False) for g in current) if v.failed or v.held_out]
+        verdicts += self._recompute(model, by_version, check)
+        # held out although nothing could check it (a free-sampling worker, a version not cached)
+        seen = {v.lease_id for v in verdicts}
+        return verdicts + [self._verdict(g, 0.0, recomputed=False) for g in groups
+                           if g.audit == "hold_out" and g.lease_id not in seen]
 
     def _recompute(self, model: torch.nn.Module, by_version: dict[int, list[TrainGroup]],
                    check: dict) -> list[GroupAudit]:
@@ -259,6 +264,7 @@ class Auditor:
         learner's weights)."""
         if not self.cfg.enabled or not self.exact_wire:
             return []
+        self.step = step
         return [self._verdict(g, d, recomputed=False) for g, d in zip(groups, diffs, strict=True) if g.version == step]
 
     def _verdict(self, group: TrainGroup, diff: float, recomputed: bool) -> GroupAudit:
@@ -266,10 +272,15 @@ class Auditor:
         than allowed are not the seeded sampler's choice (`sampler_checked` this step)."""
         sampler = self.sampler_checked.get(group.lease_id)
         failed = diff > self.cfg.max_mean_abs_logprob_diff or (sampler or 0) > self.cfg.max_sampler_violations
+        checks = self.version_checked.get(group.lease_id, [])
+        # held out: the coordinator asked, or its own tokens fit an older version better than the
+        # claimed one, or one staler than S as well as the claimed one
+        staler = may_be_staler(group.version, checks, step=self.step, max_staleness=self.max_staleness)
+        held_out = not failed and (group.audit == "hold_out" or fits(group.version, checks) < group.version or staler)
         return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version,
                           tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,
-                          recomputed=recomputed, sampler_violations=sampler,
-                          version_checks=self.version_checked.get(group.lease_id, []), failed=failed)
+                          recomputed=recomputed, sampler_violations=sampler, version_checks=checks, failed=failed,
+                          held_out=held_out)
 
 
 def audit_summary(verdicts: list[GroupAudit]) -> dict:
@@ -288,3 +299,20 @@ def audit_summary(verdicts: list[GroupAudit]) -> dict:
             "groups_sampler_checked": sum(v.sampler_violations is not None for v in verdicts),
             "sampler_violations": sum(v.sampler_violations or 0 for v in verdicts),
             "failed_lease_ids": [v.lease_id for v in verdicts if v.failed]}
+
+
+def audit_skip_reason(verdicts: list[GroupAudit], tolerance: float) -> str:
+    """Why the audit skips the step before training ("": it does not): groups that failed, or
+    groups held out (GroupAudit.held_out); the step is redone without them."""
+    failed = [v for v in verdicts if v.failed]
+    held = [v for v in verdicts if v.held_out]
+    reasons = []
+    if failed:
+        reasons.append(f"{len(failed)} group(s) checked under the versions they claim have log-probs off by more "
+                       f"than {tolerance:g} nats per token or tokens the seeded sampler would not have drawn "
+                       f"(workers {sorted({v.worker_id for v in failed})})")
+    if held:
+        reasons.append(f"{len(held)} group(s) held out: their tokens fit an older version than they claim (better than "
+                       f"the claimed one, or one staler than S as well), or their worker's version evidence leans "
+                       f"against it (workers {sorted({v.worker_id for v in held})})")
+    return "rollout audit: " + "; ".join(reasons) if reasons else ""

@@ -23,7 +23,7 @@ import torch
 
 from echo2.broadcast.signing import private_key_bytes
 from echo2.config.run import RunConfig
-from echo2.learner.audit import Auditor, audit_summary
+from echo2.learner.audit import Auditor, audit_skip_reason, audit_summary
 from echo2.learner.checkpoint import latest_checkpoint, save_checkpoint
 from echo2.learner.checkpoint_reader import load_checkpoint
 from echo2.learner.distributed import init_ranks
@@ -184,10 +184,7 @@ class Learner:
                                                   temperature=cfg.sampling.temperature,
                                                   pad_id=self.tokenizer.pad_token_id,
                                                   precision=self.precision) if self.io else []
-        failed = [v for v in verdicts if v.failed]
-        reason = (f"rollout audit: {len(failed)} group(s) checked under the versions they claim have log-probs off "
-                  f"by more than {cfg.audit.max_mean_abs_logprob_diff:g} nats per token or tokens the seeded "
-                  f"sampler would not have drawn (workers {sorted({v.worker_id for v in failed})})") if failed else ""
+        reason = audit_skip_reason(verdicts, cfg.audit.max_mean_abs_logprob_diff)
         if self.ranks.sharded:  # every rank skips, or none does
             reason = self.ranks.broadcast_json(reason)
         if reason:
@@ -213,13 +210,14 @@ class Learner:
     def _skip(self, step: int, *, wait_s: float, stats: dict, groups: list[TrainGroup],
               verdicts: list[GroupAudit]) -> float:
         """Nothing was applied: record why, hand the batch back, and stop on a run of skips. A
-        step skipped by the audit hands back the groups that passed, and does not count
-        toward the run of skips (the coordinator quarantines the worker that failed)."""
+        step skipped by the audit hands back the groups that passed and were not held out, and
+        does not count toward the run of skips (the coordinator quarantines the worker that
+        failed)."""
         audit = stats["skip_kind"] == "audit"
         self.skips_in_a_row += 0 if audit else 1
         if self.io:  # every rank counts the run of skips; rank 0 reports it and hands the batch back
             self._report_skip(step, wait_s=wait_s, stats=stats, groups=groups,
-                              failed={v.lease_id for v in verdicts if v.failed})
+                              failed={v.lease_id for v in verdicts if v.failed or v.held_out})
         if audit:
             return stats["train_s"]
         limit = self.cfg.train.max_consecutive_skips
@@ -380,3 +378,4 @@ def wire_dtype(name: str, base_model_path: str) -> torch.dtype:
     from transformers import AutoConfig
 
     return checkpoint_dtype(AutoConfig.from_pretrained(base_model_path))
+

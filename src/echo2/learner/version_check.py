@@ -42,6 +42,16 @@ def merge(checks: list[VersionCheck], more: list[VersionCheck]) -> list[VersionC
     return [VersionCheck(offset=k, claimed=c, older=o) for k, (c, o) in sorted(totals.items())]
 
 
+def may_be_staler(version: int, checks: list[VersionCheck], *, step: int, max_staleness: int) -> bool:
+    """Whether a group's tokens fit, as well as its claim, an older version that would make it
+    staler than S at `step`: at such an offset some token is the older version's choice and not
+    the claimed one's, and no more are the claimed one's. A group whose every token is the claimed
+    version's choice (no such token at any offset) is, token for token, what an honest worker
+    holding that version returns."""
+    return any(c.older > 0 and c.older >= c.claimed for c in checks
+               if step - (version - c.offset) > max_staleness)
+
+
 def fits(version: int, checks: list[VersionCheck]) -> int:
     """The version the group's tokens fit best: the claimed one unless an older one's choices
     outnumber it at the positions where they differ."""

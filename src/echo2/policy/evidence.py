@@ -67,6 +67,19 @@ class VersionEvidence:
         top = max(values)
         return top + math.log(sum(math.exp(v - top) for v in values) / len(values))
 
+    def leans(self, worker_id: str) -> bool:
+        """Some offset's evidence says "older" more than "honest": its groups are held out until
+        the evidence settles (a lie of that many versions is not averaged away by the others)."""
+        return any(value > 0 for value in self.log_ratio.get(worker_id, {}).values())
+
+    def cleared(self, worker_id: str) -> bool:
+        """Every offset's evidence has reached the floor, -log(1 / a): the test's other verdict,
+        that the worker does not sample that much older (an honest worker gets there within a
+        few groups wherever versions disagree; a liar never does at the offset of its lie)."""
+        mine = self.log_ratio.get(worker_id, {})
+        return self.older_versions > 0 and all(mine.get(k, 0.0) <= -self.bound_nats
+                                               for k in range(1, self.older_versions + 1))
+
     def lied(self, worker_id: str) -> bool:
         return self.nats(worker_id) >= self.bound_nats
 

@@ -84,6 +84,10 @@ class GroupAudit(BaseModel):
     """Against each older version the learner still holds (learner.version_check); empty where
     the sampler was not checked."""
     failed: bool
+    held_out: bool = False
+    """Not trained although it passed: its own version checks fit an older version than it
+    claims, or the coordinator asked for it to be held out (TrainGroup.audit); the step is redone
+    without it and its prompt goes to another worker."""
 
 
 class AuditReport(Message):

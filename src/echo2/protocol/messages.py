@@ -20,7 +20,7 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
     6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
@@ -32,6 +32,8 @@ PROTOCOL_CHANGES = {
        "(heartbeat_interval_s, stretched for large fleets and under load)",
     9: "a bad-peer report names the form fetched and the sha256 of the chunk received (form, got_sha256); "
        "the coordinator fetches that chunk from the peer itself before it drops the peer for everyone",
+    10: "the coordinator tells the learner how to audit each group (TrainGroup.audit) and the learner reports "
+        "the groups it held out (GroupAudit.held_out)",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -50,7 +52,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[9] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[10] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -337,6 +339,9 @@ class BadPeerRequest(Message):
     report: BadPeerReport
 
 
+AuditMode = Literal["by_chance", "unproven", "hold_out"]
+
+
 class TrainGroup(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     lease_id: str
@@ -350,6 +355,13 @@ class TrainGroup(BaseModel):
     """The lease's sampler seed when its worker draws with the seeded sampler (the audit checks
     its tokens against it: a multi-turn group's actions only, not the environment's answers);
     None: a free-sampling worker."""
+    audit: AuditMode = "by_chance"
+    """How the learner's rollout audit treats the group, set by the coordinator when the group
+    is accepted from what the audit knows of its worker (never the worker's word): `by_chance`,
+    checked when audit.recompute_fraction's keyed draw picks it; `unproven`, its worker is neither
+    cleared by its version evidence nor past audit.proven_groups audited groups: checked whatever
+    the draw says; `hold_out`, its worker's version evidence leans against it (policy.evidence):
+    checked, and not trained."""
 
 
 class OkResponse(Message):

@@ -101,7 +101,7 @@ class LearnerDesk:
         if self.groups.already_rejected(step):
             return 0
         with self.store.tx():
-            outcome = self.groups.reject(step, requeue_lease_ids, self.audit.failed_groups, self.audit.quarantined)
+            outcome = self.groups.reject(step, requeue_lease_ids, self.audit.redone_groups(), self.audit.quarantined)
             self.leases_book.redo([g.prompt_index for g in outcome.redo])
         redone = {g.lease_id for g in outcome.redo}
         self.events.append(ev.BatchRejected(

@@ -30,7 +30,7 @@ class RolloutIntake:
         """Checks against the run's [sampling], rewards shaped by [grpo] (`RewardRules`)."""
         self.registry, self.leases, self.groups, self.versions = (state.registry, state.leases_book, state.groups,
                                                                   state.versions)
-        self.controller, self.scorer = state.controller, state.scorer
+        self.controller, self.scorer, self.audit = state.controller, state.scorer, state.audit
         self.store, self.limits = state.store, state.limits
         self.events, self.clock = state.events, state.clock
         self.sampling = SamplingParams.of(state.cfg.sampling)
@@ -101,7 +101,7 @@ class RolloutIntake:
         group = TrainGroup(lease_id=lease.lease_id, prompt_index=lease.prompt_index,
                            prompt_ids=self.scorer.prompt_ids(lease.prompt_index), version=req.version,
                            worker_id=req.worker_id, rewards=rewards, completions=req.completions,
-                           sampling_seed=self._seed(record, lease))
+                           sampling_seed=self._seed(record, lease), audit=self.audit.audit_mode(req.worker_id))
         fresh = self.groups.admits(group)
         uninformative = fresh and self._drops(rewards, req.worker_id)
         group_seq = None

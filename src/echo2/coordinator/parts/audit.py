@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass
 
 from echo2.policy.evidence import VersionEvidence
 from echo2.protocol.learner_api import AuditReport, GroupAudit
+from echo2.protocol.messages import AuditMode
 
 WEIGHED_GROUPS_KEPT = 65_536
-"""Lease ids whose version checks were weighed, kept so a group audited again (handed back by a
-step the audit skipped, a retried report) adds no evidence twice: re-audits come within a few
-steps."""
+"""Lease ids whose version checks were weighed (or that were held out), kept so a group audited
+again (handed back by a step the audit skipped, a retried report) adds no evidence twice:
+re-audits come within a few steps."""
 
 
 @dataclass
@@ -24,16 +25,21 @@ class WorkerAudit:
     max_passed_diff: float = 0.0
     """The largest mean |difference| among this worker's groups that passed: its honest noise."""
     max_failed_diff: float = 0.0
+    held_out: int = 0
+    """Its groups the learner held out of training (GroupAudit.held_out)."""
     version_evidence_nats: float = 0.0
     """policy.evidence: above 0 its tokens lean to an older version than it claims."""
 
 
 class AuditLedger:
     def __init__(self, flags_to_quarantine: int, quarantined: dict[str, str] | None = None,
-                 evidence: VersionEvidence | None = None) -> None:
+                 evidence: VersionEvidence | None = None, *, proven_groups: int = 0) -> None:
         self.flags_to_quarantine = flags_to_quarantine
         self.evidence = evidence
+        self.proven_groups = proven_groups
         self.weighed: OrderedDict[str, None] = OrderedDict()
+        self.held_out_groups: OrderedDict[str, None] = OrderedDict()
+        """Ids of groups the learner held out: their prompts are redone (GroupBook.reject)."""
         self.workers: dict[str, WorkerAudit] = {}
         self.failed_groups: set[str] = set()
         """Ids of groups that failed: a failure reported twice (a retried request, a step
@@ -49,6 +55,9 @@ class AuditLedger:
             lie = self._weigh(stats, verdict)
             if lie and verdict.worker_id not in self.quarantined:
                 self.quarantined[verdict.worker_id] = newly[verdict.worker_id] = lie
+            if verdict.held_out and verdict.lease_id not in self.held_out_groups:
+                stats.held_out += 1
+                _keep(self.held_out_groups, verdict.lease_id)
             if not verdict.failed:
                 stats.audited += 1
                 stats.max_passed_diff = max(stats.max_passed_diff, verdict.mean_abs_logprob_diff)
@@ -70,9 +79,7 @@ class AuditLedger:
         to quarantine it when the evidence reaches the bound."""
         if self.evidence is None or not verdict.version_checks or verdict.lease_id in self.weighed:
             return None
-        self.weighed[verdict.lease_id] = None
-        if len(self.weighed) > WEIGHED_GROUPS_KEPT:
-            self.weighed.popitem(last=False)
+        _keep(self.weighed, verdict.lease_id)
         stats.version_evidence_nats = self.evidence.add(verdict.worker_id, verdict.version_checks)
         if not self.evidence.lied(verdict.worker_id):
             return None
@@ -80,6 +87,20 @@ class AuditLedger:
         return (f"version audit: its tokens fit the version {offset} older than it claims (latest: claimed "
                 f"{verdict.version}, fits {verdict.version - offset}); evidence {stats.version_evidence_nats:.1f} "
                 f"nats reached the bound of {self.evidence.bound_nats:.1f} (audit.false_positive_rate)")
+
+    def audit_mode(self, worker_id: str) -> AuditMode:
+        """How the learner is to audit a group of this worker accepted now (TrainGroup.audit)."""
+        if self.evidence is not None and self.evidence.leans(worker_id):
+            return "hold_out"
+        if self.evidence is not None and self.evidence.cleared(worker_id):
+            return "by_chance"
+        stats = self.workers.get(worker_id)
+        return "unproven" if (stats.audited if stats else 0) < self.proven_groups else "by_chance"
+
+    def redone_groups(self) -> set[str]:
+        """Groups whose prompts another worker redoes when their step is rejected: those that
+        failed the audit, and those held out."""
+        return self.failed_groups | self.held_out_groups.keys()
 
     def snapshot(self) -> dict:
         return {"workers": {w: asdict(s) for w, s in sorted(self.workers.items())},
@@ -95,3 +116,10 @@ def _why(verdict) -> str:
                 "sampler's choice for the lease's seed")
     return (f"{how} version {verdict.version}: tokens differ from that version's log-probs by "
             f"{verdict.mean_abs_logprob_diff:.3g} nats per token")
+
+
+def _keep(ids: OrderedDict[str, None], lease_id: str) -> None:
+    """Remember a lease id, forgetting the oldest beyond WEIGHED_GROUPS_KEPT."""
+    ids[lease_id] = None
+    if len(ids) > WEIGHED_GROUPS_KEPT:
+        ids.popitem(last=False)

@@ -246,8 +246,9 @@ class GroupBook:
     def reject(self, step: int, requeue_lease_ids: Iterable[str], failed: set[str],
                quarantined: dict[str, str]) -> Rejection:
         """Retire step `step`'s batch (inside a transaction): groups in `requeue_lease_ids` go back
-        to the head of the buffer unless they failed the audit (`failed` group ids) or their
-        worker is `quarantined`; the step gets a fresh batch when asked again."""
+        to the head of the buffer unless they failed the audit or were held out (`failed` group
+        ids: their prompts are redone) or their worker is `quarantined`; the step gets a fresh
+        batch when asked again."""
         if step != self.plane.steps_taken - 1:
             raise RequestError(409, f"step {step} cannot be rejected: the newest assigned batch is step "
                                     f"{self.plane.steps_taken - 1}")
