@@ -2,7 +2,8 @@
 with versions one real training step apart: an honest worker's tokens are its claimed version's
 choice wherever an older version would have chosen otherwise, a worker sampling one or two
 versions older than it claims passes every per-group check yet its tokens fit the older version,
-and the coordinator's ledger quarantines it on the evidence of a few groups."""
+and the coordinator's ledger quarantines it on the evidence of a few groups; one three versions
+older, staler than S, has every group held out."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_ol
     stale_honest = _seeded(_holding(engine, payloads, 1), 1, "stale", 8)  # honestly one version old
     lie1 = _seeded(_holding(engine, payloads, STEPS - 1), STEPS, "lie1", 9)
     lie2 = _seeded(_holding(engine, payloads, STEPS - 2), STEPS, "lie2", 10)
-    verdicts = {v.lease_id: v for v in _audit(model, payloads, honest + stale_honest + lie1 + lie2)}
+    lie3 = _seeded(_holding(engine, payloads, STEPS - 3), STEPS, "lie3", 12)
+    verdicts = {v.lease_id: v for v in _audit(model, payloads, honest + stale_honest + lie1 + lie2 + lie3)}
 
     def totals(groups) -> list[VersionCheck]:
         out: list[VersionCheck] = []
@@ -101,10 +103,14 @@ def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_ol
         # older version are held out of training (the rest agree with the claimed version's choices)
         assert not any(verdicts[g.lease_id].failed for g in groups)
         assert all(verdicts[g.lease_id].sampler_violations == 0 for g in groups)
-        assert [verdicts[g.lease_id].held_out for g in groups] == [
-            fits(STEPS, verdicts[g.lease_id].version_checks) < STEPS for g in groups]
+        assert all(verdicts[g.lease_id].held_out for g in groups if fits(STEPS, verdicts[g.lease_id].version_checks)
+                   < STEPS)
         assert any(verdicts[g.lease_id].held_out for g in groups)
     assert not any(verdicts[g.lease_id].held_out for g in honest + stale_honest)
+    # three versions older: staler than S = 2 even claiming the current version, so every one of
+    # its groups is held out, by its tokens or, where both versions choose every token alike, by
+    # its log-probs, which are version 0's
+    assert all(verdicts[g.lease_id].held_out and not verdicts[g.lease_id].failed for g in lie3)
 
     ledger = AuditLedger(2, evidence=VersionEvidence(3, 0.9, 1e-3))
     newly = ledger.record(AuditReport(step=STEPS, groups=[verdicts[g.lease_id] for g in honest + stale_honest]))

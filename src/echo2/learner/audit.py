@@ -39,7 +39,7 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
 from echo2.learner.sampler_audit import groups_shortfalls, violations
-from echo2.learner.version_check import fits, may_be_staler, merge, version_checks
+from echo2.learner.version_check import LOGPROB_FIT_RATIO, fits, may_be_staler, merge, staler_versions, version_checks
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit, VersionCheck
 from echo2.protocol.messages import TrainGroup
@@ -163,6 +163,8 @@ class Auditor:
         self.exact_wire = exact_wire
         self.max_staleness = max_staleness
         self.step = 0  # the step being checked
+        # this step's groups whose log-probs fit a version staler than S (`_fit_staler`)
+        self.staler_fit: set[str] = set()
         self.key = audit_key(secret)
         # the current version, every admissible older one (a group trained at step t may be from
         # version t - S) and the ones its tokens are compared with (audit.older_versions)
@@ -208,6 +210,7 @@ class Auditor:
             elif group.sampling_seed is not None:
                 current.append(group)
         check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
+        self.staler_fit = self._fit_staler(model, current + [g for m in by_version.values() for g in m], check)
         self._check_sampler(model, None, current, claimed=step, **check)
         # a sampler violation or a hold-out at the current version is known before the step
         verdicts = [v for v in (self._verdict(g, 0.0, recomputed=False) for g in current) if v.failed or v.held_out]
@@ -216,6 +219,33 @@ class Auditor:
         seen = {v.lease_id for v in verdicts}
         return verdicts + [self._verdict(g, 0.0, recomputed=False) for g in groups
                            if g.audit == "hold_out" and g.lease_id not in seen]
+
+    def _fit_staler(self, model: torch.nn.Module, groups: list[TrainGroup], check: dict) -> set[str]:
+        """Lease ids of checked groups whose behaviour log-probs are closer to a version that
+        would make them staler than S than to the claimed one (LOGPROB_FIT_RATIO): a worker
+        sampling with that version reports its log-probs, up to its engine's numerics, even where
+        every token is also the claimed version's choice. Groups sampled by one version only."""
+        by_older: dict[int, list[TrainGroup]] = {}
+        for group in {g.lease_id: g for g in groups}.values():
+            if sampled_versions(group) != [group.version] or group.version not in self.cache.payloads:
+                continue
+            for older in staler_versions(group.version, step=self.step, max_staleness=self.max_staleness,
+                                         older_versions=self.cfg.older_versions):
+                if older in self.cache.payloads:
+                    by_older.setdefault(older, []).append(group)
+        claimed: dict[int, dict[str, TrainGroup]] = {}
+        for group in (g for members in by_older.values() for g in members):
+            claimed.setdefault(group.version, {})[group.lease_id] = group
+        claimed_diff: dict[str, float] = {}
+        for version, members in claimed.items():
+            diffs = recompute_mean_abs_diff(model, self.cache.get(version), list(members.values()), **check)
+            claimed_diff.update(zip(members, diffs, strict=True))
+        fit: set[str] = set()
+        for older, members in by_older.items():
+            diffs = recompute_mean_abs_diff(model, self.cache.get(older), members, **check)
+            fit |= {g.lease_id for g, d in zip(members, diffs, strict=True)
+                    if d < LOGPROB_FIT_RATIO * claimed_diff[g.lease_id]}
+        return fit
 
     def _recompute(self, model: torch.nn.Module, by_version: dict[int, list[TrainGroup]],
                    check: dict) -> list[GroupAudit]:
@@ -274,8 +304,9 @@ class Auditor:
         failed = diff > self.cfg.max_mean_abs_logprob_diff or (sampler or 0) > self.cfg.max_sampler_violations
         checks = self.version_checked.get(group.lease_id, [])
         # held out: the coordinator asked, or its own tokens fit an older version better than the
-        # claimed one, or one staler than S as well as the claimed one
-        staler = may_be_staler(group.version, checks, step=self.step, max_staleness=self.max_staleness)
+        # claimed one, or its tokens or its log-probs fit one staler than S as well
+        staler = (may_be_staler(group.version, checks, step=self.step, max_staleness=self.max_staleness)
+                  or group.lease_id in self.staler_fit)
         held_out = not failed and (group.audit == "hold_out" or fits(group.version, checks) < group.version or staler)
         return GroupAudit(lease_id=group.lease_id, worker_id=group.worker_id, version=group.version,
                           tokens=sum(len(c.token_ids) for c in group.completions), mean_abs_logprob_diff=diff,

@@ -42,12 +42,27 @@ def merge(checks: list[VersionCheck], more: list[VersionCheck]) -> list[VersionC
     return [VersionCheck(offset=k, claimed=c, older=o) for k, (c, o) in sorted(totals.items())]
 
 
+LOGPROB_FIT_RATIO = 0.5
+"""A group's behaviour log-probs fit an older version when their mean |difference| from it is
+below this share of their difference from the claimed version. An honest worker's differ from
+the claimed version by its engine's numerics only (1e-5 nats per token in fp32, up to about
+0.05 in bf16) and from an older version by about as much or more; a worker sampling with the
+older version has it the other way round. The margin keeps near-identical versions (an engine's
+numerics larger than the versions' gap) from holding honest groups out by chance."""
+
+
+def staler_versions(version: int, *, step: int, max_staleness: int, older_versions: int) -> list[int]:
+    """The versions up to `older_versions` before `version` that would make a group staler than
+    S at `step`."""
+    older = (version - k for k in range(1, older_versions + 1))
+    return [v for v in older if v >= 0 and step - v > max_staleness]
+
+
 def may_be_staler(version: int, checks: list[VersionCheck], *, step: int, max_staleness: int) -> bool:
     """Whether a group's tokens fit, as well as its claim, an older version that would make it
     staler than S at `step`: at such an offset some token is the older version's choice and not
-    the claimed one's, and no more are the claimed one's. A group whose every token is the claimed
-    version's choice (no such token at any offset) is, token for token, what an honest worker
-    holding that version returns."""
+    the claimed one's, and no more are the claimed one's. A group whose every token is also the
+    claimed version's choice shows nothing here; its log-probs tell (LOGPROB_FIT_RATIO)."""
     return any(c.older > 0 and c.older >= c.claimed for c in checks
                if step - (version - c.offset) > max_staleness)
 
