@@ -18,6 +18,9 @@ pytestmark = pytest.mark.real_model
 CONFIGS = {"addition": "configs/verifiers_addition.toml", "calculator": "configs/verifiers_calculator.toml"}
 
 
+# the calculator's multi-turn episodes take about 5 minutes on 2 CPU cores, every group of the
+# new workers checked by the audit: the run's own wait (600 s) bounds it, not pytest's 300 s
+@pytest.mark.timeout(660)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_verifiers_environment_trains_smollm2(tmp_path, smollm2, name):
     cfg = load_run_config(CONFIGS[name], [f"run_dir={tmp_path / name}", "train.steps=4",

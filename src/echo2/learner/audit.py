@@ -210,21 +210,27 @@ class Auditor:
             elif group.sampling_seed is not None:
                 current.append(group)
         check = {"grpo": grpo, "temperature": temperature, "pad_id": pad_id, "precision": precision}
-        self.staler_fit = self._fit_staler(model, current + [g for m in by_version.values() for g in m], check)
         self._check_sampler(model, None, current, claimed=step, **check)
+        totals = self._recompute(model, by_version, check)
+        # the claimed version's differences just measured are not measured again
+        known = {lease_id: total / count for lease_id, (_, total, count) in totals.items() if count}
+        self.staler_fit = self._fit_staler(model, current + [g for g, _, _ in totals.values()], check, known)
         # a sampler violation or a hold-out at the current version is known before the step
         verdicts = [v for v in (self._verdict(g, 0.0, recomputed=False) for g in current) if v.failed or v.held_out]
-        verdicts += self._recompute(model, by_version, check)
+        verdicts += [self._verdict(g, total / count if count else 0.0, recomputed=True)
+                     for g, total, count in totals.values()]
         # held out although nothing could check it (a free-sampling worker, a version not cached)
         seen = {v.lease_id for v in verdicts}
         return verdicts + [self._verdict(g, 0.0, recomputed=False) for g in groups
                            if g.audit == "hold_out" and g.lease_id not in seen]
 
-    def _fit_staler(self, model: torch.nn.Module, groups: list[TrainGroup], check: dict) -> set[str]:
+    def _fit_staler(self, model: torch.nn.Module, groups: list[TrainGroup], check: dict,
+                    known: dict[str, float]) -> set[str]:
         """Lease ids of checked groups whose behaviour log-probs are closer to a version that
         would make them staler than S than to the claimed one (LOGPROB_FIT_RATIO): a worker
         sampling with that version reports its log-probs, up to its engine's numerics, even where
-        every token is also the claimed version's choice. Groups sampled by one version only."""
+        every token is also the claimed version's choice. Groups sampled by one version only;
+        `known`: their differences from the claimed version where already measured."""
         by_older: dict[int, list[TrainGroup]] = {}
         for group in {g.lease_id: g for g in groups}.values():
             if sampled_versions(group) != [group.version] or group.version not in self.cache.payloads:
@@ -234,9 +240,9 @@ class Auditor:
                 if older in self.cache.payloads:
                     by_older.setdefault(older, []).append(group)
         claimed: dict[int, dict[str, TrainGroup]] = {}
-        for group in (g for members in by_older.values() for g in members):
+        for group in (g for members in by_older.values() for g in members if g.lease_id not in known):
             claimed.setdefault(group.version, {})[group.lease_id] = group
-        claimed_diff: dict[str, float] = {}
+        claimed_diff = dict(known)
         for version, members in claimed.items():
             diffs = recompute_mean_abs_diff(model, self.cache.get(version), list(members.values()), **check)
             claimed_diff.update(zip(members, diffs, strict=True))
@@ -248,9 +254,9 @@ class Auditor:
         return fit
 
     def _recompute(self, model: torch.nn.Module, by_version: dict[int, list[TrainGroup]],
-                   check: dict) -> list[GroupAudit]:
-        """Verdicts on groups recomputed under the versions that sampled their tokens (one
-        version's tokens of every group together): the mean difference over all of them."""
+                   check: dict) -> dict[str, list]:
+        """Groups recomputed under the versions that sampled their tokens (one version's tokens
+        of every group together): lease id -> [group, sum of |differences|, tokens]."""
         totals: dict[str, list] = {}  # lease id -> [group, sum of |differences|, tokens]
         for version, members in sorted(by_version.items()):
             state = self.cache.get(version)
@@ -261,8 +267,7 @@ class Auditor:
                 entry = totals.setdefault(group.lease_id, [group, 0.0, 0])
                 entry[1] += diff_sum
                 entry[2] += count
-        return [self._verdict(g, total / count if count else 0.0, recomputed=True)
-                for g, total, count in totals.values()]
+        return totals
 
     def _check_sampler(self, model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
                        *, claimed: int, grpo: GRPOConfig, temperature: float, pad_id: int, precision: Precision,
