@@ -39,7 +39,15 @@ from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
 from echo2.learner.sampler_audit import groups_shortfalls, violations
-from echo2.learner.version_check import LOGPROB_FIT_RATIO, fits, may_be_staler, merge, staler_versions, version_checks
+from echo2.learner.version_check import (
+    LOGPROB_FIT_FLOOR,
+    LOGPROB_FIT_RATIO,
+    fits,
+    may_be_staler,
+    merge,
+    staler_versions,
+    version_checks,
+)
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit, VersionCheck
 from echo2.protocol.messages import TrainGroup
@@ -249,8 +257,10 @@ class Auditor:
         fit: set[str] = set()
         for older, members in by_older.items():
             diffs = recompute_mean_abs_diff(model, self.cache.get(older), members, **check)
-            fit |= {g.lease_id for g, d in zip(members, diffs, strict=True)
-                    if d < LOGPROB_FIT_RATIO * claimed_diff[g.lease_id]}
+            for group, diff in zip(members, diffs, strict=True):
+                claimed_by = claimed_diff[group.lease_id]
+                if claimed_by > LOGPROB_FIT_FLOOR and diff < LOGPROB_FIT_RATIO * claimed_by:
+                    fit.add(group.lease_id)
         return fit
 
     def _recompute(self, model: torch.nn.Module, by_version: dict[int, list[TrainGroup]],

@@ -51,6 +51,13 @@ older version has it the other way round. The margin keeps near-identical versio
 numerics larger than the versions' gap) from holding honest groups out by chance."""
 
 
+LOGPROB_FIT_FLOOR = 1e-3
+"""Nats per token a group's behaviour log-probs must differ from the claimed version by before
+their fit to an older one counts: below it (an fp32 engine's numerics, about 1e-5) the two
+differences are both noise, and which is smaller says nothing; a lie whose versions differ by
+less than this changes next to nothing the worker samples."""
+
+
 def staler_versions(version: int, *, step: int, max_staleness: int, older_versions: int) -> list[int]:
     """The versions up to `older_versions` before `version` that would make a group staler than
     S at `step`."""
