@@ -13,6 +13,8 @@ ledger gives its worker when it is accepted (AuditLedger.audit_mode), the learne
 checks the step's groups (check_before_step, and check_current with the step's own differences
 for groups at the current version on an exact wire), and the ledger weighs the verdicts.
 A group trains when it neither failed nor was held out and its worker is not quarantined.
+A late liar is honest for --late-after groups first (cleared or proven by then: checked by
+chance), then lies: the groups it trains after it turns, and after how many it is caught.
 
     .venv/bin/python benchmarks/audit_sequential.py            # ~10 min on 2 cores
     .venv/bin/python benchmarks/audit_sequential.py --runs 3 --honest-groups 100 --out /tmp/a.json
@@ -71,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lies", default="1,2,3")
     parser.add_argument("--runs", type=int, default=20, help="seeded liar runs per lie and wire")
     parser.add_argument("--liar-groups", type=int, default=40, help="a liar run stops here if not caught")
+    parser.add_argument("--late-runs", type=int, default=10,
+                        help="seeded runs per lie and wire of a liar honest for --late-after groups first")
+    parser.add_argument("--late-after", type=int, default=40, help="a late liar's honest groups before its lie")
     parser.add_argument("--honest-groups", type=int, default=1000, help="per wire, split among the honest workers")
     parser.add_argument("--honest-workers", default="1,4",
                         help="fleets to try, each sharing --honest-groups (every worker new: unproven at first)")
@@ -142,11 +147,17 @@ class Fleet:
         self.engine = make_engine(WorkerConfig(engine="hf", device="cpu", dtype=WIRES[wire][1]), source)
         self.cfg = AuditConfig()
         self.exact_wire = wire == "float32"  # the masters are fp32
+        self.logprob_fits: dict[int, Counter] = {}  # offset -> {fits: groups}, since `reset_fits`
+        self.reset_fits()
+
+    def reset_fits(self) -> None:
+        self.logprob_fits = {k: Counter() for k in range(1, self.cfg.older_versions + 1)}
 
     def ledger(self) -> AuditLedger:
         c = self.cfg
         return AuditLedger(c.flags_to_quarantine, evidence=VersionEvidence(
-            c.older_versions, c.honest_match_rate, c.false_positive_rate), proven_groups=c.proven_groups)
+            c.older_versions, c.honest_match_rate, c.false_positive_rate, c.honest_logprob_fit_rate),
+            proven_groups=c.proven_groups)
 
     def step(self, ledger: AuditLedger, worker_id: str, *, step: int, lie: int,
              seed: int) -> list[tuple[TrainGroup, int, bool]]:
@@ -173,6 +184,10 @@ class Fleet:
             verdicts += in_step
             rejected |= {v.lease_id for v in in_step if v.failed}
         ledger.record(AuditReport(step=step, groups=verdicts))
+        for verdict in {v.lease_id: v for v in verdicts}.values():  # the log-prob side's observations
+            for check in verdict.version_checks:
+                if check.logprob_fit is not None:
+                    self.logprob_fits[check.offset][check.logprob_fit] += 1
         if worker_id in ledger.quarantined:
             return []
         checks = {v.lease_id: v.version_checks for v in verdicts}
@@ -204,23 +219,32 @@ def _told_apart(checks, lie: int) -> bool:
     return found is None or found.older > 0
 
 
-def liar_run(fleet: Fleet, lie: int, run: int) -> dict:
+def liar_run(fleet: Fleet, lie: int, run: int, honest_groups: int = 0) -> dict:
+    """A liar's run: `honest_groups` groups sampled with the claimed version first (a worker
+    that turns after earning standing), then every group `lie` versions older than claimed."""
     ledger, steps = fleet.ledger(), fleet.steps(lie)
-    submitted, trained, told_apart, caught_after = 0, [], [], None
-    while submitted < fleet.args.liar_groups:
+    submitted, trained, told_apart, caught_after, mode_at_turn = 0, [], [], None, None
+    while submitted < honest_groups + fleet.args.liar_groups:
         step = next(steps)
-        for _, staleness, differs in fleet.step(ledger, "liar", step=step, lie=lie,
-                                                seed=1_000_000 * lie + 1000 * run + submitted):
-            trained.append(staleness)
-            told_apart.append(differs)
+        lying = submitted >= honest_groups
+        if lying and mode_at_turn is None:
+            mode_at_turn = ledger.audit_mode("liar")
+        base = 1_000_000 * lie + 1000 * run + 100_000_000 * (honest_groups > 0)
+        for _, staleness, differs in fleet.step(ledger, "liar", step=step, lie=lie if lying else 0,
+                                                seed=base + submitted):
+            if lying:
+                trained.append(staleness)
+                told_apart.append(differs)
         submitted += fleet.args.groups_per_step
         if "liar" in ledger.quarantined:
-            caught_after = submitted
+            caught_after = submitted - honest_groups if lying else None
             break
     return {"run": run, "caught_after_groups": caught_after, "trained_staleness": trained,
             "trained_beyond_s_told_apart": sum(d and s > fleet.args.max_staleness for s, d in zip(trained, told_apart,
                                                                                                   strict=True)),
             "held_out": ledger.workers["liar"].held_out if "liar" in ledger.workers else 0,
+            "audit_mode_when_it_turned": mode_at_turn if honest_groups else None,
+            "quarantined_while_honest": "liar" in ledger.quarantined and caught_after is None,
             "reason": ledger.quarantined.get("liar")}
 
 
@@ -229,6 +253,7 @@ def honest_run(fleet: Fleet, index: int, groups: int) -> dict:
     worker_id = f"honest{index}"
     ledger, steps = fleet.ledger(), fleet.steps(0)
     submitted, trained, held_unproven = 0, 0, 0
+    fleet.reset_fits()
     while submitted < groups:
         unproven = ledger.audit_mode(worker_id) == "unproven"
         before = ledger.workers[worker_id].held_out if worker_id in ledger.workers else 0
@@ -242,14 +267,20 @@ def honest_run(fleet: Fleet, index: int, groups: int) -> dict:
     return {"worker": worker_id, "groups": submitted, "trained": trained, "held_out": stats.held_out,
             "held_out_while_unproven": held_unproven, "failed": stats.failed,
             "quarantined": worker_id in ledger.quarantined, "reason": ledger.quarantined.get(worker_id),
-            "evidence_nats_end": round(stats.version_evidence_nats, 2)}
+            "evidence_nats_end": round(stats.version_evidence_nats, 2),
+            "logprob_fits": {k: dict(v) for k, v in fleet.logprob_fits.items()}}
 
 
 def honest_fleet(fleet: Fleet, workers: int, groups: int) -> dict:
     runs = [honest_run(fleet, i, groups // workers) for i in range(workers)]
     submitted = sum(w["groups"] for w in runs)
     held = sum(w["held_out"] for w in runs)
+    observed = sum(n for w in runs for by_fit in w["logprob_fits"].values() for n in by_fit.values())
+    fits = sum(by_fit.get(True, 0) for w in runs for by_fit in w["logprob_fits"].values())
     return {"workers": workers, "groups": submitted, "held_out": held, "held_out_rate": held / submitted,
+            # the honest log-prob distribution's one number the test models (audit.honest_logprob_fit_rate)
+            "logprob_observations": observed, "logprob_fits": fits,
+            "logprob_fit_rate": fits / observed if observed else None,
             "held_out_while_unproven": sum(w["held_out_while_unproven"] for w in runs),
             "quarantined": sum(w["quarantined"] for w in runs), "per_worker": runs}
 
@@ -277,18 +308,29 @@ def run_wire(wire: str, versions: Versions, source: str, args: argparse.Namespac
     lies = []
     for lie in map(int, args.lies.split(",")):
         lies.append(summarize_lie(lie, [liar_run(fleet, lie, run) for run in range(args.runs)], args.max_staleness))
-        last = lies[-1]
-        print(f"[audit_sequential] {wire} lie {lie}: caught {last['caught']}/{args.runs}, median after "
-              f"{last['caught_after_groups']['median']} groups, beyond S trained {last['groups_trained_beyond_s']}"
-              f" ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+        _progress(wire, f"lie {lie}", lies[-1], started)
+    late = []
+    for lie in map(int, args.lies.split(",")) if args.late_runs else ():
+        runs = [liar_run(fleet, lie, run, honest_groups=args.late_after) for run in range(args.late_runs)]
+        late.append({**summarize_lie(lie, runs, args.max_staleness), "honest_groups_first": args.late_after,
+                     "audit_mode_when_it_turned": dict(Counter(r["audit_mode_when_it_turned"] for r in runs)),
+                     "quarantined_while_honest": sum(r["quarantined_while_honest"] for r in runs)})
+        _progress(wire, f"late lie {lie}", late[-1], started)
     honest = []
     for workers in map(int, args.honest_workers.split(",")):
         honest.append(honest_fleet(fleet, workers, args.honest_groups))
         print(f"[audit_sequential] {wire} honest x{workers}: held out {honest[-1]['held_out']}/{honest[-1]['groups']}"
               f", quarantined {honest[-1]['quarantined']} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
               flush=True)
-    return {"wire": wire, "engine": f"hf computing in {WIRES[wire][1]}", "liars": lies, "honest": honest,
+    return {"wire": wire, "engine": f"hf computing in {WIRES[wire][1]}", "liars": lies, "late_liars": late,
+            "honest": honest,
             "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _progress(wire: str, what: str, result: dict, started: float) -> None:
+    print(f"[audit_sequential] {wire} {what}: caught {result['caught']}/{result['runs']}, median after "
+          f"{result['caught_after_groups']['median']} groups, beyond S trained {result['groups_trained_beyond_s']}"
+          f" ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
 
 def goals(wires: list[dict], max_staleness: int) -> dict:

@@ -16,7 +16,7 @@ from echo2.coordinator.parts.audit import AuditLedger
 from echo2.learner.audit import Auditor, audit_skip_reason, recompute_mean_abs_diff
 from echo2.learner.precision import CPU_FP32
 from echo2.learner.step import train_step
-from echo2.learner.version_check import fits, may_be_staler, merge, version_checks
+from echo2.learner.version_check import fits, may_be_staler, merge, version_checks, with_logprob_fits
 from echo2.models.loading import load_model, load_tokenizer
 from echo2.models.weights import model_payload, payload_tensors
 from echo2.policy.evidence import VersionEvidence
@@ -60,8 +60,11 @@ def _holding(engine: HFEngine, payloads, version: int) -> HFEngine:
     return engine
 
 
-def _audit(model, payloads, groups: list[TrainGroup]):
-    auditor = Auditor(AuditConfig(recompute_fraction=1.0), max_staleness=2, secret=b"s", exact_wire=True)
+def _audit(model, payloads, groups: list[TrainGroup], version_margin: float = 0.0):
+    """By default every position where the versions' choices differ, near-ties included: an fp32
+    engine picks the claimed version's at each (audit.version_margin leaves near-ties out for bf16)."""
+    auditor = Auditor(AuditConfig(recompute_fraction=1.0, version_margin=version_margin), max_staleness=2,
+                      secret=b"s", exact_wire=True)
     for version, payload in enumerate(payloads):
         auditor.published(version, payload)
     assert len(auditor.cache.payloads) == len(payloads)  # S + 1 + older_versions kept by default
@@ -107,6 +110,12 @@ def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_ol
                    < STEPS)
         assert any(verdicts[g.lease_id].held_out for g in groups)
     assert not any(verdicts[g.lease_id].held_out for g in honest + stale_honest)
+    # their log-probs too: an fp32 engine's differ from the claimed version's by numerics only
+    # (below LOGPROB_FIT_FLOOR: no observation), a liar's fit the version it sampled with
+    assert all(c.logprob_fit is None for g in honest + stale_honest for c in verdicts[g.lease_id].version_checks)
+    for groups, lie in ((lie1, 1), (lie2, 2), (lie3, 3)):
+        fit = [next(c for c in verdicts[g.lease_id].version_checks if c.offset == lie).logprob_fit for g in groups]
+        assert fit == [True] * len(groups), fit
     # three versions older: staler than S = 2 even claiming the current version, so every one of
     # its groups is held out, by its tokens or, where both versions choose every token alike, by
     # its log-probs, which are version 0's
@@ -122,10 +131,27 @@ def test_an_honest_workers_tokens_fit_its_claimed_version_and_a_liars_fit_the_ol
         assert fit in next(r for r in reports if r)[groups[0].worker_id]
 
 
+def test_at_the_default_margin_a_liars_log_probs_still_give_it_away(versions):
+    """audit.version_margin leaves out the near-ties where an fp32 liar's tokens tell (above),
+    and its groups' log-probs, which fit the version it sampled with, carry the evidence."""
+    model, engine, payloads = versions
+    ledger = AuditLedger(2, evidence=VersionEvidence(3, 0.9, 1e-3))
+    for worker, lie in (("lie1", 1), ("lie2", 2)):
+        groups = _seeded(_holding(engine, payloads, STEPS - lie), STEPS, worker, 20 + lie)
+        verdicts = _audit(model, payloads, groups, version_margin=AuditConfig().version_margin)
+        newly = [ledger.record(AuditReport(step=STEPS, groups=[v])) for v in verdicts]
+        assert [list(n) for n in newly if n] == [[worker]], ledger.workers[worker]
+        assert f"log-probs fit the version {lie} older" in next(n for n in newly if n)[worker]
+
+
 def test_version_checks_count_each_sides_choices_and_refuse_misaligned_tokens():
     claimed = torch.tensor([0.0, 0.0, 0.3, 0.2, 0.0])
     older = torch.tensor([0.0, 0.5, 0.0, 0.1, 0.0])
     assert version_checks(claimed, {1: older}) == [VersionCheck(offset=1, claimed=1, older=1)]
+    # a margin leaves out near-ties: the older version's choice at index 2 is 0.3 ahead of the
+    # token under the claimed version, the claimed one's at index 1 is 0.5 ahead under the older
+    assert version_checks(claimed, {1: older}, margin=0.4) == [VersionCheck(offset=1, claimed=1, older=0)]
+    assert version_checks(claimed, {1: older}, margin=0.5) == [VersionCheck(offset=1, claimed=0, older=0)]
     assert fits(5, [VersionCheck(offset=1, claimed=1, older=1)]) == 5  # a tie keeps the claim
     assert fits(5, [VersionCheck(offset=1, claimed=0, older=1), VersionCheck(offset=2, claimed=0, older=3)]) == 3
     with pytest.raises(ValueError, match="cover"):
@@ -150,6 +176,23 @@ def test_the_coordinators_audit_mode_overrides_the_draw_and_holds_out(versions):
     assert verdicts["unseeded"].held_out and verdicts["unseeded"].sampler_violations is None
     assert audit_skip_reason([verdicts[always.lease_id]], 0.15) == ""
     assert "2 group(s) held out" in audit_skip_reason(list(verdicts.values()), 0.15)
+
+
+def test_a_groups_log_probs_fit_an_older_version_only_by_the_margin_and_above_the_floor():
+    checks = [VersionCheck(offset=1, claimed=0, older=0), VersionCheck(offset=2, claimed=0, older=0)]
+    claimed = torch.full((4,), 0.04)  # bf16 numerics and a version's gap
+    got = with_logprob_fits(checks, claimed, {1: torch.full((4,), 0.019), 2: torch.full((4,), 0.021)})
+    assert [c.logprob_fit for c in got] == [True, False]  # under half the claimed difference, or not
+    tiny = with_logprob_fits(checks, torch.full((4,), 2e-5), {1: torch.full((4,), 1e-6)})
+    assert [c.logprob_fit for c in tiny] == [None, None]  # an fp32 engine's numerics: no observation
+    assert with_logprob_fits(checks, torch.empty(0), {}) == checks
+    # a group sampled by two versions: each segment's fit is against its own version, none is kept
+    merged = merge(got, [VersionCheck(offset=1, claimed=1, older=0, logprob_fit=False)])
+    assert merged[0] == VersionCheck(offset=1, claimed=1, older=0) and merged[1].logprob_fit is False
+    # a fit to a version staler than S holds the group out though no token tells
+    assert may_be_staler(7, [VersionCheck(offset=3, claimed=0, older=0, logprob_fit=True)], step=7, max_staleness=2)
+    assert not may_be_staler(7, [VersionCheck(offset=2, claimed=0, older=0, logprob_fit=True)], step=7,
+                             max_staleness=2)
 
 
 def test_a_group_whose_tokens_fit_a_version_staler_than_s_as_well_as_its_claim_is_held_out():

@@ -49,12 +49,13 @@ def test_a_long_honest_record_banks_no_more_than_one_bound_against_a_later_lie()
     evidence = VersionEvidence(older_versions=1, honest_match_rate=0.9, false_positive_rate=1e-3)
     for _ in range(1000):
         evidence.add("w", [VersionCheck(offset=1, claimed=5, older=0)])
-    assert evidence.nats("w") == -evidence.bound_nats
+    assert evidence.log_ratio["w"][("tokens", 1)] == -evidence.bound_nats
     tokens = 0
     while not evidence.lied("w"):
         tokens += 1
         evidence.add("w", [VersionCheck(offset=1, claimed=0, older=1)])
-    assert tokens == 7  # 2 x 6.9 nats at 2.2 a token, not 1000 x 5 x 2.2
+    # 2 x 6.9 nats, and log 2 for the log-prob side's say, at 2.2 a token, not 1000 x 5 x 2.2
+    assert tokens == 7
 
 
 def test_offsets_beyond_the_configured_ones_and_no_offsets_weigh_nothing():
@@ -111,3 +112,51 @@ def test_the_ledger_clears_an_honest_worker_early_and_holds_a_leaning_one():
     assert ledger.audit_mode("w") == "by_chance"  # cleared long before 100 audited groups
     ledger.evidence.add("w", [VersionCheck(offset=1, claimed=0, older=4)])
     assert ledger.audit_mode("w") == "hold_out"
+
+
+def test_honest_log_probs_at_the_modelled_fit_rate_are_quarantined_at_most_at_the_stated_rate():
+    rng = random.Random(2)
+    alpha, workers, r = 0.05, 2000, 0.05
+    lied = 0
+    for _ in range(workers):
+        evidence = VersionEvidence(3, 0.9, alpha, honest_logprob_fit_rate=r)
+        for _ in range(100):  # every group's log-probs fit each older version with chance r
+            evidence.add("w", [VersionCheck(offset=k, claimed=0, older=0, logprob_fit=rng.random() < r)
+                               for k in (1, 2, 3)])
+            if evidence.lied("w"):
+                lied += 1
+                break
+    assert lied / workers <= alpha, lied
+    assert lied > 0, lied  # reached by chance at this rate: the test can fail
+
+
+def test_a_liar_seen_only_in_its_log_probs_is_caught_and_the_record_says_so():
+    rng = random.Random(3)
+    ledger = AuditLedger(2, evidence=VersionEvidence(3, 0.9, 1e-3))
+    newly, groups = {}, 0
+    while not newly:  # every token also the claimed version's choice; a third of its groups fit version 1 older
+        groups += 1
+        checks = [VersionCheck(offset=1, claimed=0, older=0, logprob_fit=rng.random() < 1 / 3)]
+        verdict = _verdict(f"g{groups}", "liar", 0, 0).model_copy(update={"version_checks": checks})
+        newly = ledger.record(AuditReport(step=groups, groups=[verdict]))
+    assert groups <= 20, groups
+    assert "its log-probs fit the version 1 older" in newly["liar"]
+
+
+def _first(lease_id: str, claimed: int, older: int) -> GroupAudit:
+    """A group of worker "w" checked against the version just before its claim."""
+    return _verdict(lease_id, "w", 0, 0).model_copy(
+        update={"version_checks": [VersionCheck(offset=1, claimed=claimed, older=older)]})
+
+
+def test_a_cleared_worker_that_turns_to_lying_has_every_group_checked_before_its_evidence_leans():
+    ledger = AuditLedger(2, evidence=VersionEvidence(1, 0.9, 1e-3), proven_groups=4)
+    for i in range(8):
+        ledger.record(AuditReport(step=i, groups=[_first(f"h{i}", claimed=3, older=0)]))
+    assert ledger.evidence.cleared("w") and ledger.audit_mode("w") == "by_chance"
+    ledger.record(AuditReport(step=9, groups=[_first("l0", claimed=0, older=1)]))
+    assert ledger.audit_mode("w") == "by_chance"  # one token: an honest engine's near-tie, by chance
+    ledger.record(AuditReport(step=10, groups=[_first("l1", claimed=0, older=1)]))
+    assert not ledger.evidence.leans("w") and ledger.audit_mode("w") == "unproven"  # 4.4 nats up: watched
+    ledger.record(AuditReport(step=11, groups=[_first("h9", claimed=2, older=0)]))
+    assert ledger.audit_mode("w") == "by_chance"  # fallen back within WATCH_NATS of its low

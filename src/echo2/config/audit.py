@@ -40,6 +40,13 @@ class AuditConfig(Frozen):
     one's, an honest worker's token is the claimed version's choice and a worker sampling with
     an older version than it claims picks the older one's. Each costs a forward pass per checked
     group, and the learner keeps that many more versions (`cached_versions`). 0: no comparison."""
+    version_margin: float = Field(0.5, ge=0.0)
+    """How far (perturbed-score units, as sampler_margin) the other version's choice must be
+    ahead of a token for it to count in the version test: where the claimed and an older
+    version's choices are nearly tied, an engine computing in bf16 picks either (its tokens fall
+    short of the claimed version's choice by up to about half a unit, benchmarks/sampler_audit.py),
+    so such positions tell its numerics from a lie no better than a coin
+    (benchmarks/audit_honest_diff.py measures the honest match rate with and without it)."""
     honest_match_rate: float = Field(0.9, gt=0.5, lt=1.0)
     """The share of an honest worker's tokens, at positions where the claimed version's choice and
     an older one's differ, that are the claimed version's: the test's model of an honest worker
@@ -47,6 +54,12 @@ class AuditConfig(Frozen):
     engines whose numerics flip more near-ties (tests/unit/test_version_check.py shows the HF
     engine's). A worker whose tokens match less often than this can be quarantined although
     honest."""
+    honest_logprob_fit_rate: float = Field(0.01, gt=0.0, lt=0.5)
+    """The most often an honest worker's group fits an older version's log-probs better than the
+    claimed one's (learner.version_check.LOGPROB_FIT_RATIO): the test's model of an honest
+    engine's log-probs (policy.evidence); benchmarks/audit_sequential.py measures it per wire
+    dtype (docs/security.md). Each group that fits is log(0.5 / this)
+    nats of evidence, each that does not takes back log(0.99 / 0.5) at the default."""
     false_positive_rate: float = Field(1e-3, gt=0.0, lt=0.5)
     """The chance that the version test quarantines an honest worker (one matching at
     honest_match_rate or more): a worker is quarantined when the likelihood ratio of its tokens

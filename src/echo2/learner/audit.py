@@ -38,7 +38,7 @@ from echo2.learner.batching import Samples, flatten
 from echo2.learner.logprobs import token_logprobs
 from echo2.learner.passes import build_pass, choose_layout, plan_passes
 from echo2.learner.precision import CPU_FP32, Precision
-from echo2.learner.sampler_audit import groups_shortfalls, violations
+from echo2.learner.sampler_audit import groups_sampler_checks, violations
 from echo2.learner.version_check import (
     LOGPROB_FIT_FLOOR,
     LOGPROB_FIT_RATIO,
@@ -47,6 +47,7 @@ from echo2.learner.version_check import (
     merge,
     staler_versions,
     version_checks,
+    with_logprob_fits,
 )
 from echo2.models.weights import payload_tensors
 from echo2.protocol.learner_api import GroupAudit, VersionCheck
@@ -222,7 +223,9 @@ class Auditor:
         totals = self._recompute(model, by_version, check)
         # the claimed version's differences just measured are not measured again
         known = {lease_id: total / count for lease_id, (_, total, count) in totals.items() if count}
-        self.staler_fit = self._fit_staler(model, current + [g for g, _, _ in totals.values()], check, known)
+        # a seeded group's log-probs were compared with older versions' in its sampler check
+        unseeded = [g for g, _, _ in totals.values() if g.sampling_seed is None]
+        self.staler_fit = self._fit_staler(model, unseeded, check, known)
         # a sampler violation or a hold-out at the current version is known before the step
         verdicts = [v for v in (self._verdict(g, 0.0, recomputed=False) for g in current) if v.failed or v.held_out]
         verdicts += [self._verdict(g, total / count if count else 0.0, recomputed=True)
@@ -237,8 +240,9 @@ class Auditor:
         """Lease ids of checked groups whose behaviour log-probs are closer to a version that
         would make them staler than S than to the claimed one (LOGPROB_FIT_RATIO): a worker
         sampling with that version reports its log-probs, up to its engine's numerics, even where
-        every token is also the claimed version's choice. Groups sampled by one version only;
-        `known`: their differences from the claimed version where already measured."""
+        every token is also the claimed version's choice. Groups sampled by one version only,
+        without a seed (a seeded group's sampler check compares its log-probs); `known`: their
+        differences from the claimed version where already measured."""
         by_older: dict[int, list[TrainGroup]] = {}
         for group in {g.lease_id: g for g in groups}.values():
             if sampled_versions(group) != [group.version] or group.version not in self.cache.payloads:
@@ -291,16 +295,19 @@ class Auditor:
         found = {"temperature": temperature, "pad_id": pad_id, "precision": precision,
                  "share_prompts": grpo.share_prompts, "budget_tokens": grpo.micro_batch_tokens,
                  "chunk_tokens": grpo.logprob_chunk_tokens, "version": version}
-        shortfalls = groups_shortfalls(model, state, groups, **found)
+        under_claimed = groups_sampler_checks(model, state, groups, **found)
         older = {}
         for offset in range(1, self.cfg.older_versions + 1):
             older_state = self.cache.get(claimed - offset)
             if older_state is not None:
-                older[offset] = groups_shortfalls(model, older_state, groups, **found)
-        for index, (group, values) in enumerate(zip(groups, shortfalls, strict=True)):
-            count = violations(values, self.cfg.sampler_margin)
+                older[offset] = groups_sampler_checks(model, older_state, groups, **found)
+        for index, (group, mine) in enumerate(zip(groups, under_claimed, strict=True)):
+            count = violations(mine.shortfalls, self.cfg.sampler_margin)
             self.sampler_checked[group.lease_id] = self.sampler_checked.get(group.lease_id, 0) + count
-            checks = version_checks(values, {offset: o[index] for offset, o in older.items()})
+            checks = version_checks(mine.shortfalls, {offset: o[index].shortfalls for offset, o in older.items()},
+                                    margin=self.cfg.version_margin)
+            checks = with_logprob_fits(checks, mine.abs_logprob_diffs,
+                                       {offset: o[index].abs_logprob_diffs for offset, o in older.items()})
             self.version_checked[group.lease_id] = merge(self.version_checked.get(group.lease_id, []), checks)
 
     def check_current(self, groups: list[TrainGroup], step: int, diffs: list[float]) -> list[GroupAudit]:

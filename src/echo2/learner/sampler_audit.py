@@ -17,6 +17,8 @@ tokens at a time, so full-vocabulary scores never exist for more than one chunk.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.func import functional_call
 
@@ -48,13 +50,29 @@ class _Predicting(torch.nn.Module):
         return model(**mb.model_inputs(), use_cache=False).logits[mb.rows_N, mb.cols_N], None
 
 
-def groups_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup], *,
-                      temperature: float, pad_id: int, precision: Precision = CPU_FP32, share_prompts: bool = True,
-                      budget_tokens: int = 16_384, chunk_tokens: int = 1024,
-                      version: int | None = None) -> list[torch.Tensor]:
-    """Per group, (model tokens,): each of the model's completion tokens' shortfall from the
-    seeded sampler's choice under `state` (None: the model's own weights), completions in
-    order; every group must carry its seed. `budget_tokens` and `chunk_tokens` are the learner's
+class SamplerCheck(NamedTuple):
+    """One group's model tokens under one version, completions in order."""
+
+    shortfalls: torch.Tensor
+    """Each token's shortfall from the seeded sampler's choice."""
+    abs_logprob_diffs: torch.Tensor
+    """Each token's |log-prob under the version - behaviour log-prob| (nats): the same pass's
+    logits tell which version the worker's log-probs fit (learner.version_check)."""
+
+
+def groups_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup],
+                      **found) -> list[torch.Tensor]:
+    """Per group, (model tokens,): each token's shortfall (groups_sampler_checks)."""
+    return [check.shortfalls for check in groups_sampler_checks(model, state, groups, **found)]
+
+
+def groups_sampler_checks(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, groups: list[TrainGroup], *,
+                          temperature: float, pad_id: int, precision: Precision = CPU_FP32, share_prompts: bool = True,
+                          budget_tokens: int = 16_384, chunk_tokens: int = 1024,
+                          version: int | None = None) -> list[SamplerCheck]:
+    """Per group, its model tokens' shortfalls from the seeded sampler's choice under `state`
+    (None: the model's own weights) and their log-probs' differences from the behaviour ones;
+    every group must carry its seed. `budget_tokens` and `chunk_tokens` are the learner's
     grpo.micro_batch_tokens and grpo.logprob_chunk_tokens. `version`: only the tokens that
     version sampled (`state` is its weights; None: every token)."""
     for group in groups:
@@ -68,7 +86,8 @@ def groups_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | N
         dtype = next(model.parameters()).dtype
         params = {f"model.{name}": t.to(device, dtype) for name, t in state.items()}
     predicting = _Predicting(model)
-    per_sample: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+    empty = SamplerCheck(torch.empty(0), torch.empty(0))
+    per_sample: list[SamplerCheck] = [empty] * len(samples)
     was_training = model.training
     model.eval()
     try:
@@ -101,27 +120,36 @@ def _pass_shortfalls(mb, found: torch.Tensor, head_weight: torch.Tensor | None, 
     group_N = torch.tensor([samples.group_ids[i] for i in sample_N.tolist()], device=sample_N.device)
     in_group_N = sample_N - torch.tensor([first_of_group[g] for g in group_N.tolist()], device=sample_N.device)
     out_N = torch.empty(n, dtype=torch.float64, device=sample_N.device)
+    logprob_N = torch.empty(n, dtype=torch.float64, device=sample_N.device)
     for start in range(0, n, chunk_tokens):
         part = slice(start, min(start + chunk_tokens, n))
         logits = found[part] if head_weight is None else found[part].to(head_weight.dtype) @ head_weight.T
+        targets = mb.targets_N[part]
+        # the behaviour log-prob's distribution: softmax(logits / T), as the engines draw (models.sampler)
+        logprob_N[part] = torch.log_softmax(logits.double() / temperature, dim=-1).gather(
+            -1, targets.long()[:, None]).squeeze(-1)
         for group_id in group_N[part].unique().tolist():
             rows = (group_N[part] == group_id).nonzero().squeeze(1)
-            out_N[start + rows] = shortfall(logits[rows].float(), mb.targets_N[part][rows], temperature,
+            out_N[start + rows] = shortfall(logits[rows].float(), targets[rows], temperature,
                                             groups[group_id].sampling_seed, samples_N=in_group_N[part][rows],
                                             positions_N=positions_N[part][rows])
     out = {}
     for index in sample_N.unique().tolist():
         values = out_N[sample_N == index].cpu()
         model_tokens = torch.tensor(samples.loss_masks[index][: len(values)]) > 0  # the environment's: not sampled
-        out[index] = values[model_tokens]
+        behaviour = torch.tensor(samples.behaviour_logprobs[index][: len(values)], dtype=torch.float64)
+        diffs = (logprob_N[sample_N == index].cpu() - behaviour).abs()
+        out[index] = SamplerCheck(values[model_tokens], diffs[model_tokens])
     return out
 
 
-def _by_group(samples: Samples, per_sample: list[torch.Tensor], num_groups: int) -> list[torch.Tensor]:
-    parts: list[list[torch.Tensor]] = [[] for _ in range(num_groups)]
+def _by_group(samples: Samples, per_sample: list[SamplerCheck], num_groups: int) -> list[SamplerCheck]:
+    parts: list[list[SamplerCheck]] = [[] for _ in range(num_groups)]
     for index, group_id in enumerate(samples.group_ids):
         parts[group_id].append(per_sample[index])
-    return [torch.cat(p) if p else torch.empty(0, dtype=torch.float64) for p in parts]
+    empty = torch.empty(0, dtype=torch.float64)
+    return [SamplerCheck(torch.cat([c.shortfalls for c in p]) if p else empty,
+                         torch.cat([c.abs_logprob_diffs for c in p]) if p else empty) for p in parts]
 
 
 def group_shortfalls(model: torch.nn.Module, state: dict[str, torch.Tensor] | None, group: TrainGroup, *,

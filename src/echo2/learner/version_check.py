@@ -17,11 +17,13 @@ import torch
 from echo2.protocol.learner_api import VersionCheck
 
 
-def version_checks(claimed_shortfalls: torch.Tensor, older_shortfalls: dict[int, torch.Tensor]) -> list[VersionCheck]:
+def version_checks(claimed_shortfalls: torch.Tensor, older_shortfalls: dict[int, torch.Tensor], *,
+                   margin: float = 0.0) -> list[VersionCheck]:
     """Per offset (versions older than the claimed one), the tokens that are the claimed
-    version's choice and not the older one's, and the reverse. A shortfall of 0 is the sampler's
-    own choice under those weights (the learner recomputes the argmax, so its own choice is
-    exact)."""
+    version's choice and fall short of the older one's by more than `margin`, and the reverse.
+    A shortfall of 0 is the sampler's own choice under those weights (the learner recomputes
+    the argmax, so its own choice is exact); `margin` (audit.version_margin) leaves out the
+    near-ties an honest engine's numerics flip either way."""
     mine = claimed_shortfalls == 0
     out = []
     for offset, shortfalls in sorted(older_shortfalls.items()):
@@ -29,17 +31,39 @@ def version_checks(claimed_shortfalls: torch.Tensor, older_shortfalls: dict[int,
             raise ValueError(f"shortfalls under the version {offset} older cover {tuple(shortfalls.shape)} tokens, "
                              f"under the claimed one {tuple(claimed_shortfalls.shape)}")
         theirs = shortfalls == 0
-        out.append(VersionCheck(offset=offset, claimed=int((mine & ~theirs).sum()), older=int((theirs & ~mine).sum())))
+        out.append(VersionCheck(offset=offset, claimed=int((mine & (shortfalls > margin)).sum()),
+                                older=int((theirs & (claimed_shortfalls > margin)).sum())))
+    return out
+
+
+def with_logprob_fits(checks: list[VersionCheck], claimed_diffs: torch.Tensor,
+                      older_diffs: dict[int, torch.Tensor]) -> list[VersionCheck]:
+    """The checks with, per offset, whether the group's behaviour log-probs fit the older
+    version (their tokens' |differences| under the claimed version and under the older one):
+    measured only where the claimed version's mean difference exceeds LOGPROB_FIT_FLOOR."""
+    if claimed_diffs.numel() == 0:
+        return checks
+    claimed_by = float(claimed_diffs.mean())
+    out = []
+    for check in checks:
+        diffs = older_diffs.get(check.offset)
+        fit = None
+        if claimed_by > LOGPROB_FIT_FLOOR and diffs is not None and diffs.numel() == claimed_diffs.numel():
+            fit = float(diffs.mean()) < LOGPROB_FIT_RATIO * claimed_by
+        out.append(check.model_copy(update={"logprob_fit": fit}))
     return out
 
 
 def merge(checks: list[VersionCheck], more: list[VersionCheck]) -> list[VersionCheck]:
-    """Counts of one group's segments (a generation that straddled versions) added per offset."""
-    totals: dict[int, tuple[int, int]] = {c.offset: (c.claimed, c.older) for c in checks}
+    """Counts of one group's segments (a generation that straddled versions) added per offset;
+    a log-prob fit only where one segment measured it (each segment's is against its own
+    version: together they are no one observation the evidence can weigh)."""
+    totals: dict[int, VersionCheck] = {c.offset: c for c in checks}
     for c in more:
-        claimed, older = totals.get(c.offset, (0, 0))
-        totals[c.offset] = (claimed + c.claimed, older + c.older)
-    return [VersionCheck(offset=k, claimed=c, older=o) for k, (c, o) in sorted(totals.items())]
+        before = totals.get(c.offset)
+        totals[c.offset] = c if before is None else VersionCheck(
+            offset=c.offset, claimed=before.claimed + c.claimed, older=before.older + c.older)
+    return [totals[k] for k in sorted(totals)]
 
 
 LOGPROB_FIT_RATIO = 0.5
@@ -68,9 +92,10 @@ def staler_versions(version: int, *, step: int, max_staleness: int, older_versio
 def may_be_staler(version: int, checks: list[VersionCheck], *, step: int, max_staleness: int) -> bool:
     """Whether a group's tokens fit, as well as its claim, an older version that would make it
     staler than S at `step`: at such an offset some token is the older version's choice and not
-    the claimed one's, and no more are the claimed one's. A group whose every token is also the
-    claimed version's choice shows nothing here; its log-probs tell (LOGPROB_FIT_RATIO)."""
-    return any(c.older > 0 and c.older >= c.claimed for c in checks
+    the claimed one's, and no more are the claimed one's; or its log-probs fit that version
+    (LOGPROB_FIT_RATIO: a group whose every token is also the claimed version's choice shows
+    nothing in its tokens)."""
+    return any((c.older > 0 and c.older >= c.claimed) or c.logprob_fit for c in checks
                if step - (version - c.offset) > max_staleness)
 
 

@@ -61,6 +61,10 @@ class VersionCheck(BaseModel):
     """Tokens that are the claimed version's choice and not the older one's."""
     older: int = Field(ge=0)
     """Tokens that are the older version's choice and not the claimed one's."""
+    logprob_fit: bool | None = None
+    """Whether the group's behaviour log-probs fit the older version better than the claimed one
+    (learner.version_check.LOGPROB_FIT_RATIO); None: not measured (a group sampled by several
+    versions, or log-probs within an fp32 engine's numerics of the claimed version's)."""
 
 
 class GroupAudit(BaseModel):

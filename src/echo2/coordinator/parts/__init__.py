@@ -44,7 +44,8 @@ class Parts:
         self.events = []
         self.controller = _controller(cfg, now=clock())
         self.audit = AuditLedger(cfg.audit.flags_to_quarantine, store.get_meta("quarantined", {}), VersionEvidence(
-            cfg.audit.older_versions, cfg.audit.honest_match_rate, cfg.audit.false_positive_rate),
+            cfg.audit.older_versions, cfg.audit.honest_match_rate, cfg.audit.false_positive_rate,
+            cfg.audit.honest_logprob_fit_rate),
             proven_groups=cfg.audit.proven_groups)
         self.registry = Registry(cfg.coordinator, clock, self.audit.quarantined)
         self.versions = VersionDesk(store, cfg.broadcast, cfg.learner.upload_bps)

@@ -83,8 +83,9 @@ class AuditLedger:
         stats.version_evidence_nats = self.evidence.add(verdict.worker_id, verdict.version_checks)
         if not self.evidence.lied(verdict.worker_id):
             return None
-        offset = self.evidence.likeliest_offset(verdict.worker_id)
-        return (f"version audit: its tokens fit the version {offset} older than it claims (latest: claimed "
+        side, offset = self.evidence.likeliest(verdict.worker_id) or ("tokens", 0)
+        what = "tokens" if side == "tokens" else "log-probs"
+        return (f"version audit: its {what} fit the version {offset} older than it claims (latest: claimed "
                 f"{verdict.version}, fits {verdict.version - offset}); evidence {stats.version_evidence_nats:.1f} "
                 f"nats reached the bound of {self.evidence.bound_nats:.1f} (audit.false_positive_rate)")
 
@@ -92,6 +93,8 @@ class AuditLedger:
         """How the learner is to audit a group of this worker accepted now (TrainGroup.audit)."""
         if self.evidence is not None and self.evidence.leans(worker_id):
             return "hold_out"
+        if self.evidence is not None and self.evidence.watched(worker_id):
+            return "unproven"  # risen from its low: a worker that turned after clearing
         if self.evidence is not None and self.evidence.cleared(worker_id):
             return "by_chance"
         stats = self.workers.get(worker_id)
