@@ -38,7 +38,8 @@ test: install
 # the local fleet provider stopping and starting workers, a run whose learner is sharded over
 # torchrun ranks beside a one-rank run; and the minute-long runs that would push `make test` past
 # 5 minutes on 2 cores: evaluation leases, the lying worker, the learner and coordinator
-# restarts, the controller replacing a lost worker. One at a time: each uses the whole machine.
+# restarts, the controller replacing a lost worker, the verifiers environments' runs. One at a
+# time: each uses the whole machine.
 test-system: install
 	$(PY) -m pytest -q -m system tests/integration tests/reliability
 

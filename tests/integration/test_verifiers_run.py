@@ -17,7 +17,10 @@ from tests.reliability.accounting import accounting
 from echo2.config.run import RunConfig
 
 pytest.importorskip("verifiers.v1")
-pytestmark = pytest.mark.integration
+# a whole run of every process (55 s beside the rest of make test): the system tier (make
+# test-system), as the calculator's; tests/unit/test_verifiers_*.py cover the environment's
+# episodes, replay and evaluation in make test
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 ENVIRONMENTS = {
     "addition": {"environment": "echo2.envs.verifiers_examples.addition", "args": {"digits": 1, "count": 60},

@@ -29,6 +29,9 @@ HEAVY_DEPS = (
 )
 """What nearly every child would import again: loaded once, before the forks (all installed
 with echo2; transformers, datasets and the like load lazily inside echo2's functions)."""
+SLOW_DEPS = ("transformers", "verifiers.v1")
+"""Loaded once too where installed (the dev extra has both): the HF engine and the verifiers
+environments import them at module level, and each such child took 4 to 12 s to load them again."""
 OPTIONAL_DEPS = {"vllm": "the vllm extra", "wandb": "the wandb extra"}
 """Third-party packages echo2 may lack: a module whose import stops at a ModuleNotFoundError of
 one of these is skipped, not failed (any other missing module is a failure)."""
@@ -99,6 +102,11 @@ def main() -> int:
     modules = [line.strip() for line in sys.stdin if line.strip()]
     for dep in HEAVY_DEPS:
         importlib.import_module(dep)
+    for dep in SLOW_DEPS:
+        try:
+            importlib.import_module(dep)
+        except ImportError:
+            pass  # not installed: the children whose module needs it report that themselves
     # pydantic looks up its plugins (installed packages' entry points) at the first model class
     # it builds, then caches them: once here, not in every child
     importlib.import_module("pydantic").create_model("WarmUp", value=(int, 0))

@@ -163,19 +163,24 @@ def test_the_coordinators_audit_mode_overrides_the_draw_and_holds_out(versions):
     groups = _seeded(_holding(engine, payloads, STEPS - 1), STEPS - 1, "w", 11, groups=3)
     always, hold, by_chance = (g.model_copy(update={"audit": mode})
                                for g, mode in zip(groups, ("always", "hold_out", "by_chance"), strict=True))
-    unseeded = hold.model_copy(update={"lease_id": "unseeded", "sampling_seed": None})
+    unseeded = hold.model_copy(update={"lease_id": "unseeded", "sampling_seed": None, "worker_id": "free"})
+    other = by_chance.model_copy(update={"lease_id": "other", "worker_id": "x"})
     auditor = Auditor(AuditConfig(recompute_fraction=0.0), max_staleness=2, secret=b"s", exact_wire=True)
     for version, payload in enumerate(payloads):
         auditor.published(version, payload)
     verdicts = {v.lease_id: v for v in auditor.check_before_step(
-        model, [always, hold, by_chance, unseeded], step=STEPS, grpo=GRPO, temperature=1.0, pad_id=0,
+        model, [always, hold, by_chance, unseeded, other], step=STEPS, grpo=GRPO, temperature=1.0, pad_id=0,
         precision=CPU_FP32)}
-    assert set(verdicts) == {always.lease_id, hold.lease_id, "unseeded"}  # the draw at 0 picks none by chance
-    assert verdicts[always.lease_id].recomputed and not verdicts[always.lease_id].held_out
+    # the draw at 0 picks none by chance; the worker's group it left unchecked is held out beside
+    # its held-out one (a companion), another worker's is not
+    assert set(verdicts) == {always.lease_id, hold.lease_id, "unseeded", by_chance.lease_id}
+    assert verdicts[always.lease_id].recomputed
     assert verdicts[hold.lease_id].held_out and not verdicts[hold.lease_id].failed
     assert verdicts["unseeded"].held_out and verdicts["unseeded"].sampler_violations is None
+    companion = verdicts[by_chance.lease_id]
+    assert companion.held_out and not companion.recomputed and companion.sampler_violations is None
     assert audit_skip_reason([verdicts[always.lease_id]], 0.15) == ""
-    assert "2 group(s) held out" in audit_skip_reason(list(verdicts.values()), 0.15)
+    assert "3 group(s) held out" in audit_skip_reason(list(verdicts.values()), 0.15)
 
 
 def test_a_groups_log_probs_fit_an_older_version_only_by_the_margin_and_above_the_floor():

@@ -232,8 +232,9 @@ class Auditor:
                      for g, total, count in totals.values()]
         # held out although nothing could check it (a free-sampling worker, a version not cached)
         seen = {v.lease_id for v in verdicts}
-        return verdicts + [self._verdict(g, 0.0, recomputed=False) for g in groups
-                           if g.audit == "hold_out" and g.lease_id not in seen]
+        verdicts += [self._verdict(g, 0.0, recomputed=False) for g in groups
+                     if g.audit == "hold_out" and g.lease_id not in seen]
+        return verdicts + companions(groups, verdicts)
 
     def _fit_staler(self, model: torch.nn.Module, groups: list[TrainGroup], check: dict,
                     known: dict[str, float]) -> set[str]:
@@ -336,6 +337,19 @@ class Auditor:
                           held_out=held_out)
 
 
+def companions(groups: list[TrainGroup], verdicts: list[GroupAudit]) -> list[GroupAudit]:
+    """The batch's groups not yet judged (left unchecked by the draw, or at the current version,
+    checked inside the step) of a worker one of whose groups failed or was held out: held out
+    with it. A worker that turns to lying after earning standing is checked by chance; the
+    groups the draw left unchecked beside its first caught one would train."""
+    caught = {v.worker_id for v in verdicts if v.failed or v.held_out}
+    seen = {v.lease_id for v in verdicts}
+    return [GroupAudit(lease_id=g.lease_id, worker_id=g.worker_id, version=g.version,
+                       tokens=sum(len(c.token_ids) for c in g.completions), mean_abs_logprob_diff=0.0,
+                       recomputed=False, sampler_violations=None, failed=False, held_out=True)
+            for g in groups if g.worker_id in caught and g.lease_id not in seen]
+
+
 def audit_summary(verdicts: list[GroupAudit]) -> dict:
     """A step's verdicts for metrics.jsonl: counts, and per worker the largest difference among
     groups that passed (what an operator tightens the tolerance against) and the failures."""
@@ -366,6 +380,7 @@ def audit_skip_reason(verdicts: list[GroupAudit], tolerance: float) -> str:
                        f"(workers {sorted({v.worker_id for v in failed})})")
     if held:
         reasons.append(f"{len(held)} group(s) held out: their tokens fit an older version than they claim (better than "
-                       f"the claimed one, or one staler than S as well), or their worker's version evidence leans "
-                       f"against it (workers {sorted({v.worker_id for v in held})})")
+                       f"the claimed one, or one staler than S as well), their worker's version evidence leans "
+                       f"against it, or they came beside such a group of their worker "
+                       f"(workers {sorted({v.worker_id for v in held})})")
     return "rollout audit: " + "; ".join(reasons) if reasons else ""
