@@ -4,13 +4,15 @@ them again on demand) and once with every host held for the whole run. Prints JS
 
     python benchmarks/fleet_ssh.py run --mode online --seed 0     # one run (a few minutes)
     python benchmarks/fleet_ssh.py run --mode held --seed 0
-    python benchmarks/fleet_ssh.py report > benchmarks/results/fleet_ssh.json
+    python benchmarks/fleet_ssh.py report > benchmarks/results/fleet_ssh.json   # again: rebuilt from the runs
 
 The hosts are priced and paced as classes of configs/catalog/example.toml: each host's price is
 its class's, and its worker is slowed (worker.slowdown) so that the workers' speeds keep the
-classes' tokens/s proportions (the H100 at full speed). Together they offer more than the
-learner needs. Each run is configs/demo.toml's job (the tiny model, 2-digit addition) with the
-workers on the hosts instead of local processes. For each run: what the fleet billed (billed
+classes' tokens/s proportions. Together they offer more than the learner needs. Every run records
+its provenance; the report pairs only runs of one commit with a clean tree, and rebuilds the
+result from the run dirs (`report` again after a crash loses nothing). Each run is
+configs/demo.toml's job (the tiny model, 2-digit addition) with the workers on the hosts instead
+of local processes. For each run: what the fleet billed (billed
 seconds x price, from acquire to release, boot included, from the run's ledger) per learner step
 and per trained group, learner utilization and held-out accuracy; the report pairs the modes seed
 by seed and states the goal (online: at least 30% lower billed $/step, learner utilization within
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.load.provenance import provenance  # noqa: E402
 from tests.integration.runs import to_toml  # noqa: E402
 from tests.sshd import running_sshd, sshd_unavailable_reason  # noqa: E402
 
@@ -51,17 +54,26 @@ WORK = ROOT / "runs" / "fleet_ssh"
 RESULTS = WORK / "results"
 HOSTS = [("h100", "h100_spot"), ("a100", "a100_spot"), ("l40s", "l40s_spot"), ("rtx4090-a", "rtx4090_dc"),
          ("rtx4090-b", "rtx4090_dc")]
-STEPS = 300
+STEPS = 150
+MEASURES = ("src/echo2/policy", "src/echo2/launch", "src/echo2/sim", "src/echo2/report/fleet_ledger.py",
+            "src/echo2/coordinator/desks/fleet.py", "src/echo2/config/activation.py", "src/echo2/config/inventory.py",
+            "src/echo2/config/worker.py", "configs/demo.toml", "configs/catalog/example.toml",
+            "benchmarks/fleet_ssh.py")
 SCALE_DOWN_AFTER_S, RELEASE_AFTER_S = 30.0, 15.0
 """A machine here boots in 5-15 s (SSH, then the worker's imports and model load, each a process on
 a loaded 2-core box): a worker is released only after idling longer than a boot, and a cheaper set
 replaces a covering one only after a few boots' time (with 5 and 10 s, the first try switched sets
 every 10-20 s and starved the learner during each replacement's boot: 27% saving, 12 points of
 utilization lost)."""
-LEARNER_SLOWDOWN = 7.0
-"""learner.slowdown: the tiny model's learner paced so that the five hosts together offer about twice
-the rollouts it needs (at 3, with the hosts on one core of this 2-core box and the learner on the
-other, holding all five kept the learner busy only 86% of the time)."""
+FASTEST_SLOWDOWN = 3.0
+"""worker.slowdown of the fastest class (the others' keep the catalog's tokens/s proportions),
+paced by CPU time (worker.slowdown_clock = "cpu"): the five workers share one core, and at 1
+(wall clock) a worker's speed moved as the controller acquired and released the others, so its
+measured rate did too and the controller flapped (three hosts acquired 3 times each in one run).
+At 3 the five need about 0.7 of the core, and each keeps its class's pace however many run."""
+LEARNER_SLOWDOWN = 14.0
+"""learner.slowdown (also CPU-clocked): the tiny model's learner paced so that the five hosts
+together offer about twice the rollouts it needs."""
 RUN_TIMEOUT_S = 900
 LEARNER_CORES = 1
 """Cores for the learner's side (coordinator, learner, launcher); the hosts' sshds, and so the
@@ -77,7 +89,8 @@ def host_classes() -> list[dict]:
     catalog = load_plan_config(CATALOG).workers
     fastest = max(catalog[c].tokens_per_s for _, c in HOSTS)
     return [{"name": name, "worker_class": cls, "price_per_hour": catalog[cls].price_per_hour,
-             "worker": {"slowdown": round(fastest / catalog[cls].tokens_per_s, 3)}} for name, cls in HOSTS]
+             "worker": {"slowdown": round(FASTEST_SLOWDOWN * fastest / catalog[cls].tokens_per_s, 3),
+                        "slowdown_clock": "cpu", "torch_threads": 1}} for name, cls in HOSTS]
 
 
 def write_inventory(path: Path, sshds: list, work: Path) -> Path:
@@ -116,7 +129,7 @@ def one_run(mode: str, seed: int, steps: int) -> dict:
                      f"train.steps={steps}", f"train.eval_every={steps}", "train.checkpoint_every=100000",
                      "report.plots=false", "report.tensorboard=false", f"activation.release_after_s={RELEASE_AFTER_S}",
                      f"activation.scale_down_after_s={SCALE_DOWN_AFTER_S}",
-                     f"learner.slowdown={LEARNER_SLOWDOWN}",
+                     f"learner.slowdown={LEARNER_SLOWDOWN}", "learner.slowdown_clock=\"cpu\"",
                      f"activation.enabled={'true' if mode == 'online' else 'false'}"]
         args = [sys.executable, "-m", "echo2", "run", "--config", str(CONFIG), "--provider", "ssh", "--inventory",
                 str(inventory), *[a for o in overrides for a in ("--set", o)]]
@@ -129,6 +142,15 @@ def one_run(mode: str, seed: int, steps: int) -> dict:
         raise SystemExit(f"{name} failed ({done.returncode}): see {WORK / f'{name}.log'}")
     return {**measured(mode, seed, run_dir, wall_s),
             "cores": {"learner": sorted(learner_cores), "hosts": sorted(host_cores)}}
+
+
+def run_provenance(argv: list[str]) -> dict:
+    """This run's provenance; a dirty tree is refused, as the report pairs clean runs only."""
+    made = provenance(ROOT, argv)
+    if made["git_dirty"]:
+        raise SystemExit("fleet_ssh: the tree has uncommitted changes outside benchmarks/results: "
+                         "commit them (or run in a worktree at a commit) so the run says what it measured")
+    return made
 
 
 def split_cores() -> tuple[set[int], set[int]]:
@@ -213,8 +235,18 @@ def sim_prediction(run_dir: Path, seed: int) -> dict:
             "saving_per_step": round(1 - per_step["online"] / per_step["all"], 4)}
 
 
-def report() -> dict:
+def same_commit_runs() -> list[dict]:
+    """The runs under RESULTS, all of one commit with a clean tree (a result never mixes commits)."""
     runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    commits = {(r.get("provenance") or {}).get("git_commit") for r in runs}
+    if len(commits) != 1 or None in commits or any(r["provenance"]["git_dirty"] for r in runs):
+        raise SystemExit(f"fleet_ssh report: the runs in {RESULTS} are of commits {sorted(map(str, commits))}: "
+                         "rerun them at one commit (or move the older ones away)")
+    return runs
+
+
+def report(argv: list[str]) -> dict:
+    runs = same_commit_runs()
     by = {(r["mode"], r["seed"]): r for r in runs}
     pairs = []
     for seed in sorted({s for m, s in by if m == "online" and ("held", s) in by}):
@@ -231,9 +263,10 @@ def report() -> dict:
                       "saving_per_group": round(1 - online["billed_usd_per_group"] / held["billed_usd_per_group"], 4),
                       "utilization_points": round(points, 4),
                       "goal_met": saving >= SAVING_GOAL and abs(points) <= UTILIZATION_POINTS})
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return {"benchmark": "fleet_ssh", "commit": commit, "hosts": host_classes(), "steps": STEPS,
-            "learner_slowdown": LEARNER_SLOWDOWN,
+    made = {**runs[0]["provenance"], "command": provenance(ROOT, argv)["command"],
+            "run_commands": sorted(r["provenance"]["command"] for r in runs)}
+    return {"benchmark": "fleet_ssh", "provenance": made, "hosts": host_classes(), "steps": runs[0]["steps"],
+            "learner_slowdown": LEARNER_SLOWDOWN, "learner_slowdown_clock": "cpu",
             "goal": {"saving_per_step_at_least": SAVING_GOAL, "utilization_within_points": UTILIZATION_POINTS},
             "pairs": pairs, "runs": runs}
 
@@ -248,11 +281,12 @@ def main() -> None:
     actions.add_parser("report")
     args = parser.parse_args()
     if args.action == "report":
-        print(json.dumps(report(), indent=2))
+        print(json.dumps(report(sys.argv[1:]), indent=2))
         return
     WORK.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = one_run(args.mode, args.seed, args.steps)
+    made = run_provenance(sys.argv[1:])
+    result = {**one_run(args.mode, args.seed, args.steps), "provenance": made}
     (RESULTS / f"{args.mode}_s{args.seed}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 

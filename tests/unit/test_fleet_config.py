@@ -120,7 +120,17 @@ def test_a_paced_learner_idles_in_proportion_to_its_compute():
     from echo2.learner.step import emulate_slower_learner
 
     started = time.perf_counter()
-    emulate_slower_learner(1.0, 5.0)  # unpaced: no idling at all
+    emulate_slower_learner(1.0, "wall", 5.0, 5.0)  # unpaced: no idling at all
     assert time.perf_counter() - started < 0.05
-    emulate_slower_learner(3.0, 0.1)  # two more computes' worth
+    emulate_slower_learner(3.0, "wall", 0.1, 0.1)  # two more computes' worth
     assert 0.2 <= time.perf_counter() - started < 0.5
+
+
+def test_a_cpu_clocked_slowdown_does_not_charge_the_time_spent_waiting_for_a_core():
+    from echo2.config.worker import slowdown_idle_s
+
+    # 0.1 s of CPU that took 0.25 s here (others held the core): 3x slower hardware lasts 0.3 s
+    assert slowdown_idle_s(3.0, "cpu", wall_s=0.25, cpu_s=0.1) == pytest.approx(0.05)
+    assert slowdown_idle_s(3.0, "wall", wall_s=0.25, cpu_s=0.1) == pytest.approx(0.5)  # the wait multiplied
+    assert slowdown_idle_s(3.0, "cpu", wall_s=0.4, cpu_s=0.1) == 0.0  # slower than emulated: no idling
+    assert slowdown_idle_s(1.0, "cpu", wall_s=0.1, cpu_s=0.1) == 0.0

@@ -177,12 +177,15 @@ def test_the_audit_checks_each_segment_under_its_version_and_catches_old_tokens_
         assert by_lease[g.lease_id].failed and by_lease[g.lease_id].sampler_violations > 0
 
 
-def test_the_emulated_slowdown_paces_each_decode_step_and_changes_no_token(tiny_model_dir):
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_the_emulated_slowdown_paces_each_decode_step_and_changes_no_token(tiny_model_dir, clock):
     """worker.slowdown on the HF engine idles after every decode step (so a version can arrive
-    mid-generation, as on slower hardware): the same seeded tokens, several times the time."""
+    mid-generation, as on slower hardware): the same seeded tokens, several times the time, by
+    either clock (worker.slowdown_clock)."""
     import time
 
     engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", dtype="float32")
+    engine.slowdown_clock = clock
     tokenizer = load_tokenizer(str(tiny_model_dir))
     requests = [GenRequest(tokenizer.encode("3+4=", add_special_tokens=False), 4, TEMPERATURE, MAX_NEW, seed=5)]
     engine.generate(requests)  # warm

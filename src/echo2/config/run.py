@@ -32,7 +32,7 @@ from echo2.config.report import ReportConfig
 from echo2.config.scoring import ScoringConfig
 from echo2.config.task import AdditionConfig, TaskConfig
 from echo2.config.tls import TLSConfig
-from echo2.config.worker import WorkerConfig
+from echo2.config.worker import SlowdownClock, WorkerConfig
 
 __all__ = ["GRPOConfig", "LoraConfig", "RunConfig", "load_run_config"]
 
@@ -231,6 +231,10 @@ class LearnerConfig(Frozen):
     """EMULATION ONLY: each step idles (slowdown - 1) x its compute time, counted as step time, as a
     slower learner (a larger model) would: benchmarks pace a one-machine run's learner against its
     paced workers (worker.slowdown) in a catalog's proportions."""
+    slowdown_clock: SlowdownClock = "wall"
+    """EMULATION ONLY: what `slowdown` multiplies, as worker.slowdown_clock ("cpu": the learner's
+    CPU time, so a coordinator or workers sharing its cores do not slow it; for a learner with
+    one compute thread)."""
 
 
 class LocalWorkersConfig(Frozen):

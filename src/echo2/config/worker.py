@@ -13,6 +13,21 @@ from pydantic import Field
 from echo2.config.base import DEVICE_FIELD, Frozen
 from echo2.config.tls import TLSConfig
 
+SlowdownClock = Literal["wall", "cpu"]
+
+
+def slowdown_idle_s(slowdown: float, clock: SlowdownClock, wall_s: float, cpu_s: float) -> float:
+    """EMULATION ONLY (worker.slowdown, learner.slowdown): how long to idle after work that took
+    `wall_s` here and `cpu_s` of this process's CPU time, so that it lasts as long as on hardware
+    `slowdown` times slower. "wall": (slowdown - 1) x wall_s. "cpu": slowdown x cpu_s less the
+    time already taken, so waiting for a core another process held costs nothing (while the
+    others take less than (slowdown - 1) / slowdown of it)."""
+    if slowdown <= 1.0:
+        return 0.0
+    if clock == "cpu":
+        return max(0.0, slowdown * cpu_s - wall_s)
+    return (slowdown - 1.0) * wall_s
+
 
 class VLLMConfig(Frozen):
     """vLLM engine settings (`worker.engine = "vllm"`): vLLM's offline `LLM`, run inside the worker
@@ -68,6 +83,11 @@ class WorkerConfig(Frozen):
     swaps versions mid-generation (sampling.segment_tokens, HF engine) or `slowdown_per_token`
     says so, after each decode step, so a generation lasts that much longer token by token and
     versions arrive during it as they would on that hardware."""
+    slowdown_clock: SlowdownClock = "wall"
+    """EMULATION ONLY: what `slowdown` multiplies. "wall": the time the work took here. "cpu": the
+    process's CPU time for it, so other processes sharing this box's cores do not slow the
+    emulated machine (a rented machine's speed is its own); for one-thread workers
+    (torch_threads = 1), as every thread's CPU time counts."""
     slowdown_per_token: bool = False
     """EMULATION ONLY: pace `slowdown` after each decode step (HF engine) even without in-flight
     updates, so runs with and without them emulate the same hardware alike

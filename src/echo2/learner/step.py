@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 
 from echo2.config.run import GRPOConfig
+from echo2.config.worker import SlowdownClock, slowdown_idle_s
 from echo2.learner.audit import group_mean_abs_diff
 from echo2.learner.batching import Samples, flatten, token_staleness
 from echo2.learner.distributed import SINGLE, Ranks, full_value
@@ -83,10 +84,10 @@ def train_step(
             "peak_memory_bytes": peak_memory_bytes(precision.device)}
 
 
-def emulate_slower_learner(slowdown: float, compute_s: float) -> None:
-    """learner.slowdown (EMULATION ONLY): idle (slowdown - 1) x the step's compute, inside the step."""
-    if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * compute_s)
+def emulate_slower_learner(slowdown: float, clock: SlowdownClock, wall_s: float, cpu_s: float) -> None:
+    """learner.slowdown (EMULATION ONLY): idle inside the step, so it lasts as on a learner
+    `slowdown` times slower (config.worker.slowdown_idle_s)."""
+    time.sleep(slowdown_idle_s(slowdown, clock, wall_s, cpu_s))
 
 
 def _weights(groups: list[TrainGroup], samples: Samples, cfg: GRPOConfig,

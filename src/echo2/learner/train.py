@@ -179,7 +179,7 @@ class Learner:
         versions their workers were sent first (a failure skips the step before any training);
         with a wire equal to the learner's weights, groups at this version are checked inside
         the step. The verdicts go to the coordinator either way."""
-        cfg, started = self.cfg, time.perf_counter()
+        cfg, started, cpu_started = self.cfg, time.perf_counter(), time.process_time()
         verdicts = self.auditor.check_before_step(self._scoring_model(), groups, step=step, grpo=cfg.grpo,
                                                   temperature=cfg.sampling.temperature,
                                                   pad_id=self.tokenizer.pad_token_id,
@@ -197,7 +197,8 @@ class Learner:
                                ref_model=self.ref_model, precision=self.precision,
                                audit_tolerance=self.auditor.tolerance, ranks=self.ranks,
                                max_new_tokens=cfg.sampling.max_new_tokens, max_staleness=cfg.train.max_staleness)
-            emulate_slower_learner(cfg.learner.slowdown, time.perf_counter() - started)
+            emulate_slower_learner(cfg.learner.slowdown, cfg.learner.slowdown_clock, time.perf_counter() - started,
+                                   time.process_time() - cpu_started)
             stats["train_s"] = time.perf_counter() - started  # the recomputation included
             if stats["skip_kind"] != "non_finite":  # a broken learner's log-probs say nothing of workers
                 verdicts += self.auditor.check_current(groups, step, stats.pop("group_abs_diff"))

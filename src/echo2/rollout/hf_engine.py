@@ -9,6 +9,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from echo2.config.run import LoraConfig
+from echo2.config.worker import SlowdownClock, slowdown_idle_s
 from echo2.models.device import resolve_device, resolve_dtype
 from echo2.models.generation import strip_completion
 from echo2.models.kv_cache import cache_argument, expand_cache, returned_cache, supports_shared_prefix
@@ -46,12 +47,14 @@ class _Pace:
     token (a version can arrive mid-generation as it would there), and leaves the CPU to the
     learner meanwhile. A logits processor that changes nothing."""
 
-    def __init__(self, slowdown: float) -> None:
-        self.slowdown, self.last = slowdown, time.perf_counter()
+    def __init__(self, slowdown: float, clock: SlowdownClock) -> None:
+        self.slowdown, self.clock = slowdown, clock
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        time.sleep((self.slowdown - 1) * (time.perf_counter() - self.last))
-        self.last = time.perf_counter()
+        time.sleep(slowdown_idle_s(self.slowdown, self.clock, time.perf_counter() - self.last,
+                                   time.process_time() - self.last_cpu))
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
         return scores
 
 
@@ -77,8 +80,8 @@ class HFEngine(Engine):
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.lora: LoraConfig | None = None  # set once the first adapter version arrives
-        self.slowdown = 1.0
-        """EMULATION ONLY: worker.slowdown, paced per decode step (`_Pace`)."""
+        self.slowdown, self.slowdown_clock = 1.0, "wall"
+        """EMULATION ONLY: worker.slowdown and its clock, paced per decode step (`_Pace`)."""
 
     @classmethod
     def from_pretrained(cls, source: str, device: str = "auto", dtype: str = "auto") -> HFEngine:
@@ -191,7 +194,7 @@ class HFEngine(Engine):
             sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0, "output_scores": True}
         if self.slowdown > 1:
             sampling["logits_processor"] = LogitsProcessorList([*sampling.get("logits_processor", []),
-                                                                _Pace(self.slowdown)])
+                                                                _Pace(self.slowdown, self.slowdown_clock)])
         if stop is not None:
             stop.width = width
             sampling["stopping_criteria"] = StoppingCriteriaList([stop])

@@ -16,7 +16,7 @@ import aiohttp
 from echo2.config.base import validate
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.run import LoraConfig
-from echo2.config.worker import WorkerConfig
+from echo2.config.worker import WorkerConfig, slowdown_idle_s
 from echo2.policy import too_stale
 from echo2.protocol import tls
 from echo2.protocol.http import RefusedError, TransientError
@@ -289,21 +289,23 @@ class Worker:
     # ---- rollouts ----
     async def _generate_and_submit(self, tasks: list[Task]) -> None:
         version = self.version
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         inflight = self._inflight(tasks)
         # emulated slower hardware (config: slowdown): paced token by token where versions may
         # arrive mid-generation (HF engine), else idle after the generation
         paced = (inflight is not None or self.cfg.slowdown_per_token) and hasattr(self.engine, "slowdown")
         if hasattr(self.engine, "slowdown"):
             self.engine.slowdown = self.cfg.slowdown if paced else 1.0
+            self.engine.slowdown_clock = self.cfg.slowdown_clock
         try:
             groups = await asyncio.to_thread(sample_groups, self.engine, self.episodes, tasks, inflight)
         except EpisodesFailed as exc:  # the environment's fault, not this worker's: the next lease may work
             log.warning("%s; its leases expire and go to another worker", exc)
             self.metrics.write("episodes_failed", worker_id=self.worker_id, leases=len(tasks), error=str(exc)[:500])
             return
-        if self.cfg.slowdown > 1 and not paced:
-            await asyncio.sleep((self.cfg.slowdown - 1) * (time.perf_counter() - started))
+        if not paced:
+            await asyncio.sleep(slowdown_idle_s(self.cfg.slowdown, self.cfg.slowdown_clock,
+                                                time.perf_counter() - started, time.process_time() - cpu_started))
         gen_s = time.perf_counter() - started
         per_task_s = gen_s / len(tasks)
         for task, completions in zip(tasks, groups, strict=True):
