@@ -1,7 +1,21 @@
 """Each named objective (grpo.loss) against the implementation users trust: TRL's GRPOTrainer
-loss (`GRPOTrainer._compute_loss`, trl 1.16.0) on the same tensors, in fp64: the current
-policy's log-probs, the behaviour (sampling) log-probs, advantages, a reference policy, and
-completion masks of uneven lengths. Loss and gradient must agree within 1e-6.
+loss (`GRPOTrainer._compute_loss`, trl 1.16.0) on the same tensors, in fp64: the log-probs of
+tokens sampled from a stale behaviour policy under it, under the current policy, under the
+policy before the update and under a reference, advantages, and completion masks of uneven
+lengths. Loss and gradient must agree within 1e-6.
+
+The off-policy path both ways: the behaviour policy is off the current one by ratios past both
+clip ranges and the cap. echo2 takes one optimizer step per batch, so its proximal policy (TRL's
+old_per_token_logps for the decoupled objectives) is the current one and the clip never binds
+there; a second test gives both a proximal policy a step earlier, where it does.
+
+Where echo2 and TRL differ on purpose:
+- gspo's importance weight is length-normalised (the geometric mean of the token ratios, as
+  GSPO normalises its ratio); TRL's sequence-level correction ("sequence_truncate") takes their
+  product, which drifts exponentially with the completion's length. TRL is given the normalised
+  weight, and a test shows the two differ;
+- the importance correction is TRL's "token_truncate" formula (`_generate_and_score_completions`
+  computes it from a generation, which needs a model and an engine), applied as written there.
 
 TRL's method runs unchanged; only its inputs are supplied: the trainer attributes its
 `__init__` copies from a real `trl.GRPOConfig`, and the per-token log-probs its model call
@@ -39,23 +53,42 @@ TRL_NAME = {"tis": "dapo", "dapo": "dapo", "bnpo": "bnpo", "grpo": "grpo", "dr_g
             "cispo": "cispo", "clip": "dapo"}
 
 
+V = 12
+"""Vocabulary of the sampled tokens."""
+DECOUPLED = ("tis", "dapo", "bnpo", "grpo", "dr_grpo", "gspo")
+"""The objectives with a proximal policy (cispo and clip take the behaviour policy as TRL's old)."""
+
+
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
+    """Tokens drawn from a behaviour policy (a stale version: the current logits plus noise), and
+    their log-probs under it and under the current, proximal and reference policies."""
     gen = torch.Generator().manual_seed(seed)
     mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in LENGTHS], dtype=torch.float64)
-    logp = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3 - 0.05
-    # behaviour log-probs up to 1.5 nats away: ratios from 0.2 to 4.5, past both clips and the cap
-    behav = logp + (torch.rand(B, T, generator=gen, dtype=torch.float64) - 0.5) * 3.0
-    ref = logp + (torch.rand(B, T, generator=gen, dtype=torch.float64) - 0.5) * 0.5
-    adv = torch.randn(B, generator=gen, dtype=torch.float64)
-    return {"logp": logp, "behav": behav, "ref": ref, "adv": adv, "mask": mask}
+
+    def noise(scale: float) -> torch.Tensor:
+        return torch.randn(B, T, V, generator=gen, dtype=torch.float64) * scale
+
+    current = noise(2.0)
+    logits = {"logp": current, "behav": current + noise(1.5), "prox": current + noise(0.5), "ref": current + noise(0.3)}
+    tokens = torch.multinomial(torch.softmax(logits["behav"], -1).view(-1, V), 1, generator=gen).view(B, T, 1)
+    x = {name: torch.log_softmax(z, -1).gather(-1, tokens).squeeze(-1) for name, z in logits.items()}
+    return {**x, "adv": torch.randn(B, generator=gen, dtype=torch.float64), "mask": mask}
 
 
-def _echo2(objective: str, x: dict, kl_coef: float) -> tuple[float, torch.Tensor]:
+def _beyond(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, int]:
+    """How many trained tokens have a ratio below the low clip, above the high one, above the cap."""
+    ratio, on = torch.exp(log_ratio), mask > 0
+    return {"below": int((on & (ratio < 1 - CFG["clip_low"])).sum()),
+            "above": int((on & (ratio > 1 + CFG["clip_high"])).sum()),
+            "capped": int((on & (ratio > CFG["tis_cap"])).sum())}
+
+
+def _echo2(objective: str, x: dict, kl_coef: float, prox: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
     cfg = GRPOConfig(loss=objective, kl_coef=kl_coef, **CFG)
     logp = x["logp"].clone().requires_grad_(True)
     weights = sequence_weights(objective, x["mask"].sum(-1), max_new_tokens=T)
     out = grpo_loss(logp, x["behav"], x["adv"], x["mask"], cfg=cfg, ref_logp_BT=x["ref"] if kl_coef else None,
-                    token_weight=weights[:, None].expand(B, T))
+                    token_weight=weights[:, None].expand(B, T), prox_logp_BT=prox)
     (grad,) = torch.autograd.grad(out.loss, logp)
     return float(out.loss.detach()), grad
 
@@ -85,10 +118,11 @@ def _trl_trainer(objective: str, logp: torch.Tensor, kl_coef: float, tmp_path) -
     )
 
 
-def _trl(objective: str, x: dict, kl_coef: float, tmp_path) -> tuple[float, torch.Tensor]:
+def _trl(objective: str, x: dict, kl_coef: float, tmp_path, prox: torch.Tensor | None = None
+         ) -> tuple[float, torch.Tensor]:
     logp = x["logp"].clone().requires_grad_(True)
     trainer = _trl_trainer(objective, logp, kl_coef, tmp_path)
-    prox = x["logp"]  # the policy before the update, as TRL's old_per_token_logps
+    prox = x["logp"] if prox is None else prox  # the policy before the update, as TRL's old_per_token_logps
     inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1),
               "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": x["mask"],
               "advantages": x["adv"], "num_items_in_batch": x["mask"].sum(), "ref_per_token_logps": x["ref"]}
@@ -103,11 +137,12 @@ def _trl(objective: str, x: dict, kl_coef: float, tmp_path) -> tuple[float, torc
 
 
 def _importance_weights(objective: str, prox: torch.Tensor, x: dict) -> torch.Tensor:
-    """The truncated weight min(pi_prox / pi_b, C): per token, or for gspo per sequence, from
-    the geometric mean over the completion's tokens (the paper's length normalisation)."""
-    log_w = prox - x["behav"]
+    """TRL's "token_truncate" correction, min(pi_old / pi_b, C) with the masked log-ratio as in
+    `_generate_and_score_completions`; for gspo per sequence, from the geometric mean over the
+    completion's tokens (echo2's length normalisation, see the module docstring)."""
+    log_w = (prox - x["behav"]) * x["mask"]
     if objective == "gspo":
-        log_w = ((log_w * x["mask"]).sum(-1) / x["mask"].sum(-1)).unsqueeze(-1)
+        log_w = (log_w.sum(-1) / x["mask"].sum(-1)).unsqueeze(-1)
     return torch.exp(log_w).clamp(max=CFG["tis_cap"])
 
 
@@ -116,12 +151,50 @@ def _importance_weights(objective: str, prox: torch.Tensor, x: dict) -> torch.Te
 def test_each_objective_equals_trl_in_loss_and_gradient(objective, kl_coef, tmp_path):
     for seed in range(3):
         x = _tensors(seed)
+        beyond = _beyond(x["logp"] - x["behav"], x["mask"])
+        assert min(beyond.values()) > 0, beyond  # off-policy past both clips and the cap
         ours, ours_grad = _echo2(objective, x, kl_coef)
         theirs, theirs_grad = _trl(objective, x, kl_coef, tmp_path)
         assert ours == pytest.approx(theirs, abs=1e-6, rel=0), (objective, seed)
         assert torch.allclose(ours_grad, theirs_grad, atol=1e-6, rtol=0), (objective, seed, ours_grad - theirs_grad)
         assert ours_grad.abs().sum() > 0  # the comparison is not between two zeros
         assert (ours_grad[x["mask"] == 0] == 0).all()  # padding carries nothing
+
+
+@pytest.mark.parametrize("objective", DECOUPLED)
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_with_a_proximal_policy_a_step_earlier_the_clip_binds_as_in_trl(objective, kl_coef, tmp_path):
+    """TRL's num_iterations > 1: old_per_token_logps from before the first of several steps on
+    a batch. The ratio to it leaves the clip range, the clipped tokens carry no gradient, and
+    loss and gradient still equal TRL's, importance correction included."""
+    for seed in range(3):
+        x = _tensors(seed)
+        clipped = _beyond(x["logp"] - x["prox"], x["mask"])
+        assert clipped["below"] > 0 and clipped["above"] > 0, clipped
+        ours, ours_grad = _echo2(objective, x, kl_coef, prox=x["prox"])
+        theirs, theirs_grad = _trl(objective, x, kl_coef, tmp_path, prox=x["prox"])
+        assert ours == pytest.approx(theirs, abs=1e-6, rel=0), (objective, seed)
+        assert torch.allclose(ours_grad, theirs_grad, atol=1e-6, rtol=0), (objective, seed, ours_grad - theirs_grad)
+        if objective != "gspo" and kl_coef == 0:  # per token: the clip that binds zeroes the token's gradient
+            ratio, adv = torch.exp(x["logp"] - x["prox"]), x["adv"][:, None].expand(B, T)
+            binds = (x["mask"] > 0) & (((adv > 0) & (ratio > 1 + CFG["clip_high"]))
+                                       | ((adv < 0) & (ratio < 1 - CFG["clip_low"])))
+            assert binds.any() and (ours_grad[binds] == 0).all()
+            # where neither clip nor cap binds r w = pi / pi_b either way: the clip is the difference
+            assert not torch.allclose(ours_grad, _echo2(objective, x, kl_coef)[1], atol=1e-6)
+
+
+def test_gspo_weight_is_length_normalised_where_trls_sequence_correction_is_a_product():
+    """On purpose: TRL's "sequence_truncate" weight is exp(sum_t log(pi_old / pi_b)), which for
+    a long completion runs to 0 or the cap whatever the per-token mismatch; echo2's is the
+    geometric mean, exp(mean_t ...), as GSPO normalises its ratio by length."""
+    x = _tensors(4)
+    log_diff = (x["logp"] - x["behav"]) * x["mask"]
+    trl_product = torch.exp(log_diff.sum(-1)).clamp(max=CFG["tis_cap"])
+    echo2_mean = _importance_weights("gspo", x["logp"], x).squeeze(-1)
+    longer = x["mask"].sum(-1) > 1
+    assert not torch.allclose(trl_product[longer], echo2_mean[longer], atol=1e-3)
+    assert torch.allclose(trl_product[~longer], echo2_mean[~longer])  # one token: the same weight
 
 
 def test_the_objectives_differ_where_their_formulas_do():

@@ -59,6 +59,7 @@ def grpo_loss(
     num_tokens: float | None = None,
     token_weight: torch.Tensor | None = None,
     seq_ids: torch.Tensor | None = None,
+    prox_logp_BT: torch.Tensor | None = None,
 ) -> LossOutput:
     """The step's loss over these tokens: -sum_t weight_t objective_t (cfg.loss, see
     learner/objectives.py). `token_weight`: each token's weight (`sequence_weights` of its
@@ -66,6 +67,7 @@ def grpo_loss(
     1 / `num_tokens` (the completion tokens of the whole step; default: those in `mask_BT`).
     `adv_B` holds one advantage per row, or one per token (the shape of `logp_BT`, which may be
     a flat [N] of tokens). `seq_ids`: each token's completion (default: its row of [B, T]).
+    `prox_logp_BT`: the policy before the update (`token_objective`; default: `logp_BT` itself).
 
     Tokens with |log pi - log pi_behav| > MAX_LOG_RATIO are left out (see MAX_LOG_RATIO).
     """
@@ -79,7 +81,8 @@ def grpo_loss(
     if token_weight is None:
         ntok = torch.as_tensor(num_tokens if num_tokens is not None else mask.sum(), dtype=logp_BT.dtype)
         token_weight = torch.ones_like(logp_BT) / ntok.clamp(min=1)
-    loss_BT = -token_objective(logp_BT, behav_logp_BT, adv_BT, kept=kept, seq_ids=seq_ids, cfg=cfg)
+    loss_BT = -token_objective(logp_BT, behav_logp_BT, adv_BT, kept=kept, seq_ids=seq_ids, cfg=cfg,
+                               prox_logp=prox_logp_BT)
     if ref_logp_BT is not None and cfg.kl_coef > 0:
         loss_BT = loss_BT + cfg.kl_coef * _k3((ref_logp_BT - logp_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     # where, not multiply: a masked token's loss may be inf and inf * 0 is NaN

@@ -79,17 +79,20 @@ def sequence_weights(objective: str, trained_tokens_S: torch.Tensor, *,
 
 
 def token_objective(logp: torch.Tensor, behav_logp: torch.Tensor, adv: torch.Tensor, *, kept: torch.Tensor,
-                    seq_ids: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+                    seq_ids: torch.Tensor, cfg: GRPOConfig, prox_logp: torch.Tensor | None = None) -> torch.Tensor:
     """Each token's term of the objective (maximised; the loss is its negative). `kept`: the
     tokens trained (masked ones and log-ratio outliers are 0); `seq_ids`: each token's
-    completion, for the sequence-level ratio of "gspo"."""
+    completion, for the sequence-level ratio of "gspo". `prox_logp`: pi_prox, the policy before
+    the update; None: `logp` detached, as the learner's one optimizer step per batch has it (a
+    caller taking several steps on one batch passes the log-probs from before the first, and
+    the clip of the decoupled objectives then binds)."""
     log_ratio = (logp - behav_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     if cfg.loss == "clip":
         return _clip(log_ratio, adv, cfg)
     if cfg.loss == "cispo":
         weight = torch.exp(log_ratio.clamp(max=math.log(cfg.tis_cap))).detach()
         return weight * adv * logp
-    prox = logp.detach()
+    prox = logp.detach() if prox_logp is None else prox_logp.detach()
     if cfg.loss == "gspo":
         log_s = _sequence_mean(logp - prox, kept, seq_ids)
         log_w = _sequence_mean((prox - behav_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), kept, seq_ids)
