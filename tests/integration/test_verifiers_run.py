@@ -34,11 +34,11 @@ def test_the_verifiers_addition_environment_trains_through_echo2_run(tmp_path):
     run_and_check(tmp_path, "addition")
 
 
-def run_and_check(tmp_path, name: str) -> None:
+def run_and_check(tmp_path, name: str, trust: str = "replayable") -> dict:
     small = small_run_config(tmp_path / name, warmstart={"steps": 0}, workers={"count": 1},
                              sampling={"max_new_tokens": 6 if name == "addition" else 48, "group_size": 4},
                              train={"steps": 3, "checkpoint_every": 2, "eval_every": 3})
-    cfg = RunConfig.model_validate({**small.model_dump(), "task": {"name": "verifiers", "trust": "replayable",
+    cfg = RunConfig.model_validate({**small.model_dump(), "task": {"name": "verifiers", "trust": trust,
                                                                     "eval_size": 4, **ENVIRONMENTS[name]}})
     config = write_config(tmp_path / f"{name}.toml", cfg)
     with processes() as start:
@@ -56,3 +56,4 @@ def run_and_check(tmp_path, name: str) -> None:
     assert len(evals) >= 2 and all(r["episodes_failed"] == 0 for r in evals)  # each evaluation's own turn server
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["accuracy_after"] is not None
+    return summary

@@ -15,4 +15,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 
 def test_the_verifiers_calculator_environment_trains_through_echo2_run(tmp_path):
-    run_and_check(tmp_path, "calculator")
+    summary = run_and_check(tmp_path, "calculator")
+    assert summary["rewards_rest_on_workers"] is None  # replayed: the coordinator ran the tools
+
+
+def test_a_worker_trusted_calculator_trains_on_its_workers_tool_answers(tmp_path):
+    """task.trust = "worker-trusted": `echo2 run` hands its own worker the trusted-worker token,
+    every episode is replayed with the tool answers the worker recorded (none refused), and the
+    summary names the worker the rewards rest on."""
+    summary = run_and_check(tmp_path, "calculator", trust="worker-trusted")
+    assert summary["rewards_rest_on_workers"] == ["w0"]

@@ -25,8 +25,10 @@ def _task(*overrides: str, seed: int = 0):
 def test_the_trust_level_must_be_said():
     with pytest.raises(ValueError, match="task.trust: Field required"):
         load_run_config(None, ["task.name=verifiers", ADDITION])
-    with pytest.raises(ValueError, match="task.trust: Input should be 'replayable'"):
-        load_run_config(None, ["task.name=verifiers", ADDITION, "task.trust=worker-trusted"])
+    with pytest.raises(ValueError, match="task.trust: Input should be 'replayable' or 'worker-trusted'"):
+        load_run_config(None, ["task.name=verifiers", ADDITION, "task.trust=trusted"])
+    assert load_run_config(None, ["task.name=verifiers", ADDITION, "task.trust=worker-trusted"]).task.trust == \
+        "worker-trusted"
 
 
 def test_held_out_tasks_are_never_trained_and_the_order_is_the_seeds():

@@ -178,11 +178,15 @@ class VerifiersConfig(EnvTaskConfigBase):
     ("package.module", or "package.module:ClassName"), installed on the coordinator and workers."""
     args: dict[str, Any] = {}
     """The taskset config's fields."""
-    trust: Literal["replayable"]
+    trust: Literal["replayable", "worker-trusted"]
     """How far its episodes can be checked, said explicitly. "replayable": the coordinator plays
     each submitted episode again with the worker's completions, runs the tools itself, refuses an
     episode whose environment tokens differ and computes the reward with the environment's own
-    reward functions (a reward the worker sends is never used)."""
+    reward functions (a reward the worker sends is never used). "worker-trusted": for tools the
+    coordinator cannot run (the network, a sandbox): the replay gives each tool call the answer
+    the worker recorded, the tokens it renders must still equal the episode's, and the reward is
+    still the environment's own; only workers holding the trusted-worker token (ECHO2_TRUSTED_TOKEN,
+    <run_dir>/keys/trusted.token) may join, and the summary names them as what the rewards rest on."""
     renderer: str = "echo2.envs.verifiers_renderer.ExactRenderer"
     """verifiers' renderer: a name of the `renderers` package ("qwen3"...) or a class's import
     path. The default renders with the model's chat template and keeps the engine's exact ids
@@ -198,6 +202,12 @@ class VerifiersConfig(EnvTaskConfigBase):
     judge: JudgeEndpoint | None = None
     """The endpoint of the environment's LLM judges; an environment that plugs judges into its
     tasks is refused without one."""
+
+
+def trusted_workers_only(task: TaskConfigBase) -> bool:
+    """The task's rewards rest on its workers' word (a worker-trusted environment): only workers
+    holding the trusted-worker token join, and its replay takes their tool answers."""
+    return getattr(task, "trust", None) == "worker-trusted"
 
 
 TASK_SCHEMAS: dict[str, type[TaskConfigBase]] = {

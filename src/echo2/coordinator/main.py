@@ -14,6 +14,7 @@ import signal
 from aiohttp import web
 
 from echo2.config.run import RunConfig
+from echo2.config.task import trusted_workers_only
 from echo2.coordinator.http.server import build_app
 from echo2.coordinator.parts.credentials import coordinator_secrets
 from echo2.coordinator.records.store import Store
@@ -91,7 +92,8 @@ async def serve(cfg: RunConfig, stop: asyncio.Event) -> None:
                           processes=cfg.coordinator.scoring.processes, timeout_s=cfg.coordinator.scoring.timeout_s)
     metrics = MetricsWriter(cfg.run_path / "metrics.jsonl", role="coordinator",
                             segment_bytes=cfg.metrics_segment_bytes)
-    secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token))
+    secrets = coordinator_secrets(cfg.run_path, auth_token(cfg.coordinator.auth_token),
+                                  trusted_workers=trusted_workers_only(cfg.task))
     app = build_app(state, metrics, secrets, max_request_bytes=cfg.coordinator.max_request_bytes,
                     tls_config=cfg.tls, scoring=scoring)
     runner = web.AppRunner(app, access_log=None)

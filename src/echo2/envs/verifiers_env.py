@@ -51,6 +51,9 @@ class VerifiersSpec:
     """Where the tasks' LLM judges are pointed (`verifiers_judges`)."""
     run_judges: bool = True
     """False: the judges are taken out (a worker's side: its rewards are never used)."""
+    trust: str = "replayable"
+    """"worker-trusted": a replay gives the tool calls the worker's recorded answers (its tools
+    cannot run where it is replayed); "replayable": the replay runs the tools itself."""
 
 
 def taskset_class(environment: str):
@@ -203,14 +206,15 @@ class VerifiersEpisodes:
     def task(self, index: int):
         return self.tasks[index % len(self.tasks)]
 
-    def play(self, task_indices: Sequence[int], answer: Answer, *,
-             max_episode_tokens: int | None = None) -> list[PlayedEpisode]:
+    def play(self, task_indices: Sequence[int], answer: Answer, *, max_episode_tokens: int | None = None,
+             tool_playback: Sequence[list[str]] | None = None) -> list[PlayedEpisode]:
         """One episode per index (repeat an index for a group), every turn answered by `answer`;
-        `max_episode_tokens`: a tighter budget than the spec's."""
+        `max_episode_tokens`: a tighter budget than the spec's; `tool_playback`: per episode, the
+        answers its tool calls get instead of running the tools."""
         budget = self.spec.max_episode_tokens if max_episode_tokens is None else max_episode_tokens
         return play_episodes(self.server, self.agent, [self.task(i) for i in task_indices], answer,
                              timeout_s=self.spec.episode_timeout_s, max_episode_tokens=budget,
-                             tools=self.shared_tools)
+                             tools=self.shared_tools, tool_playback=tool_playback)
 
     def first_prompt(self, task_index: int) -> list[int]:
         """The token ids of the task's first prompt, as its episodes will render it (a dry run to
@@ -235,9 +239,11 @@ class VerifiersEpisodes:
 
     def replay(self, task_index: int, submitted: Sequence[PlayedEpisode]) -> list[float]:
         """Each submitted episode's reward, from playing the task again with the submitted
-        completions; ReplayMismatch when any environment segment, or where it ends, differs."""
+        completions (and, worker-trusted, its tool answers); ReplayMismatch when any environment
+        segment, or where it ends, differs."""
         expected = [replace(e, reward=0.0, ended="", errors=[]) for e in submitted]
-        replayed = self.play([task_index] * len(expected), playback(expected))
+        answers = [e.tool_answers for e in submitted] if self.spec.trust == "worker-trusted" else None
+        replayed = self.play([task_index] * len(expected), playback(expected), tool_playback=answers)
         check_replayed(expected, replayed)
         return [episode.reward for episode in replayed]
 

@@ -8,7 +8,9 @@ turn's token ids and log-probs on the trace (verifiers' harness contract). Tool 
 renderer parsed run over MCP against the task's toolsets, each bounded in time
 (`HarnessConfig.tool_timeout`) and in output (`max_tool_output_chars`); a call that fails,
 times out or names an unknown tool answers with one error line, so the episode goes on and the
-model sees why.
+model sees why. Every answer is recorded for its episode (tool_records.TOOL_ANSWERS); an
+episode played back (a worker-trusted one replayed at the coordinator, whose tools cannot run
+there) gets its worker's recorded answers instead (TOOL_PLAYBACK).
 
 verifiers finds a harness by importing its id as a module, so the plugin id is the top-level
 package `echo2_verifiers`, which exports this class."""
@@ -26,6 +28,8 @@ import verifiers.v1 as vf
 from openai import APIStatusError, AsyncOpenAI, DefaultAsyncHttpxClient
 from pydantic import Field
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+
+from echo2.envs.tool_records import TOOL_ANSWERS, TOOL_PLAYBACK
 
 HARNESS_ID = "echo2_verifiers"
 
@@ -62,8 +66,8 @@ class Echo2Harness(vf.Harness[Echo2HarnessConfig]):
                     if not message.tool_calls:
                         break
                     for call in message.tool_calls:
-                        answer = await self._call_tool(connections, dispatch, call.function.name,
-                                                       call.function.arguments)
+                        answer = await self._answer(trace.id, connections, dispatch, call.function.name,
+                                                    call.function.arguments)
                         messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
                                          "content": answer})
         except APIStatusError as exc:  # the rollout's limits (max_turns, tokens) refuse the next call
@@ -78,6 +82,19 @@ class Echo2Harness(vf.Harness[Echo2HarnessConfig]):
         if isinstance(prompt, str):
             return [*messages, {"role": "user", "content": prompt}]
         return [*messages, *(m.model_dump(exclude_none=True) for m in prompt or [])]
+
+    async def _answer(self, trace_id: str, connections, dispatch, name: str, arguments: str) -> str:
+        """The tool's answer, or the recorded one where the episode is played back; recorded."""
+        recorded = TOOL_ANSWERS.setdefault(trace_id, [])
+        playback = TOOL_PLAYBACK.get(trace_id)
+        if playback is None:
+            answer = await self._call_tool(connections, dispatch, name, arguments)
+        elif len(recorded) < len(playback):
+            answer = playback[len(recorded)][:self.config.max_tool_output_chars]
+        else:  # the replay called a tool the worker reported no answer for: its tokens will differ
+            answer = f"error: no recorded answer for call {len(recorded) + 1} ({name})"
+        recorded.append(answer)
+        return answer
 
     async def _call_tool(self, connections, dispatch, name: str, arguments: str) -> str:
         """The tool's answer as text, bounded; one error line when it cannot answer."""

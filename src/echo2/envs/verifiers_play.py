@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 
 from echo2.envs.episode import ReplayMismatch
+from echo2.envs.tool_records import TOOL_ANSWERS, TOOL_PLAYBACK
 
 Action = tuple[list[int], list[float]]
 """Sampled token ids (the end-of-sequence token included when it ended the turn) and their log-probs."""
@@ -61,6 +62,8 @@ class PlayedEpisode:
     errors: list[str] = field(default_factory=list)
     out_of_tokens: bool = False
     """It ended because `max_episode_tokens` left no room for another completion."""
+    tool_answers: list[str] = field(default_factory=list)
+    """What its tool calls answered, in order (TOOL_ANSWERS)."""
 
     def check_extends(self, prompt_ids: list[int]) -> None:
         """NotExact unless `prompt_ids` begins with everything so far, token for token."""
@@ -208,14 +211,19 @@ REFUSED = "refused"
 
 
 def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *, timeout_s: float = 600.0,
-                  max_episode_tokens: int | None = None, tools: dict | None = None) -> list[PlayedEpisode]:
+                  max_episode_tokens: int | None = None, tools: dict | None = None,
+                  tool_playback: Sequence[list[str]] | None = None) -> list[PlayedEpisode]:
     """Run one episode per task with `agent` (a verifiers Agent whose client points at
     `server`), answering every turn's calls with `answer`; a completion is cut to what is left
     of `max_episode_tokens` after the first prompt, and an episode with none left ends. An
     exception from `answer` (a replay's mismatch) ends every episode and is raised here. `tools`:
-    the taskset's shared tool servers, already running."""
+    the taskset's shared tool servers, already running. `tool_playback`: per task, the answers
+    its tool calls get instead of running the tools (TOOL_PLAYBACK)."""
     played = [PlayedEpisode() for _ in tasks]
-    runs = [server.run(_start(server, agent, task, k, tools=tools or None)) for k, task in enumerate(tasks)]
+    traced: list[str] = []  # the episodes' trace ids, whose tool records are dropped however they end
+    runs = [server.run(_start(server, agent, task, k, tools=tools or None, traced=traced,
+                              playback=None if tool_playback is None else list(tool_playback[k])))
+            for k, task in enumerate(tasks)]
     for run in runs:
         run.add_done_callback(lambda _: _notify(server))
     try:
@@ -225,16 +233,25 @@ def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *,
     except BaseException:
         _abandon(server, runs)
         raise
+    finally:
+        recorded = {trace_id: TOOL_ANSWERS.pop(trace_id, []) for trace_id in traced}
+        for trace_id in traced:
+            TOOL_PLAYBACK.pop(trace_id, None)
     for episode, trace in zip(played, traces, strict=True):
         episode.reward = float(trace.reward or 0.0)
         episode.ended = "tokens" if episode.out_of_tokens else str(trace.stop_condition or "")
         episode.errors += [str(error.message)[:500] for error in trace.errors]
+        episode.tool_answers = recorded.get(trace.id, [])
     return played
 
 
-async def _start(server: TurnServer, agent, task, index: int, *, tools: dict | None) -> asyncio.Task:
+async def _start(server: TurnServer, agent, task, index: int, *, tools: dict | None, traced: list[str],
+                 playback: list[str] | None) -> asyncio.Task:
     def minted(trace) -> None:  # before its first model call: its session is this episode
         server.sessions[trace.id] = index
+        traced.append(trace.id)
+        if playback is not None:
+            TOOL_PLAYBACK[trace.id] = playback
     return asyncio.ensure_future(agent.run(task, on_trace=minted, tools=tools))
 
 

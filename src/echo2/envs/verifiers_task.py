@@ -69,7 +69,7 @@ class VerifiersTask:
                              max_episode_tokens=cfg.max_episode_tokens, renderer=cfg.renderer,
                              tool_parser=cfg.tool_parser, tool_timeout_s=cfg.tool_timeout_s,
                              max_tool_output_chars=cfg.max_tool_output_chars, episode_timeout_s=cfg.episode_timeout_s,
-                             judge=cfg.judge, run_judges=run_judges)
+                             judge=cfg.judge, run_judges=run_judges, trust=cfg.trust)
 
     def episodes(self, tokenizer_source: str, max_new_tokens: int, *, run_judges: bool = True) -> VerifiersEpisodes:
         """Episodes with the model's tokenizer (its directory or hub id); enter it before playing.

@@ -16,12 +16,14 @@ from rich.console import Console
 
 from echo2.config.run import RunConfig
 from echo2.config.run_dir import write_resolved
+from echo2.config.task import trusted_workers_only
 from echo2.config.tls import TLSConfig
-from echo2.coordinator.parts.credentials import OPERATOR, key_file, read_secret
+from echo2.coordinator.parts.credentials import OPERATOR, TRUSTED, key_file, read_secret
 from echo2.launch.children import Child, start_child, stop_children
 from echo2.launch.fleet import FleetProvider, FleetSync, LocalFleet, StaticFleet
 from echo2.launch.progress import RunProgress
 from echo2.launch.remote_fleet import REMOTE_PROVIDERS, FleetLoop, make_remote_fleet
+from echo2.protocol.trusted import TRUSTED_TOKEN_VARIABLE
 from echo2.report.finish import finish_run
 from echo2.report.metrics import MetricsTail, MetricsWriter
 from echo2.report.render import render_summary
@@ -48,6 +50,11 @@ def run_local(cfg: RunConfig, console: Console) -> int:
     task = make_task(cfg.task, cfg.seed)
     task.check()  # bad data is an error now, before any process starts
     cfg.evaluation.on_workers(task.kind != "single")  # so is evaluation where it cannot run
+    if trusted_workers_only(cfg.task) and cfg.activation.provider in REMOTE_PROVIDERS:
+        raise ValueError(f"task.trust = 'worker-trusted' with activation.provider = {cfg.activation.provider!r}: "
+                         "the trusted-worker token is handed to this machine's workers only; start the rented "
+                         "machines' workers with `echo2 worker` and $ECHO2_TRUSTED_TOKEN (docs/operations.md), or "
+                         "use a replayable environment")
     write_resolved(cfg)
     prepare_base_model(cfg, log=console.print)
     tokens = _role_tokens(cfg)
@@ -99,13 +106,17 @@ def _raise_interrupt(signum, frame) -> None:
 
 def _role_tokens(cfg: RunConfig) -> dict[str, str]:
     """One secret per role, from the environment where set, else fresh for this run (the
-    operator's: from the run dir's key file, as a standalone coordinator keeps it)."""
-    return {
+    operator's: from the run dir's key file, as a standalone coordinator keeps it; a
+    worker-trusted environment's trusted-worker token likewise, which this machine's workers get)."""
+    tokens = {
         "ECHO2_AUTH_TOKEN": cfg.coordinator.auth_token or os.environ.get("ECHO2_AUTH_TOKEN") or secrets.token_hex(16),
         "ECHO2_LEARNER_TOKEN": os.environ.get("ECHO2_LEARNER_TOKEN") or secrets.token_hex(16),
         # kept in the run dir (mode 0600) unless set: the operator logs in to the dashboard with it
         "ECHO2_OPERATOR_TOKEN": read_secret("OPERATOR_TOKEN", key_file(cfg.run_path, OPERATOR), create=True),
     }
+    if trusted_workers_only(cfg.task):
+        tokens[TRUSTED_TOKEN_VARIABLE] = read_secret("TRUSTED_TOKEN", key_file(cfg.run_path, TRUSTED), create=True)
+    return tokens
 
 
 def _dashboard_line(cfg: RunConfig) -> str:
@@ -124,7 +135,7 @@ def _start_roles(cfg: RunConfig, tokens: dict[str, str], children: list[Child], 
     run_dir, logs = str(cfg.run_path), cfg.run_path / "logs"
     started_wall_s = time.time()  # a resumed run's metrics hold the last run's decisions too
     (cfg.run_path / "coordinator.json").unlink(missing_ok=True)
-    worker_env = {"ECHO2_AUTH_TOKEN": tokens["ECHO2_AUTH_TOKEN"]}
+    worker_env = {key: tokens[key] for key in ("ECHO2_AUTH_TOKEN", TRUSTED_TOKEN_VARIABLE) if key in tokens}
     learner_env = {**worker_env, "ECHO2_LEARNER_TOKEN": tokens["ECHO2_LEARNER_TOKEN"]}
     coordinator = _spawn(children, "coordinator", ["coordinator", "--run-dir", run_dir], logs=logs,
                          env=tokens)

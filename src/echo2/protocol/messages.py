@@ -8,7 +8,7 @@ not be its to choose (the coordinator answers an oversized field with 422 naming
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,7 +20,7 @@ from echo2.protocol.broadcast import Assignment, BadPeerReport
 from echo2.protocol.manifest import SignedManifest
 from echo2.protocol.release import RELEASE
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 PROTOCOL_CHANGES = {
     5: "the learner's batch request is a POST carrying its progress; replies are typed messages",
     6: "version news reaches a worker by its held heartbeat only; one lease_id names a lease, its group "
@@ -34,6 +34,7 @@ PROTOCOL_CHANGES = {
        "the coordinator fetches that chunk from the peer itself before it drops the peer for everyone",
     10: "the coordinator tells the learner how to audit each group (TrainGroup.audit) and the learner reports "
         "the groups it held out (GroupAudit.held_out)",
+    11: "a worker-trusted episode carries its tool calls' answers (RolloutCompletion.tool_answers)",
 }
 """What each protocol changed, told in the error a peer of another protocol gets."""
 # a worker's running totals: far above any real run, and small enough that every sum and float
@@ -43,6 +44,8 @@ MAX_CLAIMED_COUNT = 1 << 53
 other with a message naming both (`protocol_mismatch`) rather than failing on some field."""
 MAX_HEARTBEAT_INTERVAL_S = 600.0
 """The longest a coordinator may tell a worker to wait between heartbeats."""
+MAX_TOOL_CALLS, MAX_TOOL_ANSWER_CHARS = 256, 1_000_000
+"""One episode's tool calls, and one answer's characters (task.max_tool_output_chars' bound)."""
 MAX_VERSION_RUNS = 64
 """Runs of token_versions in one completion: a version swap every segment_tokens tokens, at most
 one per version; a generation straddling more versions than this is far past any S."""
@@ -52,7 +55,7 @@ _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    protocol: Literal[10] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
+    protocol: Literal[11] = PROTOCOL_VERSION  # keep equal to PROTOCOL_VERSION (a test checks)
 
 
 class SamplingParams(BaseModel):
@@ -275,6 +278,9 @@ class RolloutCompletion(BaseModel):
     """Which version sampled which tokens, as runs (version, tokens) in token order, when the
     worker swapped versions mid-generation (`protocol/token_versions.py`); empty: every token is
     the submission's version."""
+    tool_answers: list[Annotated[str, Field(max_length=MAX_TOOL_ANSWER_CHARS)]] = Field([], max_length=MAX_TOOL_CALLS)
+    """A worker-trusted episode (task.trust): what its tool calls answered, in order; the
+    coordinator's replay renders them itself (ignored where the coordinator runs the tools)."""
 
     def model_token_mask(self) -> list[bool]:
         """Per token: the model's (True: sampled, trained) or the environment's (context only)."""

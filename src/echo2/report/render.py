@@ -62,6 +62,9 @@ def _metrics_table(summary: dict[str, Any]) -> Table:
     if replay:
         table.add_row("episodes replayed by the coordinator", f"{replay['episodes']:,} in {replay['seconds']:.1f} s "
                       f"({replay['ms_per_episode']:.2f} ms per episode)")
+    trusted = summary.get("rewards_rest_on_workers")
+    if trusted:
+        table.add_row("rewards rest on (worker-trusted tool answers)", ", ".join(trusted))
     if summary.get("eval_s_total"):
         table.add_row("evaluation (learner time)", f"{summary['eval_s_total']:.1f} s on {summary['eval_problems']} "
                       f"held-out problems per evaluation")

@@ -19,6 +19,7 @@ SUMMARY_KINDS = frozenset({
     "train_step", "checkpoint", "eval", "step_skipped", "version_published", "origin_bytes", "learner_done",
     "coordinator_final", "activation", "weights_loaded", "audit", "worker_quarantined",
     "worker_released", "worker_acquired", "worker_rejoined", "episodes_replayed", "batch_assigned",
+    "worker_registered",  # kept only where the worker presented the trusted-worker token (`_kept`)
 })
 
 
@@ -38,7 +39,7 @@ def _kept(records: Iterable[dict]) -> list[dict]:
             first = r
         if r["kind"] == "coordinator_final":
             final = r  # the last one counts (one per coordinator start; each holds every worker)
-        elif r["kind"] in SUMMARY_KINDS:
+        elif r["kind"] in SUMMARY_KINDS and (r["kind"] != "worker_registered" or r.get("trusted")):
             kept.append(r)
     extras = [final] if final else []
     if first is not None and first["kind"] not in SUMMARY_KINDS:
@@ -147,6 +148,8 @@ def summarize(stream: Iterable[dict]) -> dict[str, Any]:
         "activation_decisions": _decisions(records),
         "fleet": _fleet(records),
         "audit": _audit(records, final[-1].get("audit") if final else None),
+        # a worker-trusted environment (task.trust): its tool answers, and so its rewards, are theirs
+        "rewards_rest_on_workers": sorted({r["worker_id"] for r in _of(records, "worker_registered")}) or None,
     }
 
 

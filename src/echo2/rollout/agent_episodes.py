@@ -64,7 +64,9 @@ class AgentPlayer:
             if not episode.segments:
                 raise EpisodesFailed(f"lease {seats[k][0].lease_id}: episode {seats[k][1]} ended before the model's "
                                      f"first turn: {'; '.join(episode.errors) or episode.ended}")
-        completions = [RolloutCompletion(token_ids=e.token_ids, logprobs=e.logprobs, segments=e.segments)
-                       for e in played]
+        # a worker-trusted environment's replay gives its tool calls these answers (task.trust)
+        trusted = self.episodes.spec.trust == "worker-trusted"
+        completions = [RolloutCompletion(token_ids=e.token_ids, logprobs=e.logprobs, segments=e.segments,
+                                         tool_answers=e.tool_answers if trusted else []) for e in played]
         size = [t.sampling.group_size for t in tasks]
         return [completions[sum(size[:i]):sum(size[:i + 1])] for i in range(len(tasks))]

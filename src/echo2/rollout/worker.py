@@ -34,6 +34,7 @@ from echo2.protocol.messages import (
     SubmitResponse,
     Task,
 )
+from echo2.protocol.trusted import TRUSTED_HEADER, trusted_worker_token
 from echo2.report.metrics import MetricsWriter
 from echo2.rollout.activity import ActivityLog
 from echo2.rollout.agent_episodes import EpisodesFailed
@@ -223,16 +224,22 @@ class Worker:
         still live until the coordinator times it out (409), and a fleet joining from behind one
         address may meet the registration rate limit (429): it waits and tries again."""
         deadline = time.monotonic() + JOIN_WAIT_S
-        while True:
-            try:
-                return await self.link.retrying("POST", "/v1/register", req, token=self.token)
-            except RefusedError as exc:
-                if exc.status not in (409, 429) or time.monotonic() > deadline:
-                    raise
-                log.info("registration deferred (HTTP %d: %s); trying again in 1 s", exc.status, exc.message)
+        trusted = trusted_worker_token()  # a worker-trusted environment's workers must present it
+        if trusted:
+            self.link.session.headers[TRUSTED_HEADER] = trusted
+        try:
+            while True:
+                try:
+                    return await self.link.retrying("POST", "/v1/register", req, token=self.token)
+                except RefusedError as exc:
+                    if exc.status not in (409, 429) or time.monotonic() > deadline:
+                        raise
+                    log.info("registration deferred (HTTP %d: %s); trying again in 1 s", exc.status, exc.message)
                 await wait_either(self.stop, self.stop, timeout_s=1.0)
                 if self.stop.is_set():
                     raise Stopping from None
+        finally:  # the registration alone asks for it
+            self.link.session.headers.pop(TRUSTED_HEADER, None)
 
     async def reregister(self, seen_at: float) -> None:
         """Join again after an eviction, once, however many loops noticed it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 
+from echo2.config.task import trusted_workers_only
 from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
@@ -35,6 +36,8 @@ class RolloutIntake:
         self.events, self.clock = state.events, state.clock
         self.sampling = SamplingParams.of(state.cfg.sampling)
         self.rules = RewardRules.from_config(state.cfg.grpo, state.cfg.audit)
+        # only a worker-trusted environment's replay takes the worker's tool answers
+        self.takes_tool_answers = trusted_workers_only(state.cfg.task)
         self._draws = random.SystemRandom()  # which dropped groups the audit sees: unpredictable
         counters = self.groups.counters  # a restarted coordinator plans with the share it measured before
         self.controller.observe_uninformative(counters.dropped_uninformative, counters.scored)
@@ -66,7 +69,7 @@ class RolloutIntake:
         if req.version < lease.version:
             raise RequestError(422, f"rollout.version={req.version} is older than the lease's version {lease.version}")
         problem = check_submission(req, self.sampling, self.scorer.vocab_size, self.scorer.max_episode_tokens,
-                                   newest_version=self.versions.current)
+                                   newest_version=self.versions.current, tool_answers=self.takes_tool_answers)
         if problem:
             raise RequestError(422, problem)
         self.limits.admit(req.worker_id)

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from echo2.config.task import trusted_workers_only
 from echo2.coordinator.parts import Parts
 from echo2.coordinator.parts.leases import Lease
 from echo2.coordinator.parts.registry import WorkerRecord
@@ -83,10 +84,17 @@ class WorkerDesk:
         its event loop's lag: 1 when keeping up)."""
         self.fleet = fleet
 
-    def register(self, req: RegisterRequest, source: str = "") -> RegisterResponse:
+    def register(self, req: RegisterRequest, source: str = "", trusted: bool = False) -> RegisterResponse:
         """Join the run (with the join token). Issues the credential every later call of this
         worker must carry; only an evicted or departed worker's id can register again (its old
-        credential and leases are void). `source`, the caller's address, is rate-limited."""
+        credential and leases are void). `source`, the caller's address, is rate-limited.
+        `trusted`: it presented the trusted-worker token, which a worker-trusted environment's
+        workers must."""
+        if trusted_workers_only(self.cfg.task) and not trusted:
+            raise RequestError(403, "task.trust = 'worker-trusted': this run's rewards rest on its workers' tool "
+                                    "answers, so only workers holding the trusted-worker token may join: set "
+                                    "$ECHO2_TRUSTED_TOKEN (or $ECHO2_TRUSTED_TOKEN_FILE) on this worker to the "
+                                    "coordinator's (its $ECHO2_TRUSTED_TOKEN or <run_dir>/keys/trusted.token)")
         self.registry.take_join_token(source)
         self.registry.take_admission(refuse_for_s=OVERLOADED_REFUSAL_S if self.load_stretch >= OVERLOADED else 0.0)
         if self.cfg.audit.require_seeded_sampler and req.sampler != "seeded":
@@ -108,7 +116,7 @@ class WorkerDesk:
             self.fleet.control_soon()
         self.events.append(ev.WorkerRegistered(worker_id=record.worker_id, engine=req.engine,
                                                price_per_hour=req.price_per_hour, relay_address=req.relay_address,
-                                               source=source))
+                                               source=source, trusted=trusted))
         cfg = self.cfg
         return RegisterResponse(
             worker_id=record.worker_id, heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,

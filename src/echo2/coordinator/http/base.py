@@ -23,6 +23,7 @@ from echo2.report.metrics import MetricsWriter
 
 if TYPE_CHECKING:
     from echo2.coordinator.desks.evaluation import EvaluationDesk
+    from echo2.coordinator.parts.credentials import Secrets
     from echo2.coordinator.state import CoordinatorState
 
 
@@ -66,6 +67,7 @@ METRICS_KEY = web.AppKey("metrics", MetricsWriter)
 CHANGED_KEY = web.AppKey("buffer_changed", asyncio.Condition)
 LIMIT_KEY = web.AppKey("max_request_bytes", int)
 TLS_KEY = web.AppKey("tls", TLSConfig)
+SECRETS_KEY: web.AppKey[Secrets] = web.AppKey("secrets")  # the registration checks the trusted-worker token
 RELAY_TOKEN_KEY = web.AppKey("relay_token", str)  # what relays take from any worker: the join token
 HISTORY_KEY = web.AppKey("history", RunHistory)
 ROOM_KEY = web.AppKey("state_changed", Signal)

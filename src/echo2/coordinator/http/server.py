@@ -23,6 +23,7 @@ from echo2.coordinator.http.base import (
     RELAY_TOKEN_KEY,
     ROOM_KEY,
     SCORING_KEY,
+    SECRETS_KEY,
     STATE_KEY,
     TLS_KEY,
     WORKER_KEY,
@@ -59,6 +60,7 @@ from echo2.coordinator.parts.credentials import (
     VIEWER,
     WORKER,
     Secrets,
+    holds_trusted_token,
 )
 from echo2.coordinator.parts.probe import check_relay_address, own_address, probe_relay
 from echo2.coordinator.records.errors import RequestError
@@ -82,6 +84,7 @@ from echo2.protocol.messages import (
     RegisterRequest,
     RolloutSubmission,
 )
+from echo2.protocol.trusted import TRUSTED_HEADER
 from echo2.report.metrics import MetricsWriter
 
 if TYPE_CHECKING:
@@ -146,7 +149,8 @@ async def error_middleware(request: web.Request, handler):
 
 async def handle_register(request: web.Request) -> web.Response:
     req = await parse_body(request, RegisterRequest)
-    return typed_reply(request.app[STATE_KEY].worker_desk.register(req, source=request.remote or ""))
+    trusted = holds_trusted_token(request.app[SECRETS_KEY], request.headers.get(TRUSTED_HEADER, ""))
+    return typed_reply(request.app[STATE_KEY].worker_desk.register(req, source=request.remote or "", trusted=trusted))
 
 
 async def handle_leave(request: web.Request) -> web.Response:
@@ -239,6 +243,7 @@ def build_app(state: CoordinatorState, metrics: MetricsWriter, secrets: Secrets,
     app[LIMIT_KEY] = max_request_bytes
     app[TLS_KEY] = tls_config or TLSConfig()
     app[RELAY_TOKEN_KEY], app[CHECKS_WAKE_KEY] = secrets.join, asyncio.Event()
+    app[SECRETS_KEY] = secrets
     app[HISTORY_KEY] = history = RunHistory(metrics.path)  # the run's records, for the dashboard and /metrics
     app[ROOM_KEY] = Signal()
     app[NEWS_KEY] = NewsLines()

@@ -11,7 +11,10 @@
   login form exchanges it for; see echo2.coordinator.http.dashboard).
 
 With only the join token a client can join as a new worker and nothing more: it cannot
-publish, take the learner's batches, or act as another worker.
+publish, take the learner's batches, or act as another worker. Where the run's environment is
+worker-trusted (task.trust: tools the coordinator cannot replay) a worker must also present the
+**trusted-worker token** when it registers (header X-Echo2-Trusted-Worker; ECHO2_TRUSTED_TOKEN,
+by default `<run_dir>/keys/trusted.token`): the run's rewards rest on the workers holding it.
 
 Secrets come from the environment (ECHO2_AUTH_TOKEN, ECHO2_LEARNER_TOKEN, ECHO2_OPERATOR_TOKEN)
 or from files named by ECHO2_<NAME>_FILE; the learner and operator tokens default to files the
@@ -22,16 +25,19 @@ same machine reads. None of them is ever written to config.json or the logs.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 MIN_TOKEN_CHARS = 16
-SECRET_VARIABLES = frozenset(f"ECHO2_{name}{suffix}" for name in ("AUTH_TOKEN", "LEARNER_TOKEN", "OPERATOR_TOKEN")
-                             for suffix in ("", "_FILE"))
+SECRET_VARIABLES = frozenset(f"ECHO2_{name}{suffix}" for name in ("AUTH_TOKEN", "LEARNER_TOKEN", "OPERATOR_TOKEN",
+                                                                  "TRUSTED_TOKEN") for suffix in ("", "_FILE"))
+
 
 JOIN, WORKER, LEARNER, OPERATOR, VIEWER, OPEN = "join", "worker", "learner", "operator", "viewer", "open"
+TRUSTED = "trusted"
 ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): OPEN,
     ("POST", "/v1/register"): JOIN,
@@ -64,8 +70,14 @@ class Secrets:
     join: str
     learner: str
     operator: str
+    trusted: str = ""
+    """The trusted-worker token; empty: the run takes no worker's word (none is asked for)."""
 
     def __post_init__(self) -> None:
+        if self.trusted and (len(self.trusted) < MIN_TOKEN_CHARS
+                             or self.trusted in (self.join, self.learner, self.operator)):
+            raise ValueError(f"the trusted-worker token (ECHO2_TRUSTED_TOKEN) must have {MIN_TOKEN_CHARS} characters "
+                             "or more and differ from the join, learner and operator tokens")
         for role, value in (("join (ECHO2_AUTH_TOKEN)", self.join), ("learner (ECHO2_LEARNER_TOKEN)", self.learner),
                             ("operator (ECHO2_OPERATOR_TOKEN)", self.operator)):
             if len(value) < MIN_TOKEN_CHARS:
@@ -97,12 +109,19 @@ def key_file(run_path: Path, role: str) -> Path:
     return run_path / "keys" / f"{role}.token"
 
 
-def coordinator_secrets(run_path: Path, configured_join: str) -> Secrets:
+def coordinator_secrets(run_path: Path, configured_join: str, *, trusted_workers: bool = False) -> Secrets:
+    """`trusted_workers`: the run's environment is worker-trusted, so its workers must present
+    the trusted-worker token (made in the run dir unless set)."""
     return Secrets(
         join=configured_join or read_secret("AUTH_TOKEN"),
         learner=read_secret("LEARNER_TOKEN", key_file(run_path, LEARNER), create=True),
         operator=read_secret("OPERATOR_TOKEN", key_file(run_path, OPERATOR), create=True),
+        trusted=read_secret("TRUSTED_TOKEN", key_file(run_path, TRUSTED), create=True) if trusted_workers else "",
     )
+
+
+def holds_trusted_token(secrets: Secrets, presented: str) -> bool:
+    return bool(secrets.trusted) and hmac.compare_digest(presented.encode(), secrets.trusted.encode())
 
 
 def new_worker_credential() -> tuple[str, str]:

@@ -28,6 +28,8 @@ class WorkerRegistered(Event):
     price_per_hour: float
     relay_address: str
     source: str
+    trusted: bool = False
+    """It presented the trusted-worker token (a worker-trusted environment's rewards rest on it)."""
 
 
 @dataclass(frozen=True)

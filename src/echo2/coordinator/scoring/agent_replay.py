@@ -2,8 +2,9 @@
 coordinator names the task of each lease, the worker returns the transcript it played (its
 completions with their behaviour log-probs, the environment's segments between them), and the
 coordinator plays the task again with those completions (echo2.envs.verifiers_play's replay):
-its own renderer, its own tool calls, and the environment's own reward functions. The replay's
-reward is the one that counts; a transcript the replay does not reproduce token for token (a
+its own renderer, its own tool calls (a worker-trusted environment's: the answers the worker
+recorded, task.trust), and the environment's own reward functions. The replay's reward is the
+one that counts; a transcript the replay does not reproduce token for token (a
 tool result the tool did not give, an episode cut short or run past its end) refuses the whole
 submission, as for echo2's own environments (coordinator.scoring.replay)."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Sequence
 
 from echo2.config.task import VerifiersConfig
 from echo2.envs.transcript import chat_tokenizer, model_vocab_size
@@ -58,12 +60,15 @@ class AgentScorer:
         return self._first_prompt(prompt_index)
 
     def rewards(self, prompt_index: int, completions: list[RolloutCompletion]) -> list[float]:
-        return [self.reward_of(prompt_index, c.token_ids, c.segments) for c in completions]
+        return [self.reward_of(prompt_index, c.token_ids, c.segments, c.tool_answers) for c in completions]
 
-    def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int]) -> float:
-        """One episode's reward from its replay; ReplayMismatch when it does not reproduce."""
+    def reward_of(self, prompt_index: int, token_ids: list[int], segments: list[int],
+                  tool_answers: Sequence[str] = ()) -> float:
+        """One episode's reward from its replay; ReplayMismatch when it does not reproduce.
+        `tool_answers`: a worker-trusted episode's, given to its tool calls in the replay."""
         submitted = PlayedEpisode(prompt_ids=self._first_prompt(prompt_index), token_ids=list(token_ids),
-                                  logprobs=[0.0] * len(token_ids), segments=list(segments))
+                                  logprobs=[0.0] * len(token_ids), segments=list(segments),
+                                  tool_answers=list(tool_answers))
         with self._playing:
             return self.episodes.replay(self.task.train_index(prompt_index), [submitted])[0]
 

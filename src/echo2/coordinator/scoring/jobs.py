@@ -50,8 +50,8 @@ class Scoring(Protocol):
 
 
 def rollout_jobs(prompt_index: int, completions: list[RolloutCompletion]) -> list[dict]:
-    return [{"op": "reward", "prompt_index": prompt_index, "token_ids": c.token_ids, "segments": c.segments}
-            for c in completions]
+    return [{"op": "reward", "prompt_index": prompt_index, "token_ids": c.token_ids, "segments": c.segments,
+             **({"tool_answers": c.tool_answers} if c.tool_answers else {})} for c in completions]
 
 
 def eval_jobs(first_index: int, completions: list[list[int]]) -> list[dict]:
@@ -63,7 +63,9 @@ def score_job(scorer, job: dict) -> Outcome:
     """One job's outcome from `scorer` (a Scorer or EpisodeScorer)."""
     if job["op"] == "reward":
         try:
-            return float(scorer.reward_of(job["prompt_index"], job["token_ids"], job["segments"]))
+            # tool answers only reach a worker-trusted environment's scorer (scoring.validation)
+            answers = {"tool_answers": job["tool_answers"]} if job.get("tool_answers") else {}
+            return float(scorer.reward_of(job["prompt_index"], job["token_ids"], job["segments"], **answers))
         except ReplayMismatch as exc:
             return Mismatch(str(exc))
     if job["op"] == "eval":

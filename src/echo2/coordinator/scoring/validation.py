@@ -21,11 +21,13 @@ MIN_PLAUSIBLE_LOGPROB = -50.0
 
 
 def check_submission(req: RolloutSubmission, sampling: SamplingParams, vocab_size: int,
-                     max_episode_tokens: int | None = None, *, newest_version: int | None = None) -> str | None:
+                     max_episode_tokens: int | None = None, *, newest_version: int | None = None,
+                     tool_answers: bool = False) -> str | None:
     """`max_episode_tokens`: the task is multi-turn and its transcripts have at most this many
     tokens (None: single-turn, one completion of at most sampling.max_new_tokens).
     `newest_version`: the newest version published, which no token's version may exceed (None:
-    the submission's own)."""
+    the submission's own). `tool_answers`: the task's replay takes the worker's tool answers
+    (a worker-trusted environment); elsewhere a completion carrying any is refused."""
     if len(req.completions) != sampling.group_size:
         return f"rollout.completions has {len(req.completions)} entries; the group size is {sampling.group_size}"
     for i, completion in enumerate(req.completions):
@@ -34,6 +36,9 @@ def check_submission(req: RolloutSubmission, sampling: SamplingParams, vocab_siz
         else:
             problem = _check_episode(completion, sampling, max_episode_tokens)
         problem = problem or _check_tokens(completion.token_ids, completion.logprobs, vocab_size)
+        if completion.tool_answers and not tool_answers:
+            problem = problem or ("carries tool_answers, but this run's task replays its tools itself (task.trust is "
+                                  "not 'worker-trusted'): send none")
         problem = problem or token_versions.problem(
             completion.token_versions, tokens=len(completion.token_ids), version=req.version,
             newest=req.version if newest_version is None else newest_version, field="token_versions")
