@@ -183,10 +183,12 @@ def measured(mode: str, seed: int, run_dir: Path, wall_s: float) -> dict:
 def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
     """The same fleet for `echo2 sim`, from what the online run measured: the learner's step time,
     each host's rollouts/s (the controller's own estimates, median over the run) and boot time
-    (acquire to registration, median over its acquires), with the hosts' prices and the run's
-    activation settings."""
+    (acquire to registration, median over its acquires), the share of scored groups dropped as
+    uninformative (all rewards equal: the fleet generates that much more per trained group, and
+    the controller asks for it), with the hosts' prices and the run's activation settings."""
     cfg = json.loads((run_dir / "config.json").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
+    counters = [r for r in rows if r["kind"] == "coordinator_final"][-1]["counters"]
     steps = [r for r in rows if r["kind"] == "train_step" and r["step"] >= 1]
     estimates: dict[str, list[float]] = {}
     for r in rows:
@@ -214,6 +216,7 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
         "learner": {"price_per_hour": cfg["learner"]["price_per_hour"], "uplink_bps": 1e12},
         "workers": workers,
         "workload": {"params": 1e6, "prompts_per_step": cfg["grpo"]["prompts_per_step"],
+                     "uninformative_share": counters["dropped_uninformative"] / max(1, counters["scored"]),
                      "group_size": cfg["sampling"]["group_size"], "step_time_s": statistics.mean(step_s),
                      "max_staleness": cfg["train"]["max_staleness"], "generation_time_s": 0.0},
         "broadcast": {"topology": "ideal", "hop_latency_s": 0.0},
