@@ -2,7 +2,9 @@
 took one pass over the workers (commit f86ed8e), kept verbatim below this note but for one line:
 it builds `ReferencePlannedCover`, policy.planned.PlannedCover with `_pick` as it was then.
 tests/unit/test_controller_scale.py checks the new controller decides exactly as this one does;
-benchmarks/policy_scale.py times both. Do not change what this computes.
+benchmarks/policy_scale.py times both. Do not change what this computes, but for the rules both
+share: the uninformative share d is measured over the recent groups (policy.rewards), as the
+controller does since.
 
 Original docstring:
 Online cost-aware activation: keep the learner fed by the cheapest set of live workers.
@@ -42,7 +44,7 @@ from echo2.planner import (
 )
 from echo2.policy.credit import audit_credit, capped_offers
 from echo2.policy.planned import PlannedCover
-from echo2.policy.rewards import measured_uninformative_share
+from echo2.policy.rewards import UninformativeShare
 from echo2.policy.worker_view import (
     ControlDecision,
     Ewma,
@@ -90,6 +92,7 @@ class ActivationController:
         self.started, self.last_tick, self.last_change = now, now, now
         self.learner_cost = 0.0
         self.uninformative_share = 0.0 if catalog is None else catalog.workload.uninformative_share
+        self.recent_d = UninformativeShare()  # d over the recent groups (it rises as the policy learns)
         """d: share of scored groups dropped as uninformative, the catalog's until measured."""
 
     # ---- observations ----
@@ -142,8 +145,8 @@ class ActivationController:
 
     def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
         """Running totals: groups scored, and those of them dropped as uninformative."""
-        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups,
-                                                                prior=self.uninformative_share)
+        self.uninformative_share = self.recent_d.observe(dropped_groups, scored_groups,
+                                                         prior=self.uninformative_share)
 
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
                      stale_s_total: float = 0.0) -> None:

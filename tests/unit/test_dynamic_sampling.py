@@ -193,3 +193,25 @@ def test_the_audit_sees_a_sample_of_what_dynamic_sampling_drops(tmp_path, tiny_m
     task = lease(state, "a", 1, max_tasks=1).tasks[0]
     assert "uninformative" in state.intake.submit(submission(state, "a", task.lease_id, 1, alike=True)).reason
     assert state.counters.dropped_uninformative == 1
+
+
+def test_the_measured_share_follows_a_policy_that_learns():
+    """d rises as the policy gets more groups all right: measured over the recent groups, the
+    demand the controller sizes the fleet for rises with it (over the whole run it lagged)."""
+    import pytest
+
+    from echo2.policy.rewards import MIN_GROUPS_MEASURED, RECENT_GROUPS, UninformativeShare
+
+    d = UninformativeShare()
+    assert d.observe(5, MIN_GROUPS_MEASURED - 1, prior=0.3) == 0.3  # too few groups: the prior
+    dropped = scored = 0
+    for _ in range(RECENT_GROUPS):  # a fifth of the groups dropped...
+        scored, dropped = scored + 5, dropped + 1
+        share = d.observe(dropped, scored)
+    assert share == pytest.approx(0.2)
+    for _ in range(RECENT_GROUPS):  # ...then three fifths
+        scored, dropped = scored + 5, dropped + 3
+        share = d.observe(dropped, scored)
+    assert share == pytest.approx(0.6, abs=0.03)  # over the whole run it would say 0.4
+    assert len(d.marks) <= RECENT_GROUPS // 5 + 2  # the window's marks, not the run's
+    assert d.observe(1, MIN_GROUPS_MEASURED + 10) == pytest.approx(1 / 30)  # counters that began again

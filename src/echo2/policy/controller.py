@@ -38,7 +38,7 @@ from echo2.policy.census import probation_trial, take_census, unmeasured_to_cove
 from echo2.policy.credit import capped_offers, checked, credited_rps, note_checked, note_rate
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
-from echo2.policy.rewards import measured_uninformative_share
+from echo2.policy.rewards import UninformativeShare
 from echo2.policy.worker_view import ControlDecision, Ewma, WorkerView, candidate, delivering, value_or_zero
 
 __all__ = ["ActivationController", "ControlDecision", "Ewma", "WorkerView"]
@@ -73,6 +73,7 @@ class ActivationController:
         self.started, self.last_tick, self.last_change = now, now, now
         self.learner_cost = 0.0
         self.uninformative_share = 0.0 if catalog is None else catalog.workload.uninformative_share
+        self.recent_d = UninformativeShare()  # d over the recent groups (it rises as the policy learns)
         """d: share of scored groups dropped as uninformative, the catalog's until measured."""
 
     # ---- observations ----
@@ -122,8 +123,8 @@ class ActivationController:
 
     def observe_uninformative(self, dropped_groups: int, scored_groups: int) -> None:
         """Running totals: groups scored, and those of them dropped as uninformative."""
-        self.uninformative_share = measured_uninformative_share(dropped_groups, scored_groups,
-                                                                prior=self.uninformative_share)
+        self.uninformative_share = self.recent_d.observe(dropped_groups, scored_groups,
+                                                         prior=self.uninformative_share)
 
     def observe_busy(self, worker_id: str, rollouts_total: int, busy_s_total: float,
                      stale_s_total: float = 0.0) -> None:
