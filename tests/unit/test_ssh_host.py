@@ -172,7 +172,7 @@ def test_a_bad_worker_setting_in_the_inventory_names_the_host(tmp_path):
 def test_a_fresh_host_gets_this_echo2_once_in_a_venv_that_sees_its_python(sshd, tmp_path):
     """ensure_installed on a host whose Python has echo2's dependencies (this interpreter's):
     the wheel is shipped and installed, its `echo2` runs, and a second acquire reuses the venv."""
-    from echo2.launch.ssh_host import ensure_installed
+    from echo2.launch.ssh_host import Release, ensure_installed, install_step
     from echo2.launch.wheel import coordinator_release
 
     sshd.trust()
@@ -184,6 +184,9 @@ def test_a_fresh_host_gets_this_echo2_once_in_a_venv_that_sees_its_python(sshd, 
     ran = client.run(f"{venv}/bin/echo2 --help", timeout_s=120)
     assert ran.returncode == 0 and "worker" in ran.stdout
     assert ensure_installed(client, release) == venv and (Path(venv) / ".installed").stat().st_mtime_ns == made_at
+    assert (Path(tmp_path / "work" / "wheels") / release.version / release.wheel.name).is_file()
+    # another source tree of the same version number: same wheel file name, its own wheel and venv
+    assert install_step(client, Release(release.wheel, f"{release.version}x")) == "ship"
     full = _host(sshd, work_dir=str(tmp_path / "work"), min_free_mb=10 ** 9)
     with pytest.raises(SshFailure) as caught:
         ensure_installed(SshClient(full), release)

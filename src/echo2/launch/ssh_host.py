@@ -40,6 +40,7 @@ else echo ship; fi
 
 _SHIP = r"""
 WORK=$1 WHEEL=$2
+mkdir -p "$(dirname "$WORK/wheels/$WHEEL")" || exit 22
 cat > "$WORK/wheels/$WHEEL.part" && mv "$WORK/wheels/$WHEEL.part" "$WORK/wheels/$WHEEL" || exit 22
 """
 
@@ -100,6 +101,12 @@ class Release:
     def venv(self, host: SshHost) -> str:
         return f"{host.work_dir}/venvs/echo2-{self.version}"
 
+    def wheel_on_host(self) -> str:
+        """Its wheel under the host's wheels dir, in a folder of its own version: the file name
+        says only echo2's version number, which two source trees share (a second release to the
+        same host once installed the first one's wheel, found under the same name)."""
+        return f"{self.version}/{self.wheel.name}"
+
 
 def script(body: str, *args: object) -> str:
     """`sh -c BODY sh ARGS...`: the arguments quoted, never spliced into the script."""
@@ -109,11 +116,8 @@ def script(body: str, *args: object) -> str:
 def ensure_installed(client: SshClient, release: Release) -> str:
     """The host's venv with this echo2 (made once per version and reused); returns its path."""
     host = client.host
-    venv, wheel_name = release.venv(host), release.wheel.name
-    probe = client.run(script(_PROBE, host.python, host.work_dir, venv, wheel_name, host.min_free_mb * 1024),
-                       timeout_s=PROBE_TIMEOUT_S)
-    _check(client, probe.returncode, probe.stderr, _PROBE_EXITS)
-    step = probe.stdout.strip()
+    venv, wheel_name = release.venv(host), release.wheel_on_host()
+    step = install_step(client, release)
     if step == "ship":
         shipped = client.run(script(_SHIP, host.work_dir, wheel_name), stdin=release.wheel.read_bytes(),
                              timeout_s=SHIP_TIMEOUT_S)
@@ -123,6 +127,15 @@ def ensure_installed(client: SshClient, release: Release) -> str:
                                timeout_s=INSTALL_TIMEOUT_S)
         _check(client, installed.returncode, installed.stderr, {23: "install_failed", 24: "install_failed"})
     return venv
+
+
+def install_step(client: SshClient, release: Release) -> str:
+    """What the host needs for this release: "ready", "install" (its wheel is there) or "ship"."""
+    host = client.host
+    probe = client.run(script(_PROBE, host.python, host.work_dir, release.venv(host), release.wheel_on_host(),
+                              host.min_free_mb * 1024), timeout_s=PROBE_TIMEOUT_S)
+    _check(client, probe.returncode, probe.stderr, _PROBE_EXITS)
+    return probe.stdout.strip()
 
 
 def run_dir_on(host: SshHost, run_id: str) -> str:
