@@ -227,7 +227,9 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
                        **{k: a[k] for k in ("control_period_s", "headroom", "margin", "ewma_alpha",
                                             "scale_down_after_s", "min_samples", "probation_slots",
                                             "probation_timeout_s", "release_after_s", "max_worker_share")}},
+        # a simulated run that has not finished in 10 times the real one's wall time has stalled
         "sim": {"steps": cfg["train"]["steps"], "seed": seed, "activation": activation,
+                "max_sim_s": 10 * (steps[-1]["time"] - rows[0]["time"]),
                 "step_time_cv": statistics.pstdev(step_s) / statistics.mean(step_s)},
     })
 
@@ -235,11 +237,14 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
 def sim_prediction(run_dir: Path, seed: int) -> dict:
     """The simulator's billed $/step for the same fleet, online activation against every host
     active for the whole run, and the saving it predicts."""
-    per_step = {}
+    per_step, finished = {}, {}
     for activation in ("online", "all"):
-        per_step[activation] = simulate(sim_scenario(run_dir, activation, seed)).billed_usd_per_step
+        simulated = simulate(sim_scenario(run_dir, activation, seed))
+        per_step[activation], finished[activation] = simulated.billed_usd_per_step, simulated.finished
+    both = all(finished.values())
     return {"billed_usd_per_step_online": per_step["online"], "billed_usd_per_step_held": per_step["all"],
-            "saving_per_step": round(1 - per_step["online"] / per_step["all"], 4)}
+            "finished": finished,  # a simulated run that stalled predicts nothing
+            "saving_per_step": round(1 - per_step["online"] / per_step["all"], 4) if both else None}
 
 
 def same_commit_runs() -> list[dict]:
@@ -266,7 +271,8 @@ def report(argv: list[str]) -> dict:
         pairs.append({"seed": seed, "saving_per_step": round(saving, 4), "sim_predicted": predicted,
                       "wall_s": {"online": online["wall_s"], "held": held["wall_s"]},
                       "saving_per_wall_second": round(rate_saving, 4),
-                      "sim_minus_measured_points": round(predicted["saving_per_step"] - saving, 4),
+                      "sim_minus_measured_points": (None if predicted["saving_per_step"] is None
+                                                    else round(predicted["saving_per_step"] - saving, 4)),
                       "saving_per_group": round(1 - online["billed_usd_per_group"] / held["billed_usd_per_group"], 4),
                       "utilization_points": round(points, 4),
                       "goal_met": saving >= SAVING_GOAL and abs(points) <= UTILIZATION_POINTS})
