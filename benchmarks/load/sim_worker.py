@@ -45,7 +45,7 @@ from load.answers import AnswerBook
 from load.news_reader import NewsLine, NewsRefused, open_line
 from load.stats import Recorder
 
-SPEAKS_PROTOCOL = 10
+SPEAKS_PROTOCOL = 11
 NEWS_SILENCE_S = 65.0  # control.py: a news line silent this long is opened again
 NEWS_RETRY_S = (0.5, 30.0)  # control.py: pause before opening a failed line again, doubling
 HEARTBEAT_TIMEOUT_S = 5.0  # worker.py: a heartbeat slower than this is as good as lost

@@ -66,8 +66,8 @@ class Echo2Harness(vf.Harness[Echo2HarnessConfig]):
                     if not message.tool_calls:
                         break
                     for call in message.tool_calls:
-                        answer = await self._answer(trace.id, connections, dispatch, call.function.name,
-                                                    call.function.arguments)
+                        answer = await self._answer(trace.id, connections, dispatch, name=call.function.name,
+                                                    arguments=call.function.arguments)
                         messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name,
                                          "content": answer})
         except APIStatusError as exc:  # the rollout's limits (max_turns, tokens) refuse the next call
@@ -83,7 +83,7 @@ class Echo2Harness(vf.Harness[Echo2HarnessConfig]):
             return [*messages, {"role": "user", "content": prompt}]
         return [*messages, *(m.model_dump(exclude_none=True) for m in prompt or [])]
 
-    async def _answer(self, trace_id: str, connections, dispatch, name: str, arguments: str) -> str:
+    async def _answer(self, trace_id: str, connections, dispatch, *, name: str, arguments: str) -> str:
         """The tool's answer, or the recorded one where the episode is played back; recorded."""
         recorded = TOOL_ANSWERS.setdefault(trace_id, [])
         playback = TOOL_PLAYBACK.get(trace_id)
