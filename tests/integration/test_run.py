@@ -110,6 +110,9 @@ def test_sigkilled_worker_does_not_stop_the_run(tmp_path):
     cfg, config = _run(
         tmp_path, "kill", train={"steps": 40, "max_staleness": 1},
         coordinator={"heartbeat_interval_s": 0.3, "worker_timeout_s": 1.5},
+        # the learner at half speed: on a loaded box (make test on a fresh clone) the two fast
+        # workers once fed all 40 steps before the coordinator could find the killed one gone
+        learner={"slowdown": 2.0},
         # w0 emulates a slow GPU so it holds leases nearly all the time: the kill strands some
         workers={"count": 3, "per_worker": [{"slowdown": 20.0}]},
     )
