@@ -56,9 +56,9 @@ HOSTS = [("h100", "h100_spot"), ("a100", "a100_spot"), ("l40s", "l40s_spot"), ("
          ("rtx4090-b", "rtx4090_dc")]
 STEPS = 100
 MEASURES = ("src/echo2/policy", "src/echo2/launch", "src/echo2/sim", "src/echo2/report/fleet_ledger.py",
-            "src/echo2/coordinator/desks/fleet.py", "src/echo2/config/activation.py", "src/echo2/config/inventory.py",
-            "src/echo2/config/worker.py", "configs/demo.toml", "configs/catalog/example.toml",
-            "benchmarks/fleet_ssh.py")
+            "src/echo2/coordinator/desks/fleet.py", "src/echo2/coordinator/desks/learner.py", "src/echo2/config/sim.py",
+            "src/echo2/config/activation.py", "src/echo2/config/inventory.py", "src/echo2/config/worker.py",
+            "configs/demo.toml", "configs/catalog/example.toml", "benchmarks/fleet_ssh.py")
 SCALE_DOWN_AFTER_S, RELEASE_AFTER_S = 30.0, 15.0
 """A machine here boots in 5-15 s (SSH, then the worker's imports and model load, each a process on
 a loaded 2-core box): a worker is released only after idling longer than a boot, and a cheaper set
@@ -227,8 +227,9 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
                        **{k: a[k] for k in ("control_period_s", "headroom", "margin", "ewma_alpha",
                                             "scale_down_after_s", "min_samples", "probation_slots",
                                             "probation_timeout_s", "release_after_s", "max_worker_share")}},
-        # a simulated run that has not finished in 10 times the real one's wall time has stalled
-        "sim": {"steps": cfg["train"]["steps"], "seed": seed, "activation": activation,
+        # a simulated run that has not finished in 10 times the real one's wall time has stalled;
+        # the run had no [activation] catalog, so the simulated controller prices by measured rates too
+        "sim": {"steps": cfg["train"]["steps"], "seed": seed, "activation": activation, "online_pricing": "measured",
                 "max_sim_s": 10 * (steps[-1]["time"] - rows[0]["time"]),
                 "step_time_cv": statistics.pstdev(step_s) / statistics.mean(step_s)},
     })
@@ -237,13 +238,16 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
 def sim_prediction(run_dir: Path, seed: int) -> dict:
     """The simulator's billed $/step for the same fleet, online activation against every host
     active for the whole run, and the saving it predicts."""
-    per_step, finished = {}, {}
+    per_step, finished, scenarios = {}, {}, {}
     for activation in ("online", "all"):
-        simulated = simulate(sim_scenario(run_dir, activation, seed))
+        scenario = sim_scenario(run_dir, activation, seed)
+        simulated = simulate(scenario)
         per_step[activation], finished[activation] = simulated.billed_usd_per_step, simulated.finished
+        scenarios[activation] = scenario.model_dump(mode="json")
     both = all(finished.values())
     return {"billed_usd_per_step_online": per_step["online"], "billed_usd_per_step_held": per_step["all"],
             "finished": finished,  # a simulated run that stalled predicts nothing
+            "scenarios": scenarios,  # `echo2 sim` reruns either without the run dirs
             "saving_per_step": round(1 - per_step["online"] / per_step["all"], 4) if both else None}
 
 

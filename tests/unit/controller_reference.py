@@ -281,6 +281,8 @@ class ActivationController:
                                        "controller off, demand not yet known or no rate measured: run all", False)
         else:
             decision, slots = self._cover(offers, current, required, now)
+            if decision.covered:  # timed-out workers are tried again only when the measured fall short
+                probation = {w for w in probation if self.workers[w].probation_s < self.cfg.probation_timeout_s}
             if probation:
                 trial = self._probation_trial(probation, slots)
                 decision.active |= trial
@@ -342,7 +344,7 @@ class ActivationController:
             useful = delivering(offers)
             decision = ControlDecision(useful, required,
                                        f"no measured set covers demand ({proposal.reason}): all measured that deliver",
-                                       False)
+                                       False, covered=False)
             return decision, max(self.cfg.probation_slots, self._unmeasured_to_cover(offers, target))
         kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)
         decision = ControlDecision(set(kept.counts), required, kept.reason, kept.switched)
@@ -364,7 +366,7 @@ class ActivationController:
 
         def order(worker_id: str) -> tuple[bool, float]:
             view = self.workers[worker_id]
-            holding = view.active and 0.0 < view.probation_s < timeout_s
+            holding = view.active and view.probation_s < timeout_s
             return (not holding, view.probation_s)
 
         ranked = sorted((w for w in self.workers if w in probation), key=order)

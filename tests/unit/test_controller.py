@@ -235,7 +235,15 @@ def test_probation_slots_rotate_so_a_worker_that_never_leases_gives_its_slot_up(
     assert ctl.decide(now=11.0).active == {"cheap1", "cheap2", "new0", "new1"}
     # within their probation_timeout_s, slot holders keep their slots
     assert ctl.decide(now=31.0).active == {"cheap1", "cheap2", "new0", "new1"}
-    # new0 and new1 ran a minute without being measured; new2 (active only from its join to the
-    # first decision) has the least probation time, then the oldest registration
-    assert ctl.decide(now=71.0).active == {"cheap1", "cheap2", "new2", "new0"}
+    # new0 and new1 ran a minute without being measured: their slots go to new2 (active only
+    # from its join to the first decision), and while the measured set covers demand they are not
+    # tried again (rotating them in and out acquired a machine per control period, measuring none)
+    assert ctl.decide(now=71.0).active == {"cheap1", "cheap2", "new2"}
     assert [ctl.workers[w].probation_s for w in ("new0", "new1", "new2")] == [61.0, 61.0, 1.0]
+    ctl.decide(now=131.0)  # new2's probation is used up too: nobody on probation now
+    assert ctl.decide(now=132.0).active == {"cheap1", "cheap2"}
+    # the measured fall short: every unmeasured worker is a hope again, the least tried first
+    for worker_id in ("cheap1", "cheap2", "dear1"):
+        ctl.vanish(worker_id)
+    decision = ctl.decide(now=133.0)
+    assert not decision.covered and decision.active == {"dear2", "new0", "new1"}  # 2 slots, ties by registration

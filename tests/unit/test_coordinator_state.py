@@ -191,6 +191,10 @@ def test_stale_groups_are_dropped_not_trained(tmp_path, tiny_model_dir, clock):
     state.intake.submit(submission(state, "a", t1.lease_id, 1))
     batch = state.learner_desk.take_batch(1)
     assert [g.version for g in batch] == [1] and state.counters.dropped_stale == 1
+    # the straggler was admitted when it came: expiring in the buffer does not charge its
+    # worker's admitted share (the controller's credit for it)
+    view = state.controller.workers["a"]
+    assert view.outcomes_n == view.admitted_n == 2 and view.admitted.value == 1.0
 
 
 def test_restart_keeps_buffer_and_requeues_leased_prompts(tmp_path, tiny_model_dir, clock):

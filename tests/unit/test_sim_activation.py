@@ -55,6 +55,24 @@ def test_online_activation_acquires_a_cheap_cover_and_leaves_the_rest_unacquired
     assert online.acquires == 2 and online.controller_switches == 1
 
 
+def test_online_pricing_by_measured_rate_alone_is_the_run_without_a_catalog():
+    """sim.online_pricing = "measured" is `echo2 run` with no [activation] catalog: the controller
+    has no planner model and no prior, so it measures offered workers on probation first, then
+    covers the demand with the cheapest measured ones (and still saves against every worker)."""
+    measured = _scenario("online").model_copy(deep=True)
+    measured = ScenarioConfig.model_validate({**measured.model_dump(),
+                                              "sim": {**measured.sim.model_dump(), "online_pricing": "measured"}})
+    loop = EventLoop()
+    fleet = Fleet(measured, build_workers(measured), loop, SimDataPlane(3, 4))
+    assert Controller(measured, fleet, loop, "online").core.planned is None
+    by_catalog = Controller(_scenario("online"), fleet, loop, "online").core
+    assert by_catalog.planned is not None
+    online, everyone = simulate(measured), simulate(_scenario("all"))
+    assert online.finished and online.utilization_steady >= 0.9
+    assert online.fleet_cost < 0.7 * everyone.fleet_cost
+    assert online.controller_switches > 1  # probation first, then the measured cover: not the one-shot plan
+
+
 def test_a_static_provider_runs_every_machine_and_bills_the_idle_ones():
     static, local = simulate(_scenario("online", provider="static")), simulate(_scenario("online"))
     assert static.releases == 0 and static.fleet_time_h["released"] == pytest.approx(0.0, abs=0.01)

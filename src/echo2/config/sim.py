@@ -84,6 +84,11 @@ class SimSettings(Frozen):
     workers are active; "online": rent every worker of every class at the start and let the
     controller choose among them, as `echo2 run` does with every offered worker; "all": every
     worker active for the whole run, no controller."""
+    online_pricing: Literal["catalog", "measured"] = "catalog"
+    """With activation "online": "catalog" decides with the scenario as the controller's activation
+    catalog (`policy.planned`, as `echo2 run` with `[activation] catalog`); "measured" prices every
+    worker by its measured rate alone, as `echo2 run` without one (what a run over an SSH
+    inventory with no catalog does)."""
     request_s: float = Field(0.0, ge=0)
     """Round trip of one control request (lease or submit) to the coordinator."""
     lease_retry_s: float = Field(0.0, ge=0)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from echo2.config.activation import ActivationConfig
 from echo2.planner import Offer
 from echo2.policy.credit import checked
 from echo2.policy.worker_view import ControlDecision, WorkerView
@@ -53,14 +54,27 @@ def probation_trial(workers: dict[str, WorkerView], probation: list[str], slots:
     """The `slots` workers of `probation` (in registration order) that run now: those holding a
     slot keep it until their `timeout_s` on probation is used up; then the least time on
     probation first (so one that never leases gives its slot up to the others), then the
-    oldest registration. heapq.nsmallest is sorted(...)[:slots], ties in input order included."""
+    oldest registration. heapq.nsmallest is sorted(...)[:slots], ties in input order included.
+    A worker given a slot holds it from then, also while its machine is acquired and boots
+    (probation time counts from its registration): when holding needed probation time already
+    spent, a booting worker lost its slot at the next decision to one with none, which was
+    acquired and lost it in turn, so no offered worker was ever measured."""
 
     def order(worker_id: str) -> tuple[bool, float]:
         view = workers[worker_id]
-        holding = view.active and 0.0 < view.probation_s < timeout_s
+        holding = view.active and view.probation_s < timeout_s
         return (not holding, view.probation_s)
 
     return set(heapq.nsmallest(slots, probation, key=order))
+
+
+def untried(workers: dict[str, WorkerView], probation: list[str], cfg: ActivationConfig) -> list[str]:
+    """The workers of `probation` that have not used up cfg.probation_timeout_s on it. While the
+    measured set covers demand, only these get slots: once every offered worker had used its
+    probation unmeasured (a fleet far larger than the lease window keeps busy), rotating the
+    least-tried into a slot at each decision acquired a machine every control period and
+    measured none."""
+    return [w for w in probation if workers[w].probation_s < cfg.probation_timeout_s]
 
 
 def window_decision(workers: dict[str, WorkerView], measured: list[str], probation: list[str], required_rps: float,

@@ -14,8 +14,7 @@ also integrates cost: a worker bills for every second it is rented, active or id
 fleet provider releases it (policy/fleet_sync.py), plus the learner.
 
 Pure and torch-free (the policy core): `CoordinatorState` drives it with registrations,
-heartbeats and submissions; it keeps no I/O of its own.
-"""
+heartbeats and submissions; it keeps no I/O of its own."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ from echo2.planner import (
     min_staleness,
     swapped_lateness_s,
 )
-from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover, window_decision
+from echo2.policy.census import probation_trial, take_census, unmeasured_to_cover, untried, window_decision
 from echo2.policy.credit import capped_offers, checked, credited_rps, note_checked, note_rate
 from echo2.policy.outcome import SubmissionOutcome
 from echo2.policy.planned import PlannedCover
@@ -278,6 +277,7 @@ class ActivationController:
                                        timeout_s=self.cfg.probation_timeout_s)
         else:
             decision, slots = self._cover(offers, current, required, now)
+            probation = probation if not decision.covered else untried(self.workers, probation, self.cfg)
             if probation:
                 trial = self._probation_trial(probation, slots)
                 decision.active |= trial
@@ -338,7 +338,7 @@ class ActivationController:
             # as the measured average, at most a full window's groups (more could not all be measured)
             decision = ControlDecision(delivering(offers), required,
                                        f"no measured set covers demand ({proposal.reason}): all measured that deliver",
-                                       False)
+                                       False, covered=False)
             slots = max(self.cfg.probation_slots, unmeasured_to_cover(offers, target))
             return decision, slots if self.max_unmeasured is None else min(slots, self.max_unmeasured)
         kept = keep_or_switch(current, proposal, offers, required_rps=required, margin=self.cfg.margin)

@@ -89,6 +89,8 @@ class ControlDecision:
     reason: str
     changed: bool
     estimates: dict[str, float] = field(default_factory=dict)
+    covered: bool = True
+    """False: the measured workers fall short of the demand (the unmeasured are its hope)."""
 
 
 def natural_key(worker_id: str) -> tuple[int, str]:

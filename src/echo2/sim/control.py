@@ -29,7 +29,8 @@ assumes (planner/tail.py), in every mode.
 
 Mode "online" offers every worker of the scenario to the same controller, with the scenario as
 its activation catalog (each worker declares its class: `policy.planned` decides with the
-planner's model, the catalog's figures as the prior and what the run measures in their place).
+planner's model, the catalog's figures as the prior and what the run measures in their place),
+or with none (`sim.online_pricing = "measured"`: each worker priced by its measured rate alone).
 With a releasable provider nothing is rented at the start: the first decision, at time 0,
 acquires a covering set and the rest stay unacquired until chosen. With a static provider every
 machine runs already (as under `echo2 run`'s static provider): all are rented, and
@@ -83,7 +84,8 @@ class Controller:
         fleet.on_preempted = self.on_preempted
         if mode in ("plan", "online"):
             work = scenario.workload
-            catalog = scenario.plan_config() if mode == "online" else None
+            by_catalog = mode == "online" and scenario.sim.online_pricing == "catalog"
+            catalog = scenario.plan_config() if by_catalog else None
             self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
                                              max_staleness=work.max_staleness,
                                              learner_price_per_hour=scenario.learner.price_per_hour, now=0.0,

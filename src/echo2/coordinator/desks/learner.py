@@ -73,9 +73,11 @@ class LearnerDesk:
         recorded = self.groups.recorded_batch(step)
         if recorded is not None:
             return recorded
+        # a group that expires in the buffer was on time when it came: the fleet made more than
+        # the learner took (or the batch share cap held it back), so its worker's admitted share
+        # is not charged, as in the simulator's data plane (charging it read a fast worker's
+        # surplus as lateness, and the controller then credited it a tenth of its rate)
         stale = self.groups.advance(step)
-        for group in stale:
-            self.controller.observe_outcome(group.worker_id, admitted=False)
         if stale:
             self.events.append(ev.GroupsDropped(reason="stale", step=step,
                                                 prompt_indices=[g.prompt_index for g in stale],
