@@ -204,6 +204,67 @@ class VerifiersConfig(EnvTaskConfigBase):
     tasks is refused without one."""
 
 
+class OpenEnvConfig(EnvTaskConfigBase):
+    """An OpenEnv environment (`pip install 'echo2[openenv]'`): an `openenv.core` Environment
+    played turn by turn, the model's text as its action (`action_field`), its observation as the
+    next user turn, its rewards summed over the steps (echo2.envs.openenv_env). Built in-process
+    from `environment`, or reached through OpenEnv's own client at `url`, a server of it that runs
+    on the machine of every process that plays (the coordinator's included: it replays each
+    episode there). `reset(seed)` must draw everything from the seed: the coordinator replays
+    every episode from its seed and the worker's actions, and refuses one whose observations differ."""
+
+    name: Literal["openenv"] = "openenv"
+    environment: str = Field("", max_length=500, pattern=r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$")
+    """Import path of the Environment subclass ("package.module:ClassName"), built with `args`.
+    Empty: `url` names a server."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of the environment's constructor."""
+    url: str = Field("", max_length=500, pattern=r"^(https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?/?)?$")
+    """An OpenEnv server on this machine (http://127.0.0.1:PORT), one on each machine that plays;
+    empty: `environment` in-process. Only localhost: the environment's answers are what the
+    coordinator checks, and a shared remote server would be one more party to trust."""
+    action: str = Field("", max_length=500, pattern=r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$")
+    """Import path of the environment's Action class; empty: the one its class declares
+    (Environment[Action, Observation, State]). With `url`, unused: actions go as JSON."""
+    action_field: str = Field("message", pattern=r"^[A-Za-z_]\w*$", max_length=100)
+    """The Action field that takes the model's reply (its decoded text, stripped)."""
+    observation_field: str = Field("", pattern=r"^([A-Za-z_]\w*)?$", max_length=100)
+    """The Observation field shown to the model; empty: its only text field, or else all its
+    fields but done, reward and metadata, as JSON."""
+    trust: Literal["replayable", "worker-trusted"]
+    """Said explicitly; "replayable" is the one an OpenEnv environment can have: the coordinator
+    plays each episode again from its seed with the worker's actions and uses the rewards it gets
+    itself. "worker-trusted" is refused: an OpenEnv reward comes out of the environment's own step,
+    so for one the coordinator cannot run, the reward would be the worker's word (a verifiers
+    environment recomputes its rewards from the transcript: bring such tools that way)."""
+    demo_actions: list[str] = Field(default_factory=list, max_length=10_000)
+    """Replies the format warm start imitates (drawn at random each turn); needed only with a
+    warm start (the tiny model)."""
+    illegal_reward: float = Field(-1.0, ge=-10.0, le=0.0)
+    """Reward of a reply the Action class refuses (the episode ends there)."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """With `url`: seconds to connect to the server, and to wait for each of its answers."""
+
+    @field_validator("trust")
+    @classmethod
+    def _replayable(cls, trust: str) -> str:
+        if trust != "replayable":
+            raise ValueError("task.trust: an OpenEnv environment can only be \"replayable\": its rewards come out of "
+                             "its own step, so where the coordinator cannot replay it they would be the worker's word; "
+                             "make reset(seed) and step deterministic, or bring the environment as a verifiers "
+                             "environment, whose worker-trusted tools are rewarded from the transcript")
+        return trust
+
+    @field_validator("url")
+    @classmethod
+    def _one_source(cls, url: str, info) -> str:
+        environment = info.data.get("environment", "")
+        if bool(url) == bool(environment):
+            raise ValueError("task: give exactly one of environment (\"package.module:ClassName\", built in-process) "
+                             f"and url (a local OpenEnv server); got environment={environment!r}, url={url!r}")
+        return url
+
+
 def trusted_workers_only(task: TaskConfigBase) -> bool:
     """The task's rewards rest on its workers' word (a worker-trusted environment): only workers
     holding the trusted-worker token join, and its replay takes their tool answers."""
@@ -217,6 +278,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfigBase]] = {
     "poker": PokerConfig,
     "guess_number": GuessNumberConfig,
     "verifiers": VerifiersConfig,
+    "openenv": OpenEnvConfig,
 }
 """Task name -> its schema (the adapters are echo2.tasks.registry's TASKS)."""
 

@@ -6,6 +6,7 @@ config's [task] table is validated against the schema its `name` picks."""
 from __future__ import annotations
 
 from echo2.config.task import TASK_SCHEMAS, TaskConfigBase
+from echo2.envs.openenv_env import OpenEnvTask
 from echo2.envs.task import EnvTask, GuessNumberTask, PokerTask
 from echo2.envs.verifiers_task import VerifiersTask
 from echo2.tasks.addition import AdditionTask
@@ -22,6 +23,8 @@ _ADAPTERS: dict[str, type[TaskAdapter] | type[EnvTask] | type[VerifiersTask]] = 
     "guess_number": GuessNumberTask,
     # an agent program in an environment users bring (verifiers), played turn by turn
     "verifiers": VerifiersTask,
+    # an OpenEnv environment users bring, played turn by turn like poker
+    "openenv": OpenEnvTask,
 }
 if _ADAPTERS.keys() != TASK_SCHEMAS.keys():  # a task with a schema and no adapter, or the reverse
     raise ImportError(f"echo2.tasks.registry: tasks with an adapter {sorted(_ADAPTERS)} and tasks with a schema in "
