@@ -115,12 +115,28 @@ class SimSettings(Frozen):
     """Coefficient of variation of the learner step time (gamma-distributed); 0: constant."""
     generation_cv: float = Field(0.0, ge=0, le=5)
     """Coefficient of variation of one lease's generation time (gamma-distributed)."""
+    generation_range: tuple[float, float] | None = None
+    """Bounded long-tailed generation times instead: a lease's length drawn log-uniform between
+    these two (in any unit, e.g. [40, 400] tokens: only their ratio counts), scaled so that its
+    mean is the class's generation time. A completion of 400 tokens then takes 2.56 times the
+    mean, one of 40 a quarter of it, and none longer (the gamma's tail has no end)."""
     max_sim_s: float = Field(1e9, gt=0)
     """Simulated-time horizon: a run that has not finished by then stops and says so."""
     preemption_scale: float = Field(1.0, gt=0)
     """Simulated machines are preempted this many times as often as their class's mean_uptime_s
     says, while the planner and the controller's prior still read mean_uptime_s: a provider
     whose spot machines go away more often than advertised."""
+
+    @model_validator(mode="after")
+    def _one_spread(self) -> SimSettings:
+        if self.generation_range is not None:
+            low, high = self.generation_range
+            if not 0 < low < high:
+                raise ValueError(f"sim.generation_range={list(self.generation_range)}: give [shortest, longest] with "
+                                 "0 < shortest < longest, e.g. [40, 400] tokens")
+            if self.generation_cv > 0:
+                raise ValueError("sim.generation_range and sim.generation_cv both spread generation times: set one")
+        return self
 
 
 class SweepSettings(Frozen):

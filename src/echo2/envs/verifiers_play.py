@@ -235,8 +235,9 @@ def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *,
         raise
     finally:
         recorded = {trace_id: TOOL_ANSWERS.pop(trace_id, []) for trace_id in traced}
-        for trace_id in traced:
+        for trace_id in traced:  # the server lives as long as its process: its sessions must not
             TOOL_PLAYBACK.pop(trace_id, None)
+            server.sessions.pop(trace_id, None)
     for episode, trace in zip(played, traces, strict=True):
         episode.reward = float(trace.reward or 0.0)
         episode.ended = "tokens" if episode.out_of_tokens else str(trace.stop_condition or "")

@@ -34,6 +34,10 @@ class DataCounters:
     trained: int = 0
     dropped_stale: int = 0
     """Rejected at submission or dropped from the buffer: older than S when they would train."""
+    dropped_on_arrival: int = 0
+    """Of those, rejected at submission: leased while admissible, too old (or, with segment swaps,
+    too many tokens older than S) by the time they were generated. The rest expired waiting in
+    the buffer, behind others."""
     scored: int = 0
     """Groups submitted while admissible, each then drawn informative or not."""
     dropped_uninformative: int = 0
@@ -160,6 +164,7 @@ class SimDataPlane:
                 self.on_room()  # it left the new workers' pool, or dropped groups opened the window
             return 0
         self.counters.dropped_stale += groups
+        self.counters.dropped_on_arrival += groups
         self.on_room()
         return groups
 

@@ -42,7 +42,7 @@ class Fleet:
         self.background_fetch = work.background_fetch
         self.retry_s, self.stale_retry_s = sim.lease_retry_s, sim.stale_retry_s
         self.announce_s, self.timeout_s = sim.announce_interval_s, sim.worker_timeout_s
-        self.generation_cv = sim.generation_cv
+        self.generation_cv, self.generation_range = sim.generation_cv, sim.generation_range
         self.swap_between = sim.swap == "between_generations"
         self.segment_s = work.segment_s
         # tokens only set shares (admission, the masked share); without a mean length, a
@@ -349,6 +349,10 @@ class Fleet:
 
     def _generation_s(self, w: SimWorker, groups: int) -> float:
         mean_s = groups * self.group_size * w.slots / w.rollouts_per_s
+        if self.generation_range is not None:  # log-uniform, scaled to mean 1
+            low, high = self.generation_range
+            drawn = math.exp(w.rng.uniform(math.log(low), math.log(high)))
+            return mean_s * drawn * math.log(high / low) / (high - low)
         cv = self.generation_cv
         return mean_s if cv == 0 else mean_s * w.rng.gammavariate(1.0 / cv**2, cv**2)
 

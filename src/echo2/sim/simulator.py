@@ -132,7 +132,7 @@ class Simulator:
             rollouts_per_s=fleet.rollouts / wall_s if wall_s > 0 else 0.0,
             trained_rollouts_per_s=c.trained * scenario.workload.group_size / wall_s if wall_s > 0 else 0.0,
             groups={"leased": c.leased, "accepted": c.accepted, "trained": c.trained,
-                    "dropped_stale": c.dropped_stale, "requeued": c.requeued,
+                    "dropped_stale": c.dropped_stale, "dropped_on_arrival": c.dropped_on_arrival, "requeued": c.requeued,
                     "dropped_uninformative": c.dropped_uninformative},
             staleness_hist={str(k): v for k, v in sorted(c.staleness_hist.items())},
             segment_s=scenario.workload.segment_s,
