@@ -188,7 +188,8 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
     each host's rollouts/s (the controller's own estimates, median over the run) and boot time
     (acquire to registration, median over its acquires), the share of scored groups dropped as
     uninformative (all rewards equal: the fleet generates that much more per trained group, and
-    the controller asks for it), with the hosts' prices and the run's activation settings."""
+    the controller asks for it), the share of trained groups the audit checked (a worker's rate
+    counts once two of its groups passed), with the hosts' prices and the run's activation settings."""
     cfg = json.loads((run_dir / "config.json").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
     counters = [r for r in rows if r["kind"] == "coordinator_final"][-1]["counters"]
@@ -198,6 +199,7 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
         if r["kind"] == "activation" and r["role"] == "coordinator":
             for worker_id, rate in (r.get("estimates_rps") or {}).items():
                 estimates.setdefault(worker_id, []).append(rate)
+    audited = sum(r["groups_audited"] for r in rows if r["kind"] == "audit")
     boots: dict[str, list[float]] = {}
     for r in rows:
         if r["kind"] == "worker_rejoined":
@@ -231,6 +233,8 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
         # the run had no [activation] catalog, so the simulated controller prices by measured rates too
         "sim": {"steps": cfg["train"]["steps"], "seed": seed, "activation": activation, "online_pricing": "measured",
                 "max_sim_s": 10 * (steps[-1]["time"] - rows[0]["time"]),
+                # the run's audit: a worker's rate counted once 2 of its groups passed
+                "audit_share": min(1.0, audited / max(1, counters["trained"])),
                 "step_time_cv": statistics.pstdev(step_s) / statistics.mean(step_s)},
     })
 

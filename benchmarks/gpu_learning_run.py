@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from load.provenance import provenance  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "learner_utilization": summary.get("learner_utilization"),
         "accuracy_before_after": [summary.get("accuracy_before"), summary.get("accuracy_after")],
         "settings": sets,
+        "provenance": provenance(ROOT, [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -120,3 +120,49 @@ def test_boot_time_costs_an_online_fleet_that_acquires_again():
     quick, slow = (simulate(_scenario("online", boot_s=boot)) for boot in (0.0, 120.0))
     assert quick.finished and slow.finished
     assert slow.fleet_cost > quick.fleet_cost
+
+
+
+def test_the_simulated_audit_passes_trained_groups_and_tells_whose():
+    """sim.audit_share: the learner's audit checks that share of each trained batch; each passed
+    group is reported with its worker and its buffered number, as the coordinator reports them."""
+    buffered, audited = [], []
+    data = SimDataPlane(2, 2, audit_share=1.0)
+    data.on_buffered = lambda worker, seq: buffered.append((worker, seq))
+    data.on_audited = lambda worker, passed, seq: audited.append((worker, passed, seq))
+    data.publish(0)
+    assert data.lease(0, 2, worker="a") == 2 and data.lease(0, 1, worker="b") == 1
+    data.submit(0, 2, worker="a")
+    data.submit(0, 1, worker="b")
+    assert buffered == [("a", 2), ("b", 3)]
+    assert data.take_batch(0) is not None and audited == [("a", 2, 2)]  # the batch: a's two groups
+    quiet = SimDataPlane(2, 2)  # no audit: nothing reported
+    quiet.on_audited = lambda *args: audited.append(args)
+    quiet.publish(0)
+    quiet.lease(0, 2, worker="a")
+    quiet.submit(0, 2, worker="a")
+    assert quiet.take_batch(0) is not None and len(audited) == 1
+
+
+def test_with_the_audit_a_rate_counts_only_once_two_of_its_groups_passed(monkeypatch):
+    """As at the coordinator (policy.credit): the controller prices no worker by its measured
+    rate before the audit has passed 2 of its trained groups, so its first cover comes later."""
+    decided: list[tuple[float, str]] = []
+    decide = ActivationController.decide
+
+    def recorded(self, now):
+        decision = decide(self, now)
+        decided.append((now, decision.reason))
+        return decision
+
+    monkeypatch.setattr(ActivationController, "decide", recorded)
+
+    def first_cover_s(audit_share: float) -> float:
+        decided.clear()
+        base = _scenario("online")
+        scenario = ScenarioConfig.model_validate({**base.model_dump(), "sim": {
+            **base.sim.model_dump(), "online_pricing": "measured", "audit_share": audit_share, "steps": 40}})
+        assert simulate(scenario).finished
+        return next(now for now, reason in decided if not reason.startswith("controller off"))
+
+    assert first_cover_s(0.25) > first_cover_s(0.0)

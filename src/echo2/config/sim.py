@@ -120,6 +120,11 @@ class SimSettings(Frozen):
     these two (in any unit, e.g. [40, 400] tokens: only their ratio counts), scaled so that its
     mean is the class's generation time. A completion of 400 tokens then takes 2.56 times the
     mean, one of 40 a quarter of it, and none longer (the gamma's tail has no end)."""
+    audit_share: float = Field(0.0, ge=0, le=1)
+    """Share of trained groups the learner's rollout audit checks (a run's audit.enabled; at most
+    every group, at least audit.recompute_fraction of them): a worker's measured rate then counts
+    for the controller only once 2 of its groups passed, as at the coordinator (`policy.credit`).
+    0: no audit, every measured rate counts at once."""
     max_sim_s: float = Field(1e9, gt=0)
     """Simulated-time horizon: a run that has not finished by then stops and says so."""
     preemption_scale: float = Field(1.0, gt=0)

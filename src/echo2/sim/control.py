@@ -45,6 +45,7 @@ from __future__ import annotations
 from echo2.config.sim import ScenarioConfig
 from echo2.planner import make_plan
 from echo2.policy.controller import ActivationController
+from echo2.policy.credit import MIN_PASSED_AUDITS
 from echo2.policy.fleet_sync import FleetSync
 from echo2.sim.events import EventLoop
 from echo2.sim.fleet import Fleet, Generation, SimWorker
@@ -86,11 +87,16 @@ class Controller:
             work = scenario.workload
             by_catalog = mode == "online" and scenario.sim.online_pricing == "catalog"
             catalog = scenario.plan_config() if by_catalog else None
+            audited = scenario.sim.audit_share > 0
             self.core = ActivationController(settings, batch_rollouts=work.batch_rollouts,
                                              max_staleness=work.max_staleness,
                                              learner_price_per_hour=scenario.learner.price_per_hour, now=0.0,
                                              catalog=catalog, max_masked_fraction=work.max_masked_fraction,
-                                             groups_per_step=work.prompts_per_step)
+                                             groups_per_step=work.prompts_per_step,
+                                             min_passed_audits=MIN_PASSED_AUDITS if audited else 0)
+            if audited:  # the coordinator's audit wiring: a rate counts once its groups pass
+                fleet.data.on_buffered = self.core.observe_buffered
+                fleet.data.on_audited = self._audited
             fleet.on_registered, fleet.on_left = self._registered, self._left
             fleet.on_finished, fleet.on_loaded = self._finished, self._loaded
             if offered:
@@ -110,6 +116,10 @@ class Controller:
         self.core.join(worker_id(w), w.price_per_hour, w.cls)  # a returning worker keeps its measurements
         self.fleet.set_active(w, True)  # on probation, or active until the next decision
         self._record("worker_registered", worker_id=worker_id(w))
+
+    def _audited(self, worker: str, passed: int, newest_seq: int) -> None:
+        assert self.core is not None
+        self.core.observe_audit(worker, audited=passed, failed=0, newest_passed_seq=newest_seq)
 
     def _left(self, w: SimWorker, released: bool) -> None:
         assert self.core is not None

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from echo2.policy import DataPlane, is_admissible, staleness
 from echo2.policy.trust import LeaseTrust
@@ -59,6 +59,9 @@ class SimGroup:
 
     version: int
     tokens: dict[int, int]
+    worker: str | None = None
+    seq: int = 0
+    """The run's number of the lease's last group buffered (what the audit vouches up to)."""
 
 
 def _version(group: SimGroup) -> int:
@@ -73,13 +76,16 @@ class SimDataPlane:
     def __init__(self, max_staleness: int, groups_per_step: int, max_leases_per_worker: int = 0,
                  fresh_leases: bool = False, *, slow_start: bool = False, uninformative_share: float = 0.0,
                  rng: random.Random | None = None, max_masked_fraction: float = 1.0,
-                 segment_s: float | None = None, clock: Callable[[], float] | None = None) -> None:
+                 segment_s: float | None = None, clock: Callable[[], float] | None = None,
+                 audit_share: float = 0.0, audit_rng: random.Random | None = None) -> None:
         """`slow_start`: workers named in `lease` lease under `policy.trust` (sim.slow_start),
         their delivery measured on `clock` (the simulated time);
         `uninformative_share`: d, drawn per admitted group with `rng`; `max_masked_fraction`: f of
         the per-token rule (workload.max_masked_fraction); `segment_s`: workers swap versions in
         mid-generation at most this far apart (None: between generations only), so leases reach
-        past the window as far as the leases' generation times allow (`DataPlane.ahead_steps`)."""
+        past the window as far as the leases' generation times allow (`DataPlane.ahead_steps`);
+        `audit_share`: share of trained groups the learner's audit checks (each with `audit_rng`),
+        each one passed and told to `on_audited`, as the coordinator tells its controller."""
         self.segment_s = segment_s
         self.core: DataPlane[SimGroup] = DataPlane(
             max_staleness, groups_per_step, _version, max_leases_per_worker=max_leases_per_worker,
@@ -92,6 +98,13 @@ class SimDataPlane:
         self.held: Counter[str] = Counter()
         """Groups leased per worker id (named in `lease`), for the new workers' pool."""
         self.counters = DataCounters()
+        self.audit_share, self.audit_rng = audit_share, audit_rng or random.Random(0)
+        self.group_seq = 0
+        self.passed: Counter[str] = Counter()
+        """Audited (and passed: simulated workers are honest) groups per worker."""
+        self.on_buffered: Callable[[str, int], None] = lambda worker, seq: None
+        self.on_audited: Callable[[str, int, int], None] = lambda worker, passed, seq: None
+        """(worker, its passed audits so far, the newest passed group's number), after a step."""
         self.on_room: Callable[[], None] = lambda: None
         """Called when lease room opens without a version change (drops, requeued leases), so
         workers refused for a full window can ask again."""
@@ -147,8 +160,8 @@ class SimDataPlane:
         sampling version (None: one token, all `version`'s); returns how many were dropped as
         stale."""
         self._returned(groups, worker)
-        worker = self._tracked(worker)
-        group = SimGroup(version, tokens or {version: 1})
+        owner, worker = worker, self._tracked(worker)
+        group = SimGroup(version, tokens or {version: 1}, owner)
         admitted = self.core.admits(group)
         if self.segment_s is not None:  # what the coordinator measures of each lease, as it does
             self.core.observe_generation(held_s, self.segment_s)
@@ -157,6 +170,10 @@ class SimDataPlane:
             self.core.trust.submitted(worker, held_s, accepted=admitted)
         if admitted:
             kept = self._informative(groups)
+            if kept and owner is not None:
+                self.group_seq += kept
+                group = replace(group, seq=self.group_seq)
+                self.on_buffered(owner, self.group_seq)
             for _ in range(kept):
                 self.core.add(group)  # a lease's groups share one profile: one object serves them
             self.counters.accepted += kept
@@ -195,6 +212,7 @@ class SimDataPlane:
         return batch
 
     def _trained(self, step: int, batch: list[SimGroup]) -> None:
+        self._audit(batch)
         c = self.counters
         c.trained += len(batch)
         c.staleness_hist.update(staleness(step, g.version) for g in batch)
@@ -205,3 +223,13 @@ class SimDataPlane:
                     c.token_staleness_hist[age] += n
                 else:
                     c.tokens_masked_stale += n
+
+    def _audit(self, batch: list[SimGroup]) -> None:
+        """The learner's audit of a trained batch: each group checked with `audit_share`."""
+        newest: dict[str, int] = {}
+        for g in batch:
+            if g.worker is not None and self.audit_share and self.audit_rng.random() < self.audit_share:
+                self.passed[g.worker] += 1
+                newest[g.worker] = max(newest.get(g.worker, 0), g.seq)
+        for worker, seq in newest.items():
+            self.on_audited(worker, self.passed[worker], seq)

@@ -90,7 +90,8 @@ class Simulator:
         return SimDataPlane(work.max_staleness, work.prompts_per_step, fresh_leases=sim.fresh_leases, clock=clock,
                             slow_start=sim.slow_start, uninformative_share=work.uninformative_share,
                             rng=random.Random(f"{sim.seed}:uninformative"),  # its own stream: d = 0 changes no draw
-                            max_masked_fraction=work.max_masked_fraction, segment_s=work.segment_s)
+                            max_masked_fraction=work.max_masked_fraction, segment_s=work.segment_s,
+                            audit_share=sim.audit_share, audit_rng=random.Random(f"{sim.seed}:audit"))
 
     def _network(self) -> Network:
         net, s = self.scenario.broadcast, self.scenario
