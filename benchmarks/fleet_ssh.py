@@ -247,7 +247,7 @@ def sim_prediction(run_dir: Path, seed: int) -> dict:
         scenario = sim_scenario(run_dir, activation, seed)
         simulated = simulate(scenario)
         per_step[activation], finished[activation] = simulated.billed_usd_per_step, simulated.finished
-        scenarios[activation] = scenario.model_dump(mode="json")
+        scenarios[activation] = scenario.model_dump(mode="json", exclude_unset=True)  # loads again as given
     both = all(finished.values())
     return {"billed_usd_per_step_online": per_step["online"], "billed_usd_per_step_held": per_step["all"],
             "finished": finished,  # a simulated run that stalled predicts nothing
