@@ -4,6 +4,7 @@ window, so a generation longer than T_train no longer forces S up."""
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from echo2.planner.plan import make_plan
 from echo2.policy.admission import admits_tokens
 from echo2.sim.plan_check import plan_vs_sim, with_plan_staleness
 from echo2.sim.simulator import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from inflight_sim import long_tailed  # noqa: E402  (Goal 1's workload: one definition, benchmark and test)
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3_8B = ROOT / "configs" / "sim" / "qwen3_8b.toml"
@@ -157,30 +161,13 @@ def test_echo2_sim_takes_the_segment_fields(tmp_path, capsys):
     assert "tokens:" in capsys.readouterr().out  # the token staleness row (rich wraps its cells)
 
 
-def _long_tailed(mode: str, seed: int) -> ScenarioConfig:
-    """Completions of 40 to 400 tokens (log-uniform, a lease of one prompt: 41 to 409 s, 160 s
-    on average) against a learner step of 80 s at S = 4: the longest generations outlast the
-    window of versions a group may span."""
-    swap = {"segment_s": 5.0} if mode == "inflight" else {}
-    return ScenarioConfig.model_validate({
-        "learner": {"price_per_hour": 22.32, "uplink_bps": 1e10},
-        "workers": {"gpu": {"count": 12, "price_per_hour": 0.8, "rollouts_per_s": 0.2, "bandwidth_bps": 1e10,
-                            "tasks_per_lease": 1}},
-        "workload": {"params": 8e9, "prompts_per_step": 16, "group_size": 8, "step_time_s": 80.0,
-                     "max_staleness": 4, "generation_time_s": 160.0, "load_time_s": 2.0, **swap},
-        "broadcast": {"topology": "ideal", "hop_latency_s": 0.0},
-        "sim": {"steps": 40, "seed": seed, "activation": "all", "slow_start": False, "generation_range": [40, 400],
-                "swap": "between_generations" if mode == "between" else "pause"},
-    })
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_in_flight_swaps_drop_no_long_generation_that_swaps_between_generations_drop(seed):
     """benchmarks/inflight.py's Goal 1 through the coordinator's own data plane: swapping only
     between generations, a generation that outlasts S steps arrives with a version too old and is
     dropped whole; swapping in flight, its early tokens are the old version's, masked (fewer than
     max_masked_fraction), and the group trains."""
-    between, inflight = simulate(_long_tailed("between", seed)), simulate(_long_tailed("inflight", seed))
+    between, inflight = simulate(long_tailed("between", seed)), simulate(long_tailed("inflight", seed))
     assert between.groups["dropped_on_arrival"] >= 1
     assert inflight.groups["dropped_on_arrival"] == 0 and inflight.groups["dropped_stale"] == 0
     assert 0 < inflight.tokens["masked_token_share"] < 0.5 and inflight.tokens["token_staleness_p95"] <= 4
@@ -188,7 +175,7 @@ def test_in_flight_swaps_drop_no_long_generation_that_swaps_between_generations_
 
 
 def test_generation_range_is_checked():
-    data = _long_tailed("between", 0).model_dump()
+    data = long_tailed("between", 0).model_dump()
     for bad, message in (([400, 40], "0 < shortest < longest"), ([0, 40], "0 < shortest < longest")):
         with pytest.raises(ValueError, match=message):
             ScenarioConfig.model_validate({**data, "sim": {**data["sim"], "generation_range": bad}})
