@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from echo2.config.sim import load_scenario
+from echo2.config.sim import ScenarioConfig, load_scenario
 from echo2.sim import sweeps
 from echo2.sim.simulator import simulate
 
@@ -28,6 +28,9 @@ def test_every_scenario_parses_and_runs(path):
     assert result.finished and result.steps_done == 8
     assert result.fleet and result.total_cost > 0
     assert 0 < result.utilization <= 1
+    # a scenario's dump loads again as the same scenario (benchmarks keep their simulated fleets so)
+    for loaded in (scenario, load_scenario(path, ["sim.steps=8", "sim.generation_cv=0.5"])):
+        assert ScenarioConfig.model_validate_json(loaded.model_dump_json()) == loaded
 
 
 def test_a_scenario_the_planner_cannot_staff_ends_at_once_unfinished():

@@ -220,6 +220,8 @@ class ScenarioConfig(Frozen):
                 f"plan.generation_cv={self.plan.generation_cv} differs from sim.generation_cv="
                 f"{self.sim.generation_cv}: in a scenario the planner reads sim.generation_cv; set only that"
             )
+        # the planner's value is the simulator's, so a dump of the scenario validates again
+        object.__setattr__(self, "plan", self.plan.model_copy(update={"generation_cv": self.sim.generation_cv}))
         return self
 
     def plan_config(self) -> PlanConfig:
