@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,9 @@ RESULTS = WORK / "results"
 HOSTS = [("h100", "h100_spot"), ("a100", "a100_spot"), ("l40s", "l40s_spot"), ("rtx4090-a", "rtx4090_dc"),
          ("rtx4090-b", "rtx4090_dc")]
 STEPS = 100
+PROFILE_STEPS = 10
+"""Learner steps per segment of the replayed uninformative share (sim.workload_profile)."""
+MODEL_LOADED = re.compile(r"model loaded from \S+ in ([0-9.]+) s")
 MEASURES = ("src/echo2/policy", "src/echo2/launch", "src/echo2/sim", "src/echo2/report/fleet_ledger.py",
             "src/echo2/coordinator/desks/fleet.py", "src/echo2/coordinator/desks/learner.py", "src/echo2/config/sim.py",
             "src/echo2/config/activation.py", "src/echo2/config/inventory.py", "src/echo2/config/worker.py",
@@ -183,19 +187,26 @@ def measured(mode: str, seed: int, run_dir: Path, wall_s: float) -> dict:
     }
 
 
-def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
-    """The same fleet for `echo2 sim`, from what the online run measured: the learner's step time,
-    each host's rollouts/s (the controller's own estimates, median over the run) and boot time
-    (acquire to registration, median over its acquires), the share of scored groups dropped as
-    uninformative (all rewards equal: the fleet generates that much more per trained group, and
-    the controller asks for it), the share of trained groups the audit checked (a worker's rate
-    counts once two of its groups passed), with the hosts' prices and the run's activation settings."""
+def sim_scenario(online_dir: Path, activation: str, seed: int, workload_dir: Path | None = None) -> ScenarioConfig:
+    """The same fleet for `echo2 sim`: each host's rollouts/s as the online run's controller
+    measured it (median of its estimates over the run), and from the run being predicted
+    (`workload_dir`, default the online run): each host's boot time (acquire to registration: its
+    first, which installs the wheel, and the median of later ones) and model load after
+    registering (`engine_starts`), the share of trained groups the audit checked (a worker's rate
+    counts once two of its groups passed), with the hosts' prices and the run's activation
+    settings. The learner's step times and the share of scored groups dropped as uninformative
+    are replayed by step (`workload_profile`): both drift as the policy learns, and the
+    controller's demand with them; and the learner's pace differs between runs (its core also runs
+    the coordinator and the launcher, busier under online activation: seed 1's online learner took
+    3.5 s a step, its held one 2.6 s), which the bill per step follows and the simulator cannot
+    know, so each mode is predicted from its own run's workload."""
+    run_dir = workload_dir or online_dir
     cfg = json.loads((run_dir / "config.json").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
     counters = [r for r in rows if r["kind"] == "coordinator_final"][-1]["counters"]
     steps = [r for r in rows if r["kind"] == "train_step" and r["step"] >= 1]
     estimates: dict[str, list[float]] = {}
-    for r in rows:
+    for r in read_metrics(online_dir / "metrics.jsonl"):
         if r["kind"] == "activation" and r["role"] == "coordinator":
             for worker_id, rate in (r.get("estimates_rps") or {}).items():
                 estimates.setdefault(worker_id, []).append(rate)
@@ -207,15 +218,18 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
     workers = {}
     for entry in host_classes():
         worker_id = f"{entry['name']}-0"
+        first, *again = boots[worker_id]  # a host's first acquire installs the wheel; later ones reuse it
         workers[entry["name"]] = {
             "count": 1, "price_per_hour": entry["price_per_hour"], "bandwidth_bps": 1e10,
             "rollouts_per_s": statistics.median(estimates[worker_id]),
             # every acquire boots (the first one too), billed from the acquire
-            "start_delay_s": statistics.median(boots[worker_id]), "boot_s": statistics.median(boots[worker_id]),
+            "start_delay_s": first, "boot_s": statistics.median(again or [first]),
+            "engine_start_s": statistics.median(engine_starts(run_dir, entry["name"], worker_id)),
             "tasks_per_lease": cfg["workers"]["worker"]["tasks_per_lease"],
         }
     a = cfg["activation"]
     step_s = [r["train_s"] + r["publish_s"] for r in steps]
+    profile = workload_profile(rows)
     return ScenarioConfig.model_validate({
         "name": f"fleet_ssh_{activation}",
         "learner": {"price_per_hour": cfg["learner"]["price_per_hour"], "uplink_bps": 1e12},
@@ -235,16 +249,47 @@ def sim_scenario(run_dir: Path, activation: str, seed: int) -> ScenarioConfig:
                 "max_sim_s": 10 * (steps[-1]["time"] - rows[0]["time"]),
                 # the run's audit: a worker's rate counted once 2 of its groups passed
                 "audit_share": min(1.0, audited / max(1, counters["trained"])),
-                "step_time_cv": statistics.pstdev(step_s) / statistics.mean(step_s)},
+                "step_time_cv": 0.0, "workload_profile": profile},  # every step's own time
     })
 
 
-def sim_prediction(run_dir: Path, seed: int) -> dict:
+def engine_starts(run_dir: Path, host: str, worker_id: str) -> list[float]:
+    """Seconds each start of the worker took to load its model after registering, from its log
+    on the host ("model loaded from ... in 11.2 s"): five first starts together on the hosts'
+    one core took 11 to 12 s, a later one alone 3 to 7 s."""
+    logs = sorted((WORK / "hosts" / host / "runs").glob(f"{run_dir.name}-*/{worker_id}.log"))
+    found = [float(m.group(1)) for log in logs for m in MODEL_LOADED.finditer(log.read_text())]
+    if not found:
+        raise SystemExit(f"fleet_ssh: no 'model loaded' line in {worker_id}'s log under {WORK / 'hosts' / host}")
+    return found
+
+
+def workload_profile(rows: list[dict]) -> list[dict]:
+    """The run's workload by learner step: each step's own time (the controller's demand estimate
+    follows them: seed 0's first steps took 1.5 s against 2.9 s on average, and its controller
+    kept the dearest hosts until its estimate caught up) and, per PROFILE_STEPS steps, the share
+    of scored groups dropped as uninformative (a group is dropped at the learner step it arrived
+    in; a single step's 16 groups say too little)."""
+    steps = [r for r in rows if r["kind"] == "train_step"]
+    dropped: dict[int, int] = {}
+    for r in rows:
+        if r["kind"] == "groups_dropped" and r["reason"] == "uninformative":
+            segment = r["step"] // PROFILE_STEPS
+            dropped[segment] = dropped.get(segment, 0) + len(r["prompt_indices"])
+    trained: dict[int, int] = {}
+    for r in steps:
+        trained[r["step"] // PROFILE_STEPS] = trained.get(r["step"] // PROFILE_STEPS, 0) + len(r["prompt_indices"])
+    return [{"from_step": r["step"], "step_time_s": r["train_s"] + r["publish_s"],
+             "uninformative_share": dropped.get(segment, 0) / max(1, trained[segment] + dropped.get(segment, 0))}
+            for r in steps for segment in [r["step"] // PROFILE_STEPS]]
+
+
+def sim_prediction(online_dir: Path, held_dir: Path, seed: int) -> dict:
     """The simulator's billed $/step for the same fleet, online activation against every host
-    active for the whole run, and the saving it predicts."""
+    active for the whole run (each with its own run's workload), and the saving it predicts."""
     per_step, finished, scenarios = {}, {}, {}
-    for activation in ("online", "all"):
-        scenario = sim_scenario(run_dir, activation, seed)
+    for activation, run_dir in (("online", online_dir), ("all", held_dir)):
+        scenario = sim_scenario(online_dir, activation, seed, workload_dir=run_dir)
         simulated = simulate(scenario)
         per_step[activation], finished[activation] = simulated.billed_usd_per_step, simulated.finished
         scenarios[activation] = scenario.model_dump(mode="json", exclude_unset=True)  # loads again as given
@@ -273,7 +318,7 @@ def report(argv: list[str]) -> dict:
         online, held = by["online", seed], by["held", seed]
         saving = 1 - online["billed_usd_per_step"] / held["billed_usd_per_step"]
         points = online["learner_utilization"] - held["learner_utilization"]
-        predicted = sim_prediction(WORK / f"online_s{seed}", seed)
+        predicted = sim_prediction(WORK / f"online_s{seed}", WORK / f"held_s{seed}", seed)
         # the bill per second of run: what the saving would be if both runs took the same time
         rate_saving = 1 - (online["billed_usd"] / online["wall_s"]) / (held["billed_usd"] / held["wall_s"])
         pairs.append({"seed": seed, "saving_per_step": round(saving, 4), "sim_predicted": predicted,
@@ -284,7 +329,10 @@ def report(argv: list[str]) -> dict:
                       "saving_per_group": round(1 - online["billed_usd_per_group"] / held["billed_usd_per_group"], 4),
                       "utilization_points": round(points, 4),
                       "goal_met": saving >= SAVING_GOAL and abs(points) <= UTILIZATION_POINTS})
-    made = {**runs[0]["provenance"], "command": provenance(ROOT, argv)["command"],
+    reported = provenance(ROOT, argv)
+    made = {**runs[0]["provenance"], "command": reported["command"],
+            # the simulator's predictions are computed at the report's commit
+            "report_git_commit": reported["git_commit"], "report_git_dirty": reported["git_dirty"],
             "run_commands": sorted(r["provenance"]["command"] for r in runs)}
     return {"benchmark": "fleet_ssh", "provenance": made, "hosts": host_classes(), "steps": runs[0]["steps"],
             "learner_slowdown": LEARNER_SLOWDOWN, "learner_slowdown_clock": "cpu",

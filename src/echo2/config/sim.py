@@ -52,6 +52,11 @@ class SimWorkerClass(WorkerClass):
     preempted one, a preempted one back after mean_downtime_s) bills from its acquire and
     registers only this long after: provisioning, install, engine start, as the ssh and
     skypilot providers' ledgers bill it."""
+    engine_start_s: float = Field(0.0, ge=0)
+    """After it registers, each start of a worker (the first and every acquire after) loads its
+    model for this long before it takes a version or a lease, as `echo2 worker` does (it logs
+    "model loaded ... in X s"): the coordinator counts it registered, on probation and billed,
+    and it generates nothing yet."""
     load_time_s: float | None = Field(None, ge=0)
     """T_load of this class (swap a received version into the engine); default the workload's."""
     request_s: float | None = Field(None, ge=0)
@@ -59,6 +64,19 @@ class SimWorkerClass(WorkerClass):
 
     def plan_class(self) -> WorkerClass:
         return WorkerClass(**self.model_dump(include=_PLAN_WORKER_FIELDS))
+
+
+class ProfileSegment(Frozen):
+    """From learner step `from_step` on (until the next segment), the workload as a run measured
+    it there: a policy's step time and its share of uninformative groups both drift as it learns
+    (fleet_ssh's seed 1: d rose from 0.22 over its first 10 steps to 0.63 over its last, so the
+    learner needed 2.1 times the rollouts/s by the end)."""
+
+    from_step: int = Field(ge=0)
+    step_time_s: float | None = Field(None, gt=0)
+    """T_train from this step on; None: the workload's."""
+    uninformative_share: float | None = Field(None, ge=0, lt=1)
+    """d from this step on; None: the workload's."""
 
 
 class SimSettings(Frozen):
@@ -125,6 +143,11 @@ class SimSettings(Frozen):
     every group, at least audit.recompute_fraction of them): a worker's measured rate then counts
     for the controller only once 2 of its groups passed, as at the coordinator (`policy.credit`).
     0: no audit, every measured rate counts at once."""
+    workload_profile: list[ProfileSegment] = Field(default_factory=list)
+    """The workload's step time and uninformative share by learner step, replayed (e.g. from a
+    measured run: benchmarks/fleet_ssh.py). Steps before the first segment, and fields a segment
+    leaves out, take [workload]'s. step_time_cv then spreads each step around its segment's
+    value. The planner and the controller's prior still read [workload]."""
     max_sim_s: float = Field(1e9, gt=0)
     """Simulated-time horizon: a run that has not finished by then stops and says so."""
     preemption_scale: float = Field(1.0, gt=0)
@@ -141,6 +164,10 @@ class SimSettings(Frozen):
                                  "0 < shortest < longest, e.g. [40, 400] tokens")
             if self.generation_cv > 0:
                 raise ValueError("sim.generation_range and sim.generation_cv both spread generation times: set one")
+        starts = [segment.from_step for segment in self.workload_profile]
+        if starts != sorted(set(starts)):
+            raise ValueError(f"sim.workload_profile from_step values {starts}: give each segment a larger "
+                             "from_step than the one before, e.g. 0, 10, 20")
         return self
 
 

@@ -87,8 +87,7 @@ class Fleet:
             return
         if w.billed_from_s is not None:  # back to the acquire, if it came during the delay
             w.billed_from_s = max(w.acquired_s, w.billed_from_s - start_delay_s)
-        self.on_registered(w)
-        self._connect(w)
+        self._register(w)
 
     def _boot(self, w: SimWorker) -> None:
         """An acquired machine is up: it registers after its class's boot_s, billed all along."""
@@ -96,7 +95,19 @@ class Fleet:
             w.booting = True
             self.loop.after(w.boot_s, self._booted, w, w.epoch)
         else:
-            self.on_registered(w)
+            self._register(w)
+
+    def _register(self, w: SimWorker) -> None:
+        """Registered with the coordinator; it connects for versions once its engine is up."""
+        w.registrations += 1
+        self.on_registered(w)
+        if w.engine_start_s > 0:
+            self.loop.after(w.engine_start_s, self._engine_started, w, w.registrations)
+        else:
+            self._connect(w)
+
+    def _engine_started(self, w: SimWorker, registration: int) -> None:
+        if registration == w.registrations and w.alive and w.rented and not w.booting:
             self._connect(w)
 
     def _connect(self, w: SimWorker) -> None:
@@ -130,8 +141,7 @@ class Fleet:
         if epoch != w.epoch or not (w.alive and w.rented and w.booting):
             return  # preempted or released while it booted
         w.booting = False
-        self.on_registered(w)
-        self._connect(w)
+        self._register(w)
 
     def set_active(self, w: SimWorker, active: bool) -> None:
         """The controller's decision: an inactive worker finishes its leases and takes no more."""

@@ -4,11 +4,26 @@ wait), exactly as the run summary computes it from the real learner's `train_ste
 
 from __future__ import annotations
 
+import bisect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from echo2.config.sim import ProfileSegment
 from echo2.sim.dataplane import SimDataPlane
 from echo2.sim.events import EventLoop
+
+
+def profile_at(profile: Sequence[ProfileSegment], step: int, step_time_s: float, uninformative_share: float,
+               ) -> tuple[float, float]:
+    """T_train and d at learner `step`: the last segment starting at or before it, its missing
+    fields (and any step before the first segment) the workload's `step_time_s` and
+    `uninformative_share`."""
+    at = bisect.bisect_right([segment.from_step for segment in profile], step) - 1
+    if at < 0:
+        return step_time_s, uninformative_share
+    segment = profile[at]
+    return (step_time_s if segment.step_time_s is None else segment.step_time_s,
+            uninformative_share if segment.uninformative_share is None else segment.uninformative_share)
 
 
 class Learner:
@@ -22,9 +37,13 @@ class Learner:
         step_time_cv: float,
         rng: random.Random,
         publish: Callable[[int], None],
+        profile: Sequence[ProfileSegment] = (),
     ) -> None:
         self.loop, self.data, self.steps = loop, data, steps
         self.step_time_s, self.step_time_cv, self.rng = step_time_s, step_time_cv, rng
+        self.profile = list(profile)
+        self.uninformative_share = data.uninformative_share
+        """The workload's d, which the profile's segments replace from their steps on."""
         self.publish_version = publish
         self.on_step: Callable[[float], None] = lambda train_s: None
         """A step was trained in `train_s` (what the learner reports to the coordinator)."""
@@ -39,6 +58,8 @@ class Learner:
         self._ask()
 
     def _publish(self, version: int) -> None:
+        if self.profile:  # groups arriving while step `version` waits for its batch are drawn at its d
+            self.data.uninformative_share = self._at(version)[1]
         self.data.publish(version)
         self.publish_version(version)
 
@@ -56,11 +77,14 @@ class Learner:
         self.busy_s.append(train_s)
         self.loop.after(train_s, self._stepped, train_s)
 
+    def _at(self, step: int) -> tuple[float, float]:
+        return profile_at(self.profile, step, self.step_time_s, self.uninformative_share)
+
     def _sample_step_s(self) -> float:
-        cv = self.step_time_cv
+        cv, mean_s = self.step_time_cv, self._at(self.step)[0]
         if cv == 0:
-            return self.step_time_s
-        return self.step_time_s * self.rng.gammavariate(1.0 / cv**2, cv**2)
+            return mean_s
+        return mean_s * self.rng.gammavariate(1.0 / cv**2, cv**2)
 
     def _stepped(self, train_s: float) -> None:
         self.on_step(train_s)

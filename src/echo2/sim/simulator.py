@@ -57,6 +57,7 @@ class Simulator:
             step_time_cv=sim.step_time_cv,
             rng=random.Random(sim.seed),
             publish=broadcaster.publish,
+            profile=sim.workload_profile,
         )
         fleet.on_submit = learner.try_take
         learner.on_step = controller.observe_step_time

@@ -77,6 +77,10 @@ class SimWorker:
     boot_s: float = 0.0
     """From an acquire during the run (or a preempted machine's return) to registration:
     billed, and no work done."""
+    engine_start_s: float = 0.0
+    """From registration until it can take a version (its class's engine_start_s)."""
+    registrations: int = 0
+    """Counts its registrations: an engine start pending from an earlier one is void."""
     acquired_s: float = 0.0
     """When the machine was last acquired: its bill starts there, boot included."""
     booting: bool = False
@@ -152,6 +156,7 @@ def build_workers(scenario: ScenarioConfig) -> list[SimWorker]:
                     request_s=scenario.sim.request_s if cls.request_s is None else cls.request_s,
                     heartbeat_phase_s=rng.uniform(0.0, scenario.sim.announce_interval_s),
                     boot_s=cls.boot_s,
+                    engine_start_s=cls.engine_start_s,
                 )
             )
     return workers
