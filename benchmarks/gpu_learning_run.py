@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "learner_utilization": summary.get("learner_utilization"),
         "accuracy_before_after": [summary.get("accuracy_before"), summary.get("accuracy_after")],
         "settings": sets,
-        "provenance": provenance(ROOT, [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+        "provenance": provenance(ROOT, sys.argv[1:] if argv is None else argv),  # it adds the interpreter and script
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -27,3 +27,4 @@ def test_the_gpu_learning_run_runs_its_cpu_path(tmp_path, smollm2):
     assert result["device"] == "cpu" and result["steps"] == 2 and len(result["train_s_per_step"]) == 2
     assert result["learner_tokens_per_s"] and result["generation_tokens_per_s"]
     assert result["provenance"]["git_commit"] and 0.0 < result["learner_utilization"] <= 1.0
+    assert result["provenance"]["command"].count("gpu_learning_run.py") == 1, result["provenance"]["command"]
