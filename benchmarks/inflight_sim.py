@@ -110,7 +110,7 @@ def at_scale(seed: int) -> dict:
 def main() -> None:
     tails, scale = [long_tail(seed) for seed in SEEDS], [at_scale(seed) for seed in SEEDS]
     print(json.dumps({
-        "benchmark": "inflight_sim", "provenance": provenance(ROOT, sys.argv),
+        "benchmark": "inflight_sim", "provenance": provenance(ROOT, sys.argv[1:]),
         "long_tail": {"goal": "between drops at least one group on arrival, inflight none, on every seed",
                       "goal_met": all(t["goal_met"] for t in tails), "seeds": tails},
         "at_scale": {"ratio_steady_step_s_median": statistics.median(r["ratio_steady_step_s"] for r in scale),
