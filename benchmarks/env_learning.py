@@ -6,6 +6,7 @@ environment teach the model to use its tool? SmolLM2-135M-Instruct, held-out acc
     python benchmarks/env_learning.py run --path verifiers --seed 0
     python benchmarks/env_learning.py run --path tool --seed 0
     python benchmarks/env_learning.py report > benchmarks/results/env_learning.json
+    python benchmarks/env_learning.py report --paths tool > benchmarks/results/env_learning_tool.json
 
 - native: configs/smollm2_addition.toml, echo2's `math` task on one-digit addition rows;
 - verifiers: configs/verifiers_addition.toml, the verifiers addition environment on the same
@@ -140,8 +141,19 @@ def provenance(command: list[str]) -> dict:
             "load_average": list(os.getloadavg()), "command": command}
 
 
-def report() -> dict:
+def runs_of(paths: list[str]) -> list[dict]:
+    """The saved runs of `paths`, all measured at one commit (a report never mixes commits)."""
     runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    runs = [r for r in runs if r["path"] in paths]
+    commits = sorted({r["provenance"]["commit"][:7] for r in runs})
+    if len(commits) > 1:
+        raise SystemExit(f"{RESULTS} holds runs of {', '.join(paths)} from commits {', '.join(commits)}: "
+                         "rerun them at one commit, or report fewer paths with --paths")
+    return runs
+
+
+def report(paths: list[str]) -> dict:
+    runs = runs_of(paths)
     by = {(r["path"], r["seed"]): r for r in runs}
     pairs = []
     for seed in sorted({s for p, s in by if p == "native" and ("verifiers", s) in by}):
@@ -167,10 +179,12 @@ def main() -> None:
     run = actions.add_parser("run")
     run.add_argument("--path", choices=sorted(PATHS), required=True)
     run.add_argument("--seed", type=int, default=0)
-    actions.add_parser("report")
+    chosen = actions.add_parser("report")
+    chosen.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=sorted(PATHS),
+                        help="the paths to report (all by default); their runs must share one commit")
     args = parser.parse_args()
     if args.action == "report":
-        print(json.dumps(report(), indent=2))
+        print(json.dumps(report(args.paths), indent=2))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
     result = {**one_run(args.path, args.seed), "provenance": provenance([sys.executable, *sys.argv])}
