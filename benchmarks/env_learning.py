@@ -187,7 +187,8 @@ def main() -> None:
         print(json.dumps(report(args.paths), indent=2))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {**one_run(args.path, args.seed), "provenance": provenance([sys.executable, *sys.argv])}
+    measuring = provenance([sys.executable, *sys.argv])  # before the run: the code it ran, not a later HEAD
+    result = {**one_run(args.path, args.seed), "provenance": measuring}
     (RESULTS / f"{args.path}_s{args.seed}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
