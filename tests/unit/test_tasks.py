@@ -289,3 +289,45 @@ def test_padded_addition_wants_the_answer_after_at_least_its_dots():
     assert task.reward(problem, problem.answer) == 0.0
     plain = make_task(AdditionConfig(), seed=0)
     assert plain.reward(problem, problem.answer) == 1.0 and plain.reference_completion(problem) == problem.answer
+
+
+def test_addition_pad_range_gives_each_first_operand_its_own_log_uniform_padding():
+    import math
+
+    from echo2.config.task import AdditionConfig
+
+    task = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=0)
+    pads = {}
+    for index in range(400):
+        problem = task.train_problem(index)
+        pad = task.pad_tokens_of(problem)
+        first = int(problem.prompt.split("+")[0])
+        assert pads.setdefault(first, pad) == pad  # a property of the first operand, whoever asks
+        assert task.reward(problem, "." * pad + problem.answer) == 1.0
+        assert task.reward(problem, "." * (pad - 1) + problem.answer) == 0.0  # each problem its own minimum
+        assert task.reference_completion(problem) == "." * (pad + pad // 4) + problem.answer
+    values = sorted(pads.values())
+    assert 40 <= values[0] and values[-1] <= 320 and len(set(values)) > 30
+    logs = [math.log(v / 40) / math.log(8) for v in values]  # log-uniform: uniform on [0, 1] in log space
+    assert 0.35 < sum(logs) / len(logs) < 0.65 and sum(v < 80 for v in values) > sum(v > 240 for v in values)
+    fixed = make_task(AdditionConfig(pad_tokens=7), seed=0)
+    assert {fixed.pad_tokens_of(fixed.train_problem(i)) for i in range(20)} == {7}
+    again = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=0)
+    assert [again.pad_tokens_of(again.train_problem(i)) for i in range(20)] == \
+        [task.pad_tokens_of(task.train_problem(i)) for i in range(20)]
+    other = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=1)
+    assert [other.pad_tokens_of(other.train_problem(i)) for i in range(20)] != \
+        [task.pad_tokens_of(task.train_problem(i)) for i in range(20)]
+
+
+def test_addition_pad_range_is_checked():
+    from pydantic import ValidationError
+
+    from echo2.config.task import AdditionConfig
+
+    for bad, says in [((0, 10), "1 <= low <= high <= 400"), ((50, 40), "1 <= low <= high <= 400"),
+                      ((40, 401), "1 <= low <= high <= 400")]:
+        with pytest.raises(ValidationError, match=says):
+            AdditionConfig(pad_range=bad)
+    with pytest.raises(ValidationError, match="set one of them"):
+        AdditionConfig(pad_range=(40, 80), pad_tokens=16)

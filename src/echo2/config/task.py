@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from echo2.config.base import MAX_NEW_TOKENS, Frozen
 
@@ -49,8 +49,25 @@ class AdditionConfig(TaskConfigBase):
     one dot fewer there would score 0), so every completion takes up to hundreds of tokens
     and generations straddle learner steps (benchmarks/inflight.py); a completion of fewer dots
     scores 0. 0: the bare answer."""
+    pad_range: tuple[int, int] | None = None
+    """Long completions of varied length (benchmarks/inflight.py): the least number of dots before
+    the answer is a property of the first operand, log-uniform in [low, high] over its values
+    (drawn once from the task's seed), so a prompt's generation length is its own and the lengths
+    have a long tail. The warm start imitates a quarter more, as with pad_tokens. None: pad_tokens."""
     chat_template: bool = False
     """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
+
+    @model_validator(mode="after")
+    def _one_padding_rule(self) -> AdditionConfig:
+        if self.pad_range is None:
+            return self
+        low, high = self.pad_range
+        if not 1 <= low <= high <= 400:
+            raise ValueError(f"task.pad_range = {list(self.pad_range)}: give [low, high] with 1 <= low <= high <= 400")
+        if self.pad_tokens:
+            raise ValueError(f"task.pad_tokens = {self.pad_tokens} and task.pad_range = {list(self.pad_range)}: "
+                             "set one of them (pad_range draws each problem's padding; pad_tokens fixes it)")
+        return self
 
 
 class MathConfig(TaskConfigBase):

@@ -12,6 +12,7 @@ from echo2.tasks.base import Problem, TaskAdapter
 # Distinct streams for training and evaluation so held-out problems are drawn independently.
 _EVAL_STREAM = 1_000_003
 _TRAIN_STREAM = 2_000_003
+_PAD_STREAM = 3_000_017
 
 
 class AdditionTask(TaskAdapter):
@@ -19,7 +20,7 @@ class AdditionTask(TaskAdapter):
 
     def __init__(self, cfg: AdditionConfig, seed: int) -> None:
         super().__init__(cfg)
-        self.digits, self.pad_tokens = cfg.digits, cfg.pad_tokens
+        self.digits, self.pad_tokens, self.pad_range = cfg.digits, cfg.pad_tokens, cfg.pad_range
         self.eval_size = min(cfg.eval_size, (10**cfg.digits) ** 2 // 2)
         self.seed = seed
 
@@ -53,16 +54,30 @@ class AdditionTask(TaskAdapter):
             pair = self._draw(rng)
         return self._problem(*pair)
 
+    @cached_property
+    def _pads_by_first_operand(self) -> list[int]:
+        """task.pad_range: the least padding for each value of the first operand, log-uniform."""
+        low, high = self.pad_range or (self.pad_tokens, self.pad_tokens)
+        rng = random.Random(self.seed * 7919 + _PAD_STREAM)
+        return [min(high, round(low * (high / low) ** rng.random())) for _ in range(10**self.digits)]
+
+    def pad_tokens_of(self, problem: Problem) -> int:
+        """The least number of dots before this problem's answer (task.pad_tokens, or task.pad_range's
+        draw for its first operand)."""
+        if self.pad_range is None:
+            return self.pad_tokens
+        return self._pads_by_first_operand[int(problem.prompt.split("+", 1)[0])]
+
     def reward(self, problem: Problem, completion: str) -> float:
-        """1 for the answer, after at least task.pad_tokens dots and nothing else."""
-        text = completion.strip()
-        if self.pad_tokens == 0:
+        """1 for the answer, after at least the problem's padding in dots and nothing else."""
+        text, pad = completion.strip(), self.pad_tokens_of(problem)
+        if pad == 0:
             return 1.0 if text == problem.answer else 0.0
         padding = text[: len(text) - len(problem.answer)]
-        return 1.0 if text.endswith(problem.answer) and len(padding) >= self.pad_tokens and set(padding) <= {"."} \
-            else 0.0
+        return 1.0 if text.endswith(problem.answer) and len(padding) >= pad and set(padding) <= {"."} else 0.0
 
     def reference_completion(self, problem: Problem) -> str:
-        """The answer after a quarter more dots than the rule asks (task.pad_tokens): at exactly
+        """The answer after a quarter more dots than the rule asks (the problem's padding): at exactly
         the minimum, any update that shortens the padding by one dot fails every greedy answer."""
-        return "." * (self.pad_tokens + self.pad_tokens // 4) + problem.answer
+        pad = self.pad_tokens_of(problem)
+        return "." * (pad + pad // 4) + problem.answer
