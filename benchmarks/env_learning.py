@@ -145,14 +145,24 @@ def provenance(command: list[str]) -> dict:
             "load_average": list(os.getloadavg()), "command": command}
 
 
+def same_measured_code(first: str, second: str) -> bool:
+    """Whether two commits hold the same code in MEASURES (benchmarks/check.py's rule for staleness)."""
+    specs = [f":(exclude){p[1:]}" if p.startswith("!") else p for p in MEASURES]
+    diff = subprocess.run(["git", "diff", "--name-only", first, second, "--", *specs], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    return diff.returncode == 0 and not diff.stdout.strip()
+
+
 def runs_of(paths: list[str]) -> list[dict]:
-    """The saved runs of `paths`, all measured at one commit (a report never mixes commits)."""
+    """The saved runs of `paths`, all of one measured code: at one commit, or at commits that
+    differ only outside MEASURES (a report never mixes what it measures)."""
     runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
     runs = [r for r in runs if r["path"] in paths]
-    commits = sorted({r["provenance"]["commit"][:7] for r in runs})
-    if len(commits) > 1:
-        raise SystemExit(f"{RESULTS} holds runs of {', '.join(paths)} from commits {', '.join(commits)}: "
-                         "rerun them at one commit, or report fewer paths with --paths")
+    commits = sorted({r["provenance"]["commit"] for r in runs})
+    if any(not same_measured_code(commits[0], other) for other in commits[1:]):
+        raise SystemExit(f"{RESULTS} holds runs of {', '.join(paths)} from commits "
+                         f"{', '.join(c[:7] for c in commits)}, whose measured code differs: rerun them at one "
+                         "commit, or report fewer paths with --paths")
     return runs
 
 

@@ -73,3 +73,32 @@ def test_a_reward_function_that_raises_scores_zero_and_says_why(faulty):
     [episode] = episodes.play([1], _scripted(tokenizer))
     assert episode.reward == 0.0 and len(episode.segments) == 7
     assert any("the reward function broke" in error for error in episode.errors), episode.errors
+
+
+def test_an_episode_past_its_deadline_is_reported_failed_not_scored_as_a_wrong_answer(tmp_path):
+    """verifiers ends an episode whose deadline expires as `agent_timeout` with reward 0 and no
+    error; the learner's evaluation then read a loaded machine's slow turns as wrong answers."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(tmp_path)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), previous]))
+    spec = VerifiersSpec("tests.unit.vf_faulty_env", {}, max_turns=6, max_new_tokens=96, tool_parser="hermes-text",
+                         tool_timeout_s=1.0, max_tool_output_chars=50, episode_timeout_s=2.0)
+    scripted = _scripted(tokenizer)
+
+    def slow(calls):  # the model's turn outlasts the episode's deadline
+        time.sleep(3.0)
+        return scripted(calls)
+
+    try:
+        with VerifiersEpisodes(spec, str(tmp_path)) as episodes:
+            [late] = episodes.play([0], slow)
+            [on_time] = episodes.play([0], scripted)
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+    assert late.reward == 0.0 and late.ended.endswith("_timeout")
+    assert any("task.episode_timeout_s" in error for error in late.errors), late.errors
+    assert not on_time.errors and on_time.reward == 1.0

@@ -73,3 +73,36 @@ def test_the_coordinator_makes_lease_prompts_ahead_on_a_thread_not_on_its_event_
     assert scorer.prompt_ids(5) == made[4] and scorer.prompt_ids(0) == first
     assert threading.current_thread().name not in played_on
     assert made[4] != first  # each prompt is its own task's
+
+
+def test_agent_evaluation_plays_in_waves_of_one_generation_batch():
+    """Played all at once, every episode's turn waited for every other's generation and that wait
+    counted against the episode's deadline."""
+    from contextlib import contextmanager
+
+    import torch
+
+    from echo2.envs.verifiers_play import PlayedEpisode
+    from echo2.models.agent_evaluation import evaluate_agent
+
+    waves = []
+
+    class Episodes:
+        def play(self, indices, answer):
+            waves.append(list(indices))
+            return [PlayedEpisode(segments=[3], token_ids=[1, 2, 3], reward=float(i % 2)) for i in indices]
+
+    class Task:
+        def eval_indices(self):
+            return list(range(7))
+
+        @contextmanager
+        def episodes(self, tokenizer_source, max_new_tokens):
+            yield Episodes()
+
+    class Tokenizer:
+        pad_token_id, eos_token_id = 0, 1
+
+    report = evaluate_agent(torch.nn.Linear(1, 1), Tokenizer(), Task(), 8, tokenizer_source="unused", batch_size=3)
+    assert waves == [[0, 1, 2], [3, 4, 5], [6]]
+    assert report["episodes"] == 7 and report["accuracy"] == 3 / 7 and report["failed"] == 0

@@ -21,6 +21,9 @@ from echo2.envs.verifiers_play import Answer, PlayedEpisode, TurnServer, check_r
 
 RENDERER = "echo2.envs.verifiers_renderer.ExactRenderer"
 MODEL_NAME = "echo2-policy"  # what the agent calls the model; the turn server serves only it
+START_TIMEOUT_S = 120.0
+"""The longest the taskset's tool servers may take to start (a process each, on a loaded machine):
+a start is not an episode, so task.episode_timeout_s does not bound it unless it is longer."""
 
 
 class EnvironmentLoadError(ValueError):
@@ -158,7 +161,7 @@ class VerifiersEpisodes:
     def __enter__(self) -> VerifiersEpisodes:
         self.server.__enter__()
         try:
-            self.agent = self.server.run(self._serve(), timeout_s=self.spec.episode_timeout_s)
+            self.agent = self.server.run(self._serve(), timeout_s=max(START_TIMEOUT_S, self.spec.episode_timeout_s))
         except BaseException:
             self.__exit__(None, None, None)
             raise

@@ -242,6 +242,9 @@ def play_episodes(server: TurnServer, agent, tasks: Sequence, answer: Answer, *,
         episode.reward = float(trace.reward or 0.0)
         episode.ended = "tokens" if episode.out_of_tokens else str(trace.stop_condition or "")
         episode.errors += [str(error.message)[:500] for error in trace.errors]
+        if trace.is_timeout:  # verifiers scores it 0 and records no error: a failure all the same
+            episode.errors.append(f"{trace.stop_condition}: a deadline of the episode (task.episode_timeout_s, "
+                                  "waiting for the model included) expired")
         episode.tool_answers = recorded.get(trace.id, [])
     return played
 

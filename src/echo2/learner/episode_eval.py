@@ -45,3 +45,6 @@ def _agent(model, tokenizer, task, cfg: RunConfig, *, step: int, autocast: Calla
                   episodes_failed=report["failed"])
     log.info("eval after step %d: accuracy %.3f, mean reward %.3f +- %.3f over %d held-out episodes", step,
              report["accuracy"], report["mean_reward"], report["ci95"], report["episodes"])
+    if report["failed"]:  # scored 0 by the environment: an error or a deadline, not an answer
+        log.warning("eval after step %d: %d of %d held-out episodes failed (an environment error or a deadline of "
+                    "task.episode_timeout_s) and count as wrong", step, report["failed"], report["episodes"])

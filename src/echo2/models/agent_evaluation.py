@@ -36,9 +36,13 @@ def evaluate_agent(model, tokenizer, task: VerifiersTask, max_new_tokens: int, *
                     for row, c in zip(rows, chunk, strict=True)]
         return out
 
+    played = []
     try:
         with task.episodes(tokenizer_source, max_new_tokens) as episodes:
-            played = episodes.play(indices, answer)
+            # in waves of one generation batch: played together, every episode's turn would wait
+            # for all the others' and count that wait against task.episode_timeout_s
+            for start in range(0, len(indices), batch_size):
+                played += episodes.play(indices[start:start + batch_size], answer)
     finally:
         model.train(was_training)
     rewards = [e.reward for e in played]
