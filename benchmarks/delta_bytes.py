@@ -28,7 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from load.provenance import provenance  # noqa: E402
+
+MEASURES = ("src/echo2/broadcast/delta.py", "src/echo2/models/weights.py", "src/echo2/models/lora.py",
+            "src/echo2/protocol/manifest.py", "benchmarks/delta_bytes.py")
+"""The code its results measure (benchmarks/check.py lists a result as stale when it changed)."""
 
 GB = 1e9
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -192,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     codecs = args.codecs.split(",")
     params = sum(p.numel() for p in build_model(args, "cpu").parameters())
     result: dict = {
-        "benchmark": "delta_bytes", "device": args.device, "steps": args.steps, "wire_dtype": "bfloat16",
+        "benchmark": "delta_bytes", "provenance": provenance(ROOT, sys.argv[1:] if argv is None else argv),
+        "device": args.device, "steps": args.steps, "wire_dtype": "bfloat16",
         "model": {"architecture": "Qwen3ForCausalLM (random init, tied embeddings)", "params": params,
                   "hidden": args.hidden, "layers": args.layers, "intermediate": args.intermediate,
                   "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "vocab": args.vocab},
