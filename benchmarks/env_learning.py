@@ -42,7 +42,7 @@ TARGET, TIME_RATIO_GOAL = 0.95, 1.2
 PATHS = {
     "native": ("configs/smollm2_addition.toml", 20),
     "verifiers": ("configs/verifiers_addition.toml", 20),
-    "tool": ("configs/verifiers_calculator.toml", 40),
+    "tool": ("configs/verifiers_calculator.toml", 20),
 }
 """Path -> its config and its learner steps."""
 MEASURES = ("src/echo2", "!src/echo2/sim", "!src/echo2/tasks/addition.py", "!src/echo2/launch/ssh_*",
