@@ -46,7 +46,8 @@ PATHS = {
 }
 """Path -> its config and its learner steps."""
 MEASURES = ("src/echo2", "!src/echo2/sim", "!src/echo2/tasks/addition.py", "!src/echo2/launch/ssh_*",
-            "!src/echo2/launch/sky*", "!src/echo2/launch/remote_fleet.py", "configs/smollm2_addition.toml",
+            "!src/echo2/launch/sky*", "!src/echo2/launch/remote_fleet.py", "!src/echo2/rollout/vllm_*",
+            "configs/smollm2_addition.toml",
             "configs/verifiers_addition.toml", "configs/verifiers_calculator.toml", "configs/data",
             "benchmarks/env_learning.py")
 """The code its results measure (benchmarks/check.py lists a result as stale when it changed): all

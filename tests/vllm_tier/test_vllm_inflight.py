@@ -123,3 +123,33 @@ def test_segments_with_nothing_to_swap_are_one_generation(engine, versions, mode
         assert all(c.token_versions == [] for c in b)
         for x, y in zip(a, b, strict=True):
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+
+
+def test_slowdown_paces_each_segment(engine, versions, model_dir, monkeypatch):
+    """EMULATION (worker.slowdown): the engine idles (slowdown - 1) x each segment's time before
+    it asks whether a version waits, so versions arrive mid-generation as on slower hardware."""
+    import echo2.rollout.vllm_engine as vllm_engine
+
+    model, v0, _ = versions
+    _load(engine, model, v0)
+    events, real_idle_s = [], vllm_engine.slowdown_idle_s
+
+    def idle_s(slowdown, clock, wall_s, cpu_s):
+        events.append(("idle", slowdown, wall_s, real_idle_s(slowdown, clock, wall_s, cpu_s)))
+        return events[-1][3]
+
+    monkeypatch.setattr(vllm_engine, "slowdown_idle_s", idle_s)
+    engine.slowdown = 3.0
+    try:
+        inflight = InFlight(segment_tokens=SEGMENT, version=0, pending=lambda: events.append(("pending",)) or False,
+                            swap=lambda: pytest.fail("nothing was pending"))
+        requests = [GenRequest(p, 2, TEMPERATURE, MAX_NEW, seed=60 + i) for i, p in enumerate(_prompts(model_dir))]
+        engine.generate(requests, inflight)
+    finally:
+        engine.slowdown = 1.0
+    kinds = [e[0] for e in events]
+    assert kinds[0] == "idle" and kinds.count("idle") >= 2 and "pending" in kinds
+    # every question about a pending version comes after the segment's idle, and the idle is twice
+    # the segment's time (slowdown 3 on the wall clock)
+    assert all(kinds[i - 1] == "idle" for i, k in enumerate(kinds) if k == "pending")
+    assert all(e[3] == pytest.approx(2.0 * e[2]) and e[3] > 0 for e in events if e[0] == "idle")

@@ -71,6 +71,11 @@ def test_run_with_vllm_workers_swapping_versions_mid_generation(tmp_path):
         tmp_path, "vllm-inflight-run", grpo={"prompts_per_step": 16}, sampling={"max_new_tokens": 6, "group_size": 8,
                                                                                "segment_tokens": 2},
         train={"steps": 30, "max_staleness": 1, "checkpoint_every": 30, "eval_every": 30},
+        # a segment of this tiny model takes milliseconds, a learner step far longer: unpaced, a
+        # version rarely arrived mid-generation (none did in one CI run). Emulated hardware 20x
+        # slower, paced per segment, spans a generation across the learner's steps
+        workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "slowdown": 20.0,
+                                        "vllm": {"max_model_len": 64}}},
     )
     assert summary["steps"] == 30
     steps = records(cfg.run_path, "train_step")

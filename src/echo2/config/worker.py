@@ -80,18 +80,19 @@ class WorkerConfig(Frozen):
     slowdown: float = Field(1.0, ge=1.0, le=1000.0)
     """EMULATION ONLY, for local runs: the worker idles (slowdown - 1) x the time it computed, so
     one CPU box can stand in for GPUs of different speeds: after each generation, or, where it
-    swaps versions mid-generation (sampling.segment_tokens, HF engine) or `slowdown_per_token`
-    says so, after each decode step, so a generation lasts that much longer token by token and
-    versions arrive during it as they would on that hardware."""
+    swaps versions mid-generation (sampling.segment_tokens) or `slowdown_per_token` says so,
+    after each decode step (HF engine) or each segment (vLLM engine, which decodes a segment in
+    one call), so a generation lasts that much longer as it goes and versions arrive during it
+    as they would on that hardware."""
     slowdown_clock: SlowdownClock = "wall"
     """EMULATION ONLY: what `slowdown` multiplies. "wall": the time the work took here. "cpu": the
     process's CPU time for it, so other processes sharing this box's cores do not slow the
     emulated machine (a rented machine's speed is its own); for one-thread workers
     (torch_threads = 1), as every thread's CPU time counts."""
     slowdown_per_token: bool = False
-    """EMULATION ONLY: pace `slowdown` after each decode step (HF engine) even without in-flight
-    updates, so runs with and without them emulate the same hardware alike
-    (benchmarks/inflight.py)."""
+    """EMULATION ONLY: pace `slowdown` after each decode step (HF engine; the vLLM engine paces
+    after the generation, as without it) even without in-flight updates, so runs with and
+    without them emulate the same hardware alike (benchmarks/inflight.py)."""
     relay_host: str = "127.0.0.1"
     """Address this worker's relay server binds (peers pull weight chunks from it)."""
     relay_port: int = Field(0, ge=0, le=65535)

@@ -39,11 +39,12 @@ import os
 import random
 import secrets
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from echo2.config.run import LoraConfig
-from echo2.config.worker import VLLMConfig
+from echo2.config.worker import SlowdownClock, VLLMConfig, slowdown_idle_s
 from echo2.models.device import resolve_device, resolve_dtype
 from echo2.protocol.token_versions import encode
 from echo2.rollout.engine import Completion, Engine, GenRequest, InFlight
@@ -74,12 +75,15 @@ class VLLMEngine(Engine):
         self.llm = self._call(_make_llm, model_source, device, cfg, lora)
         self.context_tokens = self.llm.llm_engine.model_config.max_model_len
         """Prompt and completion together: a row that fills it ends (vLLM finishes it as "length")."""
+        self.slowdown: float = 1.0
+        self.slowdown_clock: SlowdownClock = "wall"
+        """EMULATION ONLY: worker.slowdown and its clock, paced per segment (`_paced`)."""
 
     def generate(self, requests: list[GenRequest], inflight: InFlight | None = None) -> list[list[Completion]]:
         if not requests:
             return []
         if inflight is None or inflight.segment_tokens <= 0:
-            return self._call(self._generate, requests)
+            return self._paced(self._generate, requests)
         return self._segments(requests, inflight)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -102,6 +106,18 @@ class VLLMEngine(Engine):
     def _call(self, fn, *args):
         return self._thread.submit(fn, *args).result()
 
+    def _paced(self, fn, *args):
+        """`fn` on vLLM's thread, then, EMULATION ONLY (worker.slowdown), idle (slowdown - 1) x
+        the time it took: vLLM decodes a request's tokens inside one call, so the pacing unit is a
+        segment (with in-flight updates a version can arrive between segments, as it would on
+        hardware that much slower) or the whole generation. The engine core runs in this process,
+        so the "cpu" clock counts its threads."""
+        started, cpu_started = time.perf_counter(), time.process_time()
+        out = self._call(fn, *args)
+        time.sleep(slowdown_idle_s(self.slowdown, self.slowdown_clock, time.perf_counter() - started,
+                                   time.process_time() - cpu_started))
+        return out
+
     def _generate(self, requests: list[GenRequest]) -> list[list[Completion]]:
         params, prompts = [], []
         for r in requests:
@@ -119,7 +135,7 @@ class VLLMEngine(Engine):
         rows = [_Row(r, self._seed_of(r), r.first_sample + i) for r in requests for i in range(r.n)]
         version = inflight.version
         while todo := [row for row in rows if not row.done]:
-            outputs = self._call(self._segment, todo, inflight.segment_tokens)
+            outputs = self._paced(self._segment, todo, inflight.segment_tokens)
             for row, sample in zip(todo, outputs, strict=True):
                 row.extend(sample, version)
                 row.done |= len(row.request.prompt_ids) + len(row.ids) >= self.context_tokens

@@ -298,8 +298,8 @@ class Worker:
         version = self.version
         started, cpu_started = time.perf_counter(), time.process_time()
         inflight = self._inflight(tasks)
-        # emulated slower hardware (config: slowdown): paced token by token where versions may
-        # arrive mid-generation (HF engine), else idle after the generation
+        # emulated slower hardware (config: slowdown): paced by the engine (per decode step or
+        # segment) where versions may arrive mid-generation, else idle after the generation
         paced = (inflight is not None or self.cfg.slowdown_per_token) and hasattr(self.engine, "slowdown")
         if hasattr(self.engine, "slowdown"):
             self.engine.slowdown = self.cfg.slowdown if paced else 1.0
