@@ -1,8 +1,9 @@
 """In-flight weight updates against swaps between generations, where generations are long and
-their lengths have a long tail: the tiny model on the embedded task with each problem's padding
-drawn log-uniform (task.pad_range, so completions of tens to hundreds of tokens, one prompt a
-lease), six workers paced token by token, at one S. Each seed runs both swap rules, one fresh
-`echo2 run` at a time, alternated (between, inflight, between, inflight, ...: ABAB).
+their lengths have a long tail: the tiny model on the embedded task writing the answer and then
+dots, as many as its warm start imitated, drawn log-uniform per problem (task.pad_range, so
+completions of tens to hundreds of tokens, one prompt a lease), six workers paced token by
+token, at one S. Each seed runs both swap rules, one fresh `echo2 run` at a time, alternated
+(between, inflight, between, inflight, ...: ABAB).
 
 Per run (benchmarks/inflight_model.py reads it): steady seconds per learner step from step 5 on,
 groups dropped on arrival and in the buffer, token staleness p50 and p95, the masked share, and
@@ -42,15 +43,15 @@ PAD_RANGE = (16, 160)
 PROMPTS, GROUP, WORKERS, STALENESS, SEGMENT_TOKENS, MAX_MASKED = 4, 8, 6, 2, 8, 1.0
 STEPS, FIXED_VERSIONS, EVAL_PROBLEMS = 30, (15, 30), 500
 COMMON = [f"task.pad_range=[{PAD_RANGE[0]}, {PAD_RANGE[1]}]",
-          f"sampling.max_new_tokens={PAD_RANGE[1] + PAD_RANGE[1] // 4 + 8}", f"sampling.group_size={GROUP}",
+          f"sampling.max_new_tokens={PAD_RANGE[1] + 8}", f"sampling.group_size={GROUP}",
           "warmstart.steps=1500", "warmstart.batch_size=16", "warmstart.stop_at_accuracy=0.3",
           "warmstart.check_every=100", f"grpo.prompts_per_step={PROMPTS}", f"train.steps={STEPS}",
           "train.eval_every=1000", f"train.checkpoint_every={FIXED_VERSIONS[0]}", f"train.max_staleness={STALENESS}",
           f"train.max_masked_fraction={MAX_MASKED}", "activation.enabled=false", f"workers.count={WORKERS}",
           "workers.worker.tasks_per_lease=1", "workers.worker.slowdown=8", "workers.worker.slowdown_per_token=true",
           "report.plots=false", "report.tensorboard=false"]
-"""The demo with long-tailed completions (the least padding of a problem log-uniform in 16-160
-dots, the warm start imitating a quarter more), 4 prompts a step in groups of 8, S = 2, in-flight
+"""The demo with long-tailed completions (the answer, then the dots the warm start imitated,
+16-160 drawn log-uniform per problem), 4 prompts a step in groups of 8, S = 2, in-flight
 groups trained while any of their tokens is fresh (f = 1), six workers leasing one prompt at a
 time and paced 8x slower token by token in both modes (emulated slower GPUs: generation leaves
 the learner its core), checkpoints at the fixed versions, no in-run evaluation and no activation

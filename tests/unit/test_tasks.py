@@ -291,33 +291,35 @@ def test_padded_addition_wants_the_answer_after_at_least_its_dots():
     assert plain.reward(problem, problem.answer) == 1.0 and plain.reference_completion(problem) == problem.answer
 
 
-def test_addition_pad_range_gives_each_first_operand_its_own_log_uniform_padding():
+def test_addition_pad_range_puts_the_answer_first_and_draws_each_problems_dots_log_uniform():
     import math
 
     from echo2.config.task import AdditionConfig
 
     task = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=0)
-    pads = {}
+    dots = []
     for index in range(400):
         problem = task.train_problem(index)
-        pad = task.pad_tokens_of(problem)
-        first = int(problem.prompt.split("+")[0])
-        assert pads.setdefault(first, pad) == pad  # a property of the first operand, whoever asks
-        assert task.reward(problem, "." * pad + problem.answer) == 1.0
-        assert task.reward(problem, "." * (pad - 1) + problem.answer) == 0.0  # each problem its own minimum
-        assert task.reference_completion(problem) == "." * (pad + pad // 4) + problem.answer
-    values = sorted(pads.values())
-    assert 40 <= values[0] and values[-1] <= 320 and len(set(values)) > 30
+        count = task.trailing_dots_of(problem)
+        assert task.trailing_dots_of(task.train_problem(index)) == count  # one draw per problem, whoever asks
+        assert task.reference_completion(problem) == problem.answer + "." * count
+        assert task.reward(problem, task.reference_completion(problem)) == 1.0
+        dots.append(count)
+    values = sorted(dots)
+    assert 40 <= values[0] and values[-1] <= 320 and len(set(values)) > 100
     logs = [math.log(v / 40) / math.log(8) for v in values]  # log-uniform: uniform on [0, 1] in log space
-    assert 0.35 < sum(logs) / len(logs) < 0.65 and sum(v < 80 for v in values) > sum(v > 240 for v in values)
-    fixed = make_task(AdditionConfig(pad_tokens=7), seed=0)
-    assert {fixed.pad_tokens_of(fixed.train_problem(i)) for i in range(20)} == {7}
+    assert 0.4 < sum(logs) / len(logs) < 0.6 and sum(v < 80 for v in values) > 1.5 * sum(v > 240 for v in values)
+    problem = task.train_problem(0)
+    assert task.reward(problem, problem.answer) == 1.0  # any number of dots, none included
+    assert task.reward(problem, " " + problem.answer + "." * 500 + " ") == 1.0
+    assert task.reward(problem, problem.answer + "..x") == 0.0  # only dots after the answer
+    assert task.reward(problem, "." + problem.answer) == 0.0  # the answer first
+    assert task.reward(problem, problem.answer + "1...") == 0.0  # a longer number is another answer
     again = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=0)
-    assert [again.pad_tokens_of(again.train_problem(i)) for i in range(20)] == \
-        [task.pad_tokens_of(task.train_problem(i)) for i in range(20)]
     other = make_task(AdditionConfig(digits=2, pad_range=(40, 320)), seed=1)
-    assert [other.pad_tokens_of(other.train_problem(i)) for i in range(20)] != \
-        [task.pad_tokens_of(task.train_problem(i)) for i in range(20)]
+    first = [task.trailing_dots_of(task.train_problem(i)) for i in range(20)]
+    assert [again.trailing_dots_of(again.train_problem(i)) for i in range(20)] == first
+    assert [other.trailing_dots_of(task.train_problem(i)) for i in range(20)] != first
 
 
 def test_addition_pad_range_is_checked():

@@ -42,7 +42,8 @@ class AdditionConfig(TaskConfigBase):
     name: Literal["addition"] = "addition"
     digits: int = Field(2, ge=1, le=6)
     """Operands have up to this many digits."""
-    reference_format: ClassVar[int] = 2  # 2: the reference pads a quarter more dots than pad_tokens
+    # 2: the reference pads a quarter more dots than pad_tokens; 3: pad_range puts the answer first
+    reference_format: ClassVar[int] = 3
     pad_tokens: int = Field(0, ge=0, le=400)
     """Long completions for the tiny model: the answer comes after at least this many "."
     (the warm start imitates a quarter more, so a greedy policy is not at the edge of the rule:
@@ -50,10 +51,11 @@ class AdditionConfig(TaskConfigBase):
     and generations straddle learner steps (benchmarks/inflight.py); a completion of fewer dots
     scores 0. 0: the bare answer."""
     pad_range: tuple[int, int] | None = None
-    """Long completions of varied length (benchmarks/inflight.py): the least number of dots before
-    the answer is a property of the first operand, log-uniform in [low, high] over its values
-    (drawn once from the task's seed), so a prompt's generation length is its own and the lengths
-    have a long tail. The warm start imitates a quarter more, as with pad_tokens. None: pad_tokens."""
+    """Long completions of varied length (benchmarks/inflight.py): the answer, then dots. The warm
+    start imitates, for each problem, a number of dots drawn log-uniform in [low, high] (once per
+    problem, from the task's seed), so the policy's generation lengths, where it stops writing
+    dots, have that long tail. The reward checks the answer and that only dots follow it, any
+    number of them. None: pad_tokens."""
     chat_template: bool = False
     """The demo's prompts are the bare sum ("37+45="); set true to wrap them in a chat template."""
 

@@ -54,30 +54,30 @@ class AdditionTask(TaskAdapter):
             pair = self._draw(rng)
         return self._problem(*pair)
 
-    @cached_property
-    def _pads_by_first_operand(self) -> list[int]:
-        """task.pad_range: the least padding for each value of the first operand, log-uniform."""
-        low, high = self.pad_range or (self.pad_tokens, self.pad_tokens)
-        rng = random.Random(self.seed * 7919 + _PAD_STREAM)
-        return [min(high, round(low * (high / low) ** rng.random())) for _ in range(10**self.digits)]
-
-    def pad_tokens_of(self, problem: Problem) -> int:
-        """The least number of dots before this problem's answer (task.pad_tokens, or task.pad_range's
-        draw for its first operand)."""
-        if self.pad_range is None:
-            return self.pad_tokens
-        return self._pads_by_first_operand[int(problem.prompt.split("+", 1)[0])]
+    def trailing_dots_of(self, problem: Problem) -> int:
+        """task.pad_range: the dots the warm start writes after this problem's answer, log-uniform
+        in [low, high] and drawn once per problem (from the task's seed and the prompt)."""
+        low, high = self.pad_range
+        draw = random.Random(f"{self.seed * 7919 + _PAD_STREAM}:{problem.prompt}").random()
+        return min(high, round(low * (high / low) ** draw))
 
     def reward(self, problem: Problem, completion: str) -> float:
-        """1 for the answer, after at least the problem's padding in dots and nothing else."""
-        text, pad = completion.strip(), self.pad_tokens_of(problem)
-        if pad == 0:
+        """1 for the answer: alone; after at least task.pad_tokens dots and nothing else; or, with
+        task.pad_range, first and followed by dots only, any number of them."""
+        text = completion.strip()
+        if self.pad_range is not None:
+            return 1.0 if text.startswith(problem.answer) and set(text[len(problem.answer):]) <= {"."} else 0.0
+        if self.pad_tokens == 0:
             return 1.0 if text == problem.answer else 0.0
         padding = text[: len(text) - len(problem.answer)]
-        return 1.0 if text.endswith(problem.answer) and len(padding) >= pad and set(padding) <= {"."} else 0.0
+        ok = text.endswith(problem.answer) and len(padding) >= self.pad_tokens and set(padding) <= {"."}
+        return 1.0 if ok else 0.0
 
     def reference_completion(self, problem: Problem) -> str:
-        """The answer after a quarter more dots than the rule asks (the problem's padding): at exactly
-        the minimum, any update that shortens the padding by one dot fails every greedy answer."""
-        pad = self.pad_tokens_of(problem)
-        return "." * (pad + pad // 4) + problem.answer
+        """pad_tokens: the answer after a quarter more dots than the rule asks (at exactly the
+        minimum, any update that shortens the padding by one dot fails every greedy answer).
+        pad_range: the answer, then the problem's drawn dots, so the warm-started policy's lengths
+        (where it stops writing dots) follow the draw's long tail."""
+        if self.pad_range is not None:
+            return problem.answer + "." * self.trailing_dots_of(problem)
+        return "." * (self.pad_tokens + self.pad_tokens // 4) + problem.answer
