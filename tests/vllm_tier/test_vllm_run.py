@@ -28,8 +28,8 @@ def _vllm_run(tmp_path: Path, name: str, **sections):
         task={"digits": 2, "eval_size": 200},
         # a base that is sometimes right whatever the initial draw (see warmstart.stop_at_accuracy)
         warmstart={"steps": 1500, "batch_size": 64, "lr": 3e-3, "stop_at_accuracy": 0.4, "check_every": 50},
-        workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
-        **{"sampling": {"max_new_tokens": 6, "group_size": 8}, **sections},
+        **{"workers": {"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "vllm": {"max_model_len": 64}}},
+           "sampling": {"max_new_tokens": 6, "group_size": 8}, **sections},
     )
     config = write_config(tmp_path / f"{name}.toml", cfg)
     with processes() as start:
