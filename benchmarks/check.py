@@ -13,7 +13,8 @@ quoted number's decimals is not the number quoted.
 A result is stale when the code it measures has changed since its commit: each benchmark names
 that code in `MEASURES` (paths; `!` before one excludes it), read from its source, never run.
 Changes are taken from the working tree (git diff against the result's commit; a new file counts
-once it is added to git), so `--write` before a commit lists what the commit will have.
+once it is added to git), so `--write` before a commit lists what the commit will have. A Python
+file whose only changes are docstrings and comments has not changed (load/measured.py).
 docs/benchmarks.md shows the stale results between STALE_BEGIN and STALE_END; the check fails
 when that list is out of date, and `--write` writes it. Run by `make lint`.
 
@@ -25,11 +26,14 @@ from __future__ import annotations
 import ast
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from load.measured import changed_code  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARKS_DOC = ROOT / "docs" / "benchmarks.md"
 STALE_BEGIN = "<!-- stale results: written by benchmarks/check.py --write -->"
@@ -151,10 +155,6 @@ def measured_paths(benchmark: str) -> tuple[str, ...] | None:
     return None
 
 
-def _git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
-
-
 def stale_results(results: Path) -> tuple[list[str], list[str]]:
     """(errors, one line per result with provenance whose measured code changed since its commit)."""
     errors, stale = [], []
@@ -168,11 +168,10 @@ def stale_results(results: Path) -> tuple[list[str], list[str]]:
         if paths is None:
             errors.append(f"{path.name}: its benchmark ({result.get('benchmark')!r}) names no MEASURES")
             continue
-        specs = [f":(exclude){p[1:]}" if p.startswith("!") else p for p in paths]
-        changed = _git("diff", "--name-only", commit, "--", *specs)  # against the tree: CI's is HEAD's
-        if changed.returncode != 0:
+        files = changed_code(ROOT, paths, commit)  # against the tree: CI's is HEAD's
+        if files is None:
             stale.append(f"- `{path.name}` (measured at {commit[:7]}, which this clone does not have)")
-        elif files := changed.stdout.split():
+        elif files:
             shown = ", ".join(f"`{f}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
             stale.append(f"- `{path.name}` (measured at {commit[:7]}): {shown} changed since")
     return errors, stale

@@ -90,9 +90,17 @@ def test_a_result_whose_measured_code_changed_since_its_commit_is_listed_as_stal
     (tmp_path / "src" / "ignored.py").write_text("y = 2\n")  # excluded: still fresh
     errors, stale = checker.stale_results(results)
     assert errors == ["unnamed.json: its benchmark ('unnamed') names no MEASURES"] and stale == []
-    (tmp_path / "src" / "measured.py").write_text("x = 2\n")
+    # docstrings, comments and layout say what the code does; they do not change what it measures
+    (tmp_path / "src" / "measured.py").write_text('"""The measured value."""\n\nx = (\n    1  # one\n)\n"""x."""\n')
+    assert checker.stale_results(results)[1] == []
+    (tmp_path / "src" / "measured.py").write_text('"""The measured value."""\nx = 2\n')
     _, stale = checker.stale_results(results)
     assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/measured.py` changed since"]
+    (tmp_path / "src" / "measured.py").write_text("x = 1\n")
+    (tmp_path / "src" / "added.py").write_text('"""Only a docstring, but new."""\n')
+    git("add", "src/added.py")
+    _, stale = checker.stale_results(results)
+    assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/added.py` changed since"]
 
 
 def test_a_benchmark_adds_runs_only_to_a_result_of_the_same_clean_commit():
