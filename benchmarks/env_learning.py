@@ -33,6 +33,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from load.measured import changed_code  # noqa: E402
+
 WORK = ROOT / "runs" / "env_learning"
 RESULTS = WORK / "results"
 ROWS = ROOT / "configs" / "data" / "addition_1digit.jsonl"
@@ -45,6 +49,9 @@ PATHS = {
     "tool": ("configs/verifiers_calculator.toml", 20),
 }
 """Path -> its config and its learner steps."""
+RUN_TIMEOUT_S, STOP_GRACE_S = 4 * 3600, 120
+"""A run's bound: the tool path's 20 steps and two evaluations took about 85 minutes here (a
+learner step of 160-220 s); an hour stopped one at its last evaluation."""
 MEASURES = ("src/echo2", "!src/echo2/sim", "!src/echo2/tasks/addition.py", "!src/echo2/launch/ssh_*",
             "!src/echo2/launch/sky*", "!src/echo2/launch/remote_fleet.py", "!src/echo2/rollout/vllm_*",
             "configs/smollm2_addition.toml",
@@ -88,11 +95,28 @@ def one_run(path: str, seed: int) -> dict:
         command += ["--set", item]
     started = time.time()
     with open(WORK / f"{path}_s{seed}.log", "wb") as log:
-        done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"{path} seed {seed} failed ({done.returncode}): see {WORK / f'{path}_s{seed}.log'}")
+        returncode = run_stopping_on_timeout(command, log, f"{path} seed {seed}")
+    if returncode != 0:
+        raise SystemExit(f"{path} seed {seed} failed ({returncode}): see {WORK / f'{path}_s{seed}.log'}")
     return {"path": path, "seed": seed, "wall_s": round(time.time() - started, 1), "command": command,
             **measured(run_dir)}
+
+
+def run_stopping_on_timeout(command: list[str], log, name: str) -> int:
+    """`echo2 run`, given RUN_TIMEOUT_S; past it, SIGTERM (it stops its coordinator, learner and
+    workers by PID), then SIGKILL after STOP_GRACE_S. subprocess.run's timeout sends SIGKILL at
+    once, which left the run's children training on without it."""
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_GRACE_S)
+        raise SystemExit(f"{name}: no end after {RUN_TIMEOUT_S} s; stopped it") from None
 
 
 def measured(run_dir: Path) -> dict:
@@ -147,11 +171,9 @@ def provenance(command: list[str]) -> dict:
 
 
 def same_measured_code(first: str, second: str) -> bool:
-    """Whether two commits hold the same code in MEASURES (benchmarks/check.py's rule for staleness)."""
-    specs = [f":(exclude){p[1:]}" if p.startswith("!") else p for p in MEASURES]
-    diff = subprocess.run(["git", "diff", "--name-only", first, second, "--", *specs], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
-    return diff.returncode == 0 and not diff.stdout.strip()
+    """Whether two commits hold the same code in MEASURES (benchmarks/check.py's rule for staleness:
+    docstrings and comments aside)."""
+    return changed_code(ROOT, MEASURES, first, second) == []
 
 
 def runs_of(paths: list[str]) -> list[dict]:

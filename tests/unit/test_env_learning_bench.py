@@ -1,5 +1,5 @@
-"""benchmarks/env_learning.py's report: it gathers the saved runs of the paths it is asked for,
-and never puts runs measured at different commits into one result."""
+"""benchmarks/env_learning.py: a run past its bound is stopped; the report gathers the saved runs
+of the paths it is asked for, and never puts runs measured at different commits into one result."""
 
 import json
 import sys
@@ -40,3 +40,23 @@ def test_report_refuses_runs_from_two_commits_and_reports_one_path(tmp_path, mon
     assert first["gain"] == 0.53 and first["goal_met"] and first["ci95"][0] > 0
     assert second["gain"] == 0.05 and not second["goal_met"]  # its interval holds zero
     assert first["tool_call_rate"] == {"before": 0.0, "after": 0.25}
+
+
+def test_a_run_past_its_bound_is_stopped_not_left_running(tmp_path, monkeypatch):
+    """SIGTERM (echo2 run stops its children on it), then SIGKILL after the grace period."""
+    import os
+    import time
+
+    monkeypatch.setattr(env_learning, "RUN_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(env_learning, "STOP_GRACE_S", 2.0)
+    pid_file = tmp_path / "pid"
+    stubborn = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)")
+    started = time.monotonic()
+    with open(tmp_path / "log", "wb") as log, pytest.raises(SystemExit, match="tool seed 0: no end after 3.0 s"):
+        env_learning.run_stopping_on_timeout([sys.executable, "-c", stubborn], log, "tool seed 0")
+    assert time.monotonic() - started < 30
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # gone, and reaped
+    with open(tmp_path / "log", "wb") as log:
+        assert env_learning.run_stopping_on_timeout([sys.executable, "-c", "pass"], log, "quick") == 0
