@@ -16,7 +16,9 @@ Changes are taken from the working tree (git diff against the result's commit; a
 once it is added to git), so `--write` before a commit lists what the commit will have. A Python
 file whose only changes are docstrings and comments has not changed (load/measured.py).
 docs/benchmarks.md shows the stale results between STALE_BEGIN and STALE_END; the check fails
-when that list is out of date, and `--write` writes it. Run by `make lint`.
+when that list is out of date, and `--write` writes it. A number quoting a stale result says so
+where it is read, `(stale)` right after its citation, or fails the check (rerun the result, or
+mark the quote); the mark fails on a fresh result. Run by `make lint`.
 
     python benchmarks/check.py [--write]
 """
@@ -40,6 +42,8 @@ STALE_BEGIN = "<!-- stale results: written by benchmarks/check.py --write -->"
 STALE_END = "<!-- end of stale results -->"
 CITATION = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\**%?\s*<!--\s*result:\s*(\S+)\s+(\S+)(?:\s+x(\d+))?\s*-->")
 LEGACY_LIST = "NO_PROVENANCE"
+STALE_MARK = "(stale)"
+"""What a quote of a stale result says right after its citation, where the reader sees it."""
 
 FIELDS: dict[str, tuple[str, ...]] = {
     "commit": ("git_commit", "commit"),
@@ -108,8 +112,10 @@ def docs_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 
 
-def check_citations(results: Path, docs: list[Path]) -> tuple[list[str], int]:
-    """(errors, citations checked) for the numbers in `docs` that cite a result."""
+def check_citations(results: Path, docs: list[Path], stale: frozenset[str] = frozenset()) -> tuple[list[str], int]:
+    """(errors, citations checked) for the numbers in `docs` that cite a result. A quote of a
+    result in `stale` says so to the reader, STALE_MARK right after its citation; a quote of a
+    fresh one does not."""
     errors, checked, loaded = [], 0, {}
     for doc in docs:
         for line_no, line in enumerate(doc.read_text().splitlines(), 1):
@@ -117,6 +123,12 @@ def check_citations(results: Path, docs: list[Path]) -> tuple[list[str], int]:
                 checked += 1
                 quoted, name, path, scale = match.groups()
                 where = f"{doc.name}:{line_no}: {quoted} cites {name} {path}"
+                marked = line[match.end():].lstrip().startswith(STALE_MARK)
+                if name in stale and not marked:
+                    errors.append(f"{where}: {name} measured code that has changed since: rerun it, or write "
+                                  f"{STALE_MARK} after the citation")
+                elif marked and name not in stale:
+                    errors.append(f"{where}: marked {STALE_MARK} but {name} measured the code as it is: drop the mark")
                 if name not in loaded:
                     file = results / name
                     loaded[name] = json.loads(file.read_text()) if file.exists() else None
@@ -155,9 +167,10 @@ def measured_paths(benchmark: str) -> tuple[str, ...] | None:
     return None
 
 
-def stale_results(results: Path) -> tuple[list[str], list[str]]:
-    """(errors, one line per result with provenance whose measured code changed since its commit)."""
-    errors, stale = [], []
+def stale_results(results: Path) -> tuple[list[str], dict[str, str]]:
+    """(errors, the results with provenance whose measured code changed since their commit: each
+    name and its line for docs/benchmarks.md)."""
+    errors, stale = [], {}
     for path in sorted(results.glob("*.json")):
         result = json.loads(path.read_text())
         if not isinstance(result, dict) or missing_fields(result):
@@ -170,10 +183,10 @@ def stale_results(results: Path) -> tuple[list[str], list[str]]:
             continue
         files = changed_code(ROOT, paths, commit)  # against the tree: CI's is HEAD's
         if files is None:
-            stale.append(f"- `{path.name}` (measured at {commit[:7]}, which this clone does not have)")
+            stale[path.name] = f"- `{path.name}` (measured at {commit[:7]}, which this clone does not have)"
         elif files:
             shown = ", ".join(f"`{f}`" for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-            stale.append(f"- `{path.name}` (measured at {commit[:7]}): {shown} changed since")
+            stale[path.name] = f"- `{path.name}` (measured at {commit[:7]}): {shown} changed since"
     return errors, stale
 
 
@@ -201,9 +214,9 @@ def check_stale_doc(stale: list[str], *, write: bool) -> list[str]:
 def main(argv: list[str]) -> int:
     results, write = RESULTS, "--write" in argv
     errors, legacy = check(results)
-    cited_errors, cited = check_citations(results, docs_files())
     stale_errors, stale = stale_results(results)
-    errors += cited_errors + stale_errors + check_stale_doc(stale, write=write)
+    cited_errors, cited = check_citations(results, docs_files(), frozenset(stale))
+    errors += cited_errors + stale_errors + check_stale_doc(list(stale.values()), write=write)
     total = len(list(results.glob("*.json")))
     print(f"benchmarks/check.py: {total} results; {len(legacy)} made before provenance was recorded, "
           f"listed in {LEGACY_LIST} to be rerun; {cited} numbers in the docs cite a result; {len(stale)} results "

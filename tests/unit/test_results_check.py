@@ -64,6 +64,27 @@ def test_a_number_in_the_docs_that_cites_a_result_must_be_what_the_result_says(t
                       "doc.md:4: 2 cites other.json x: no number there (no such result)"]
 
 
+def test_a_quote_of_a_stale_result_says_so_where_it_is_read(tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps({"ratio": 0.914}))
+    (tmp_path / "new.json").write_text(json.dumps({"ratio": 0.5}))
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "old 0.91<!-- result: old.json ratio --> (stale) and new 0.5<!-- result: new.json ratio -->",
+        "old 0.91<!-- result: old.json ratio --> unmarked",
+        "new 0.5<!-- result: new.json ratio --> (stale)",
+    ]))
+    errors, cited = check_citations(tmp_path, [doc], frozenset({"old.json"}))
+    assert cited == 4
+    assert errors == ["doc.md:2: 0.91 cites old.json ratio: old.json measured code that has changed since: rerun it, "
+                      "or write (stale) after the citation",
+                      "doc.md:3: 0.5 cites new.json ratio: marked (stale) but new.json measured the code as it is: "
+                      "drop the mark"]
+    # once old.json is rerun, its mark goes
+    assert check_citations(tmp_path, [doc])[0] == [
+        "doc.md:1: 0.91 cites old.json ratio: marked (stale) but old.json measured the code as it is: drop the mark",
+        errors[1]]
+
+
 def test_a_result_whose_measured_code_changed_since_its_commit_is_listed_as_stale(tmp_path, monkeypatch):
     import check as checker
 
@@ -89,18 +110,18 @@ def test_a_result_whose_measured_code_changed_since_its_commit_is_listed_as_stal
     monkeypatch.setattr(checker, "ROOT", tmp_path)
     (tmp_path / "src" / "ignored.py").write_text("y = 2\n")  # excluded: still fresh
     errors, stale = checker.stale_results(results)
-    assert errors == ["unnamed.json: its benchmark ('unnamed') names no MEASURES"] and stale == []
+    assert errors == ["unnamed.json: its benchmark ('unnamed') names no MEASURES"] and stale == {}
     # docstrings, comments and layout say what the code does; they do not change what it measures
     (tmp_path / "src" / "measured.py").write_text('"""The measured value."""\n\nx = (\n    1  # one\n)\n"""x."""\n')
-    assert checker.stale_results(results)[1] == []
+    assert checker.stale_results(results)[1] == {}
     (tmp_path / "src" / "measured.py").write_text('"""The measured value."""\nx = 2\n')
     _, stale = checker.stale_results(results)
-    assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/measured.py` changed since"]
+    assert stale == {"fresh.json": f"- `fresh.json` (measured at {commit[:7]}): `src/measured.py` changed since"}
     (tmp_path / "src" / "measured.py").write_text("x = 1\n")
     (tmp_path / "src" / "added.py").write_text('"""Only a docstring, but new."""\n')
     git("add", "src/added.py")
     _, stale = checker.stale_results(results)
-    assert stale == [f"- `fresh.json` (measured at {commit[:7]}): `src/added.py` changed since"]
+    assert stale == {"fresh.json": f"- `fresh.json` (measured at {commit[:7]}): `src/added.py` changed since"}
 
 
 def test_a_benchmark_adds_runs_only_to_a_result_of_the_same_clean_commit():
