@@ -64,6 +64,7 @@ def test_run_with_vllm_workers_learns_within_the_staleness_bound(tmp_path):
     _assert_sampler_checks_pass(cfg)
 
 
+@pytest.mark.timeout(600)  # the warm start lands here when this test runs alone
 def test_run_with_vllm_workers_swapping_versions_mid_generation(tmp_path):
     """sampling.segment_tokens with vLLM workers: generations straddle versions, their groups are
     trained token by token within S, and the audit's per-version sampler checks pass them all."""
@@ -72,9 +73,10 @@ def test_run_with_vllm_workers_swapping_versions_mid_generation(tmp_path):
                                                                                "segment_tokens": 2},
         train={"steps": 30, "max_staleness": 1, "checkpoint_every": 30, "eval_every": 30},
         # a segment of this tiny model takes milliseconds, a learner step far longer: unpaced, a
-        # version rarely arrived mid-generation (none did in one CI run). Emulated hardware 20x
-        # slower, paced per segment, spans a generation across the learner's steps
-        workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "slowdown": 20.0,
+        # version rarely arrived mid-generation (none did in one CI run). Emulated hardware 8x
+        # slower, paced per segment, spans a generation across the learner's steps (at 20x: 137
+        # straddling groups in 24 steps, 5 s a step)
+        workers={"count": 2, "worker": {"engine": "vllm", "tasks_per_lease": 4, "slowdown": 8.0,
                                         "vllm": {"max_model_len": 64}}},
     )
     assert summary["steps"] == 30
